@@ -1,0 +1,165 @@
+//! `trident serve`: flags named as Triton's, so existing launch scripts work.
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use trident_serve::{ControlMode, OnnxEngine, Repository, RepositoryOptions};
+use trident_server::ServerConfig;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model repository directory (`<model>/config.pbtxt`, `<model>/<version>/model.onnx`).
+    #[arg(long, env = "TRIDENT_MODEL_REPOSITORY")]
+    model_repository: PathBuf,
+    /// Address the HTTP and metrics services bind.
+    #[arg(long, default_value = "0.0.0.0")]
+    http_address: String,
+    /// HTTP port (0 picks a free one; the log says which).
+    #[arg(long, default_value_t = 8000)]
+    http_port: u16,
+    /// gRPC port. Trident has no gRPC front end yet: the flag is accepted so Triton
+    /// launch scripts work, and the startup log says it is not served.
+    #[arg(long, default_value_t = 8001)]
+    grpc_port: u16,
+    /// Prometheus metrics port (`GET /metrics`).
+    #[arg(long, default_value_t = 8002)]
+    metrics_port: u16,
+    /// Serve metrics at all.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    allow_metrics: bool,
+    /// none: load everything at start; explicit: load `--load-model` names and allow the
+    /// load/unload API; poll: load everything and rescan the repository for changes.
+    #[arg(long, value_enum, default_value_t = Mode::None)]
+    model_control_mode: Mode,
+    /// Model to load at start in explicit mode (repeatable; `*` loads all).
+    #[arg(long)]
+    load_model: Vec<String>,
+    /// Seconds between repository scans in poll mode.
+    #[arg(long, default_value_t = 15)]
+    repository_poll_secs: u64,
+    /// Largest accepted HTTP request body in bytes (larger: 413).
+    #[arg(long, default_value_t = ServerConfig::default().max_body_bytes)]
+    http_max_body_bytes: usize,
+    /// CPU cores shared among model instances (default: all available).
+    #[arg(long)]
+    cores: Option<usize>,
+    /// ONNX engine for models that do not choose one with the `trident.onnx_engine`
+    /// parameter: auto (ONNX Runtime when available, else tract), ort or tract.
+    #[arg(long, value_enum, env = "TRIDENT_ONNX_ENGINE", default_value_t = Engine::Auto)]
+    onnx_engine: Engine,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Engine {
+    Auto,
+    Ort,
+    Tract,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Mode {
+    None,
+    Explicit,
+    Poll,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let cores = args
+        .cores
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mode = match args.model_control_mode {
+        Mode::None => ControlMode::None,
+        Mode::Explicit => ControlMode::Explicit,
+        Mode::Poll => ControlMode::Poll,
+    };
+    if !args.load_model.is_empty() && !matches!(mode, ControlMode::Explicit) {
+        anyhow::bail!("--load-model needs --model-control-mode explicit");
+    }
+    let root = args.model_repository.clone();
+    anyhow::ensure!(
+        root.is_dir(),
+        "--model-repository {} is not a directory",
+        root.display()
+    );
+    let repository = Arc::new(Repository::new(RepositoryOptions {
+        root,
+        mode,
+        startup_models: args.load_model.clone(),
+        cores,
+        onnx_engine: match args.onnx_engine {
+            Engine::Auto => OnnxEngine::Auto,
+            Engine::Ort => OnnxEngine::Ort,
+            Engine::Tract => OnnxEngine::Tract,
+        },
+    }));
+    repository.load_startup_models()?;
+    if let ControlMode::Poll = mode {
+        spawn_poller(
+            repository.clone(),
+            Duration::from_secs(args.repository_poll_secs.max(1)),
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.clamp(1, 4))
+        .thread_name("trident-http")
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(repository, args))
+}
+
+async fn serve(repository: Arc<Repository>, args: ServeArgs) -> anyhow::Result<()> {
+    let http = bind(&args.http_address, args.http_port).await?;
+    tracing::info!("HTTP service listening on {}", http.local_addr()?);
+    let metrics = match args.allow_metrics {
+        true => {
+            let listener = bind(&args.http_address, args.metrics_port).await?;
+            tracing::info!("metrics service listening on {}", listener.local_addr()?);
+            Some(listener)
+        }
+        false => None,
+    };
+    tracing::warn!(
+        "gRPC front end is not implemented yet: --grpc-port {} is not served",
+        args.grpc_port
+    );
+    let config = ServerConfig {
+        max_body_bytes: args.http_max_body_bytes,
+    };
+    trident_server::run(repository, config, http, metrics, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn bind(address: &str, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr: SocketAddr = format!("{address}:{port}")
+        .parse()
+        .with_context(|| format!("invalid address {address}:{port}"))?;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot bind {addr}"))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}
+
+fn spawn_poller(repository: Arc<Repository>, every: Duration) {
+    std::thread::Builder::new()
+        .name("repository-poll".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            if let Err(e) = repository.poll() {
+                tracing::error!("repository poll failed: {e}");
+            }
+        })
+        .expect("spawn repository poller");
+}

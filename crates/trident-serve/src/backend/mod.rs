@@ -1,0 +1,98 @@
+//! The `Backend` trait: how a model file becomes something that executes batches.
+//!
+//! Three layers, following tract's plan/state split: a [`Backend`] loads a model file
+//! into a [`Model`] (parsed and optimised once, shared read-only), which spawns any
+//! number of [`ModelInstance`]s (per-instance scratch state and threads). The server
+//! validates requests against `config.pbtxt` before anything reaches a backend, so a
+//! backend only sees well-formed, correctly typed tensors. A native candle backend is a
+//! new implementation of these traits, nothing else changes.
+
+pub mod tract;
+
+#[cfg(feature = "ort")]
+pub mod ort;
+
+use std::path::Path;
+use trident_core::{DataType, Tensor};
+
+/// An input or output of a model as the model file declares it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSpec {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DataType,
+    /// Dimensions; `None` where the model leaves a dimension symbolic (batch, sequence).
+    pub shape: Vec<Option<i64>>,
+}
+
+/// What a model consumes and produces.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelIo {
+    /// Inputs in the model's order.
+    pub inputs: Vec<TensorSpec>,
+    /// Outputs in the model's order.
+    pub outputs: Vec<TensorSpec>,
+}
+
+/// Errors a backend reports. Messages say what was wrong; they reach logs and clients.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    /// The model file could not be loaded or optimised.
+    #[error("cannot load {path}: {message}")]
+    Load {
+        /// Model file.
+        path: String,
+        /// Cause.
+        message: String,
+    },
+    /// The backend cannot handle a data type the model or config uses.
+    #[error("backend {backend} does not support data type {dtype} (tensor '{tensor}')")]
+    UnsupportedType {
+        /// Backend name.
+        backend: &'static str,
+        /// The type.
+        dtype: String,
+        /// The tensor using it.
+        tensor: String,
+    },
+    /// Execution failed.
+    #[error("execution failed: {0}")]
+    Execute(String),
+    /// The backend is not available in this build or on this machine.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Options for loading a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Intra-op threads each instance may use.
+    pub threads_per_instance: usize,
+}
+
+/// A factory for models from files of one format.
+pub trait Backend: Send + Sync {
+    /// Short name for logs and errors (`"tract"`, `"onnxruntime"`).
+    fn name(&self) -> &'static str;
+    /// Loads and optimises a model file once; instances are spawned from the result.
+    fn load(&self, path: &Path, options: &LoadOptions) -> Result<Box<dyn Model>, BackendError>;
+}
+
+/// A loaded, optimised model, shared read-only by its instances.
+pub trait Model: Send + Sync {
+    /// Inputs and outputs as the model file declares them.
+    fn io(&self) -> &ModelIo;
+    /// A new instance with its own execution state.
+    fn instance(&self) -> Result<Box<dyn ModelInstance>, BackendError>;
+}
+
+/// One execution context, used by exactly one OS thread at a time.
+pub trait ModelInstance: Send {
+    /// Runs the model on named inputs (a subset of [`ModelIo::inputs`] when some are
+    /// optional) and returns every output of the model, in [`ModelIo::outputs`] order.
+    fn execute(&mut self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError>;
+}
+
+#[cfg(test)]
+pub(crate) mod conformance;

@@ -1,0 +1,285 @@
+//! ONNX through ONNX Runtime, the fast path (cargo feature `ort`).
+//!
+//! The library is loaded at run time (`ort`'s `load-dynamic`) from `ORT_DYLIB_PATH` or
+//! from the `onnxruntime` Python package's `capi/` folder: the PyPI wheel ships only a
+//! versioned `libonnxruntime.so.1.x`, which `ort` would not find by itself (and would
+//! panic on first use). Every instance owns its own session with `threads` intra-op
+//! threads and one inter-op thread, so instances × threads stays within the cores.
+
+use super::{Backend, BackendError, LoadOptions, Model, ModelInstance, ModelIo, TensorSpec};
+use ort::session::Session;
+use ort::value::{DynValue, TensorElementType, ValueType};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use trident_core::tensor::{bytes_elements, encode_bytes_elements};
+use trident_core::{DataType, Tensor};
+
+/// The ONNX Runtime backend.
+pub struct OrtBackend {
+    env: ort::environment::Environment,
+    library: PathBuf,
+}
+
+/// The process-wide ONNX Runtime backend, loaded on first use; the error says why the
+/// library could not be found or loaded.
+pub fn shared() -> Result<Arc<dyn Backend>, String> {
+    static SHARED: OnceLock<Result<Arc<dyn Backend>, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            let library = locate_library()?;
+            let env = ort::init_from(&library)
+                .map_err(|e| format!("cannot load {}: {e}", library.display()))?
+                .with_name("trident")
+                .build()
+                .map_err(|e| format!("cannot create an ONNX Runtime environment: {e}"))?;
+            tracing::info!("ONNX Runtime loaded from {}", library.display());
+            Ok(Arc::new(OrtBackend { env, library }) as Arc<dyn Backend>)
+        })
+        .clone()
+}
+
+/// `ORT_DYLIB_PATH`, else `libonnxruntime.so*` inside the installed Python package.
+fn locate_library() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
+        return Ok(path.into());
+    }
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
+        ])
+        .output()
+        .map_err(|e| format!("ORT_DYLIB_PATH is not set and python3 could not be run: {e}"))?;
+    if !out.status.success() {
+        return Err("ORT_DYLIB_PATH is not set and the onnxruntime Python package is not installed".into());
+    }
+    let capi = Path::new(String::from_utf8_lossy(&out.stdout).trim()).join("capi");
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(&capi)
+        .map_err(|e| format!("cannot read {}: {e}", capi.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so"))
+        })
+        .collect();
+    candidates.sort();
+    candidates
+        .pop()
+        .ok_or_else(|| format!("no libonnxruntime.so* in {}", capi.display()))
+}
+
+impl Backend for OrtBackend {
+    fn name(&self) -> &'static str {
+        "onnxruntime"
+    }
+
+    fn load(&self, path: &Path, options: &LoadOptions) -> Result<Box<dyn Model>, BackendError> {
+        let load_err = |message: String| BackendError::Load {
+            path: path.display().to_string(),
+            message,
+        };
+        let bytes = std::fs::read(path).map_err(|e| load_err(e.to_string()))?;
+        let model = OrtModel {
+            bytes: Arc::new(bytes),
+            threads: options.threads_per_instance,
+            env: self.env.clone(),
+            io: ModelIo::default(),
+        };
+        let session = model.session().map_err(|e| load_err(e.to_string()))?;
+        let io = ModelIo {
+            inputs: session
+                .inputs()
+                .iter()
+                .map(|o| spec(o.name(), o.dtype()))
+                .collect::<Result<_, _>>()?,
+            outputs: session
+                .outputs()
+                .iter()
+                .map(|o| spec(o.name(), o.dtype()))
+                .collect::<Result<_, _>>()?,
+        };
+        tracing::debug!(
+            "{} loaded with ONNX Runtime from {}",
+            path.display(),
+            self.library.display()
+        );
+        Ok(Box::new(OrtModel { io, ..model }))
+    }
+}
+
+fn spec(name: &str, ty: &ValueType) -> Result<TensorSpec, BackendError> {
+    let unsupported = || BackendError::UnsupportedType {
+        backend: "onnxruntime",
+        dtype: format!("{ty:?}"),
+        tensor: name.to_string(),
+    };
+    let (Some(elem), Some(shape)) = (ty.tensor_type(), ty.tensor_shape()) else {
+        return Err(unsupported());
+    };
+    let dtype = from_ort(elem).ok_or_else(unsupported)?;
+    let shape = shape.iter().map(|&d| (d >= 0).then_some(d)).collect();
+    Ok(TensorSpec {
+        name: name.to_string(),
+        dtype,
+        shape,
+    })
+}
+
+fn from_ort(t: TensorElementType) -> Option<DataType> {
+    use TensorElementType as E;
+    Some(match t {
+        E::Bool => DataType::Bool,
+        E::Uint8 => DataType::U8,
+        E::Uint16 => DataType::U16,
+        E::Uint32 => DataType::U32,
+        E::Uint64 => DataType::U64,
+        E::Int8 => DataType::I8,
+        E::Int16 => DataType::I16,
+        E::Int32 => DataType::I32,
+        E::Int64 => DataType::I64,
+        E::Float16 => DataType::F16,
+        E::Float32 => DataType::F32,
+        E::Float64 => DataType::F64,
+        E::Bfloat16 => DataType::Bf16,
+        E::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+struct OrtModel {
+    bytes: Arc<Vec<u8>>,
+    threads: usize,
+    env: ort::environment::Environment,
+    io: ModelIo,
+}
+
+impl OrtModel {
+    fn session(&self) -> Result<Session, ort::Error> {
+        let builder = Session::builder(&self.env)?;
+        let builder = builder
+            .with_intra_threads(self.threads)
+            .map_err(|e| ort::Error::new(e.to_string()))?;
+        let mut builder = builder
+            .with_inter_threads(1)
+            .map_err(|e| ort::Error::new(e.to_string()))?;
+        builder.commit_from_memory(&self.bytes)
+    }
+}
+
+impl Model for OrtModel {
+    fn io(&self) -> &ModelIo {
+        &self.io
+    }
+
+    fn instance(&self) -> Result<Box<dyn ModelInstance>, BackendError> {
+        let session = self.session().map_err(|e| BackendError::Execute(e.to_string()))?;
+        let outputs = self.io.outputs.iter().map(|s| s.name.clone()).collect();
+        Ok(Box::new(OrtInstance { session, outputs }))
+    }
+}
+
+struct OrtInstance {
+    session: Session,
+    outputs: Vec<String>,
+}
+
+impl ModelInstance for OrtInstance {
+    fn execute(&mut self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
+        let values = inputs
+            .iter()
+            .map(|(name, t)| Ok((name.clone(), to_ort(name, t)?)))
+            .collect::<Result<Vec<(String, DynValue)>, BackendError>>()?;
+        let results = self
+            .session
+            .run(values)
+            .map_err(|e| BackendError::Execute(e.to_string()))?;
+        self.outputs
+            .iter()
+            .map(|name| {
+                let value = results.get(name).ok_or_else(|| {
+                    BackendError::Execute(format!("ONNX Runtime returned no output '{name}'"))
+                })?;
+                Ok((name.clone(), from_ort_value(name, value)?))
+            })
+            .collect()
+    }
+}
+
+/// Copies little-endian bytes into a typed vector (x86-64 and aarch64 are little-endian).
+fn typed<T: Copy + Default>(bytes: &[u8]) -> Vec<T> {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let mut v = vec![T::default(); n];
+    // SAFETY: `v` has room for exactly `bytes.len()` bytes and T is plain old data
+    // (callers never instantiate this with bool).
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len()) };
+    v
+}
+
+fn as_bytes<T: Copy>(values: &[T]) -> bytes::Bytes {
+    // SAFETY: viewing initialised plain-old-data values as bytes.
+    let raw =
+        unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
+    bytes::Bytes::copy_from_slice(raw)
+}
+
+macro_rules! numeric_types {
+    ($m:ident, $($args:tt)*) => {
+        $m!($($args)*;
+            U8 => u8, U16 => u16, U32 => u32, U64 => u64, I8 => i8, I16 => i16, I32 => i32,
+            I64 => i64, F16 => half::f16, F32 => f32, F64 => f64, Bf16 => half::bf16)
+    };
+}
+
+fn to_ort(name: &str, t: &Tensor) -> Result<DynValue, BackendError> {
+    let err = |e: ort::Error| BackendError::Execute(format!("input '{name}': {e}"));
+    let shape: Vec<i64> = t.shape().to_vec();
+    macro_rules! build {
+        ($t:expr, $shape:expr; $($variant:ident => $ty:ty),*) => {
+            match $t.dtype() {
+                $(DataType::$variant => ort::value::Tensor::from_array(($shape, typed::<$ty>($t.data()))).map(|v| v.into_dyn()),)*
+                DataType::Bool => ort::value::Tensor::from_array(($shape, $t.data().iter().map(|&b| b != 0).collect::<Vec<bool>>())).map(|v| v.into_dyn()),
+                DataType::Bytes => {
+                    let strings = bytes_elements($t.data())
+                        .map_err(|e| BackendError::Execute(e.to_string()))?
+                        .into_iter()
+                        .map(|b| String::from_utf8(b.to_vec()))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|_| BackendError::Execute(format!("input '{name}': ONNX Runtime needs UTF-8 strings")))?;
+                    ort::value::Tensor::from_string_array(($shape, strings.as_slice())).map(|v| v.into_dyn())
+                }
+            }
+        };
+    }
+    numeric_types!(build, t, shape).map_err(err)
+}
+
+fn from_ort_value(name: &str, value: &DynValue) -> Result<Tensor, BackendError> {
+    let err = |e: ort::Error| BackendError::Execute(format!("output '{name}': {e}"));
+    let ty = value.dtype();
+    let elem = ty
+        .tensor_type()
+        .and_then(from_ort)
+        .ok_or_else(|| BackendError::UnsupportedType {
+            backend: "onnxruntime",
+            dtype: format!("{ty:?}"),
+            tensor: name.to_string(),
+        })?;
+    macro_rules! extract {
+        ($v:expr; $($variant:ident => $ty:ty),*) => {
+            match elem {
+                $(DataType::$variant => { let (s, d) = $v.try_extract_tensor::<$ty>().map_err(err)?; (s.to_vec(), as_bytes(d)) })*
+                DataType::Bool => {
+                    let (s, d) = $v.try_extract_tensor::<bool>().map_err(err)?;
+                    (s.to_vec(), d.iter().map(|&b| u8::from(b)).collect::<Vec<u8>>().into())
+                }
+                DataType::Bytes => {
+                    let (s, d) = $v.try_extract_strings().map_err(err)?;
+                    (s.to_vec(), encode_bytes_elements(d))
+                }
+            }
+        };
+    }
+    let (shape, data): (Vec<i64>, bytes::Bytes) = numeric_types!(extract, value);
+    Tensor::new(elem, shape, data).map_err(|e| BackendError::Execute(format!("output '{name}': {e}")))
+}

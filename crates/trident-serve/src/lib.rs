@@ -1,0 +1,17 @@
+//! Trident's serving engine: backends behind one trait, model instances on OS threads,
+//! the dynamic batcher, the repository manager and per-model statistics.
+//!
+//! Nothing here knows about HTTP or gRPC; `trident-server` puts protocols on top.
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod batcher;
+mod error;
+pub mod model;
+pub mod repository;
+mod scheduler;
+pub mod stats;
+
+pub use error::ServeError;
+pub use model::{InferRequest, InferResponse, IoSpec, ModelVersion};
+pub use repository::{ControlMode, OnnxEngine, Repository, RepositoryOptions};

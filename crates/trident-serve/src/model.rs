@@ -1,0 +1,397 @@
+//! A loaded model version: its validated interface, its scheduler and its instances.
+//! `infer` checks a request against `config.pbtxt`, queues it and awaits the reply; all
+//! tensor work happens on the model's own OS threads (see `scheduler`).
+
+use crate::backend::Model;
+use crate::batcher::BatchPolicy;
+use crate::scheduler::{self, Job, Scheduler};
+use crate::stats::ModelStats;
+use crate::ServeError;
+use std::sync::Arc;
+use std::time::Instant;
+use trident_core::config::{self, pb, ModelConfig};
+use trident_core::{DataType, Tensor};
+
+/// An inference request addressed to one model version.
+#[derive(Debug)]
+pub struct InferRequest {
+    /// Named inputs.
+    pub inputs: Vec<(String, Tensor)>,
+    /// Outputs to return; empty means all.
+    pub outputs: Vec<String>,
+    /// When the server received the request (start of the request duration).
+    pub received: Instant,
+}
+
+/// Outputs of one request.
+#[derive(Debug)]
+pub struct InferResponse {
+    /// Named outputs, in the order requested (model order when all).
+    pub outputs: Vec<(String, Tensor)>,
+}
+
+/// A tensor as `config.pbtxt` declares it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IoSpec {
+    /// Name.
+    pub name: String,
+    /// Type.
+    pub dtype: DataType,
+    /// Dimensions without the batch dimension; -1 is variable.
+    pub dims: Vec<i64>,
+    /// Shape the model actually takes/gives (`reshape`), without batch dimension.
+    pub reshape: Option<Vec<i64>>,
+    /// May be omitted (inputs only).
+    pub optional: bool,
+}
+
+impl IoSpec {
+    fn from_input(i: &pb::ModelInput) -> Self {
+        IoSpec {
+            name: i.name.clone(),
+            dtype: config::data_type(i.data_type).expect("validated config"),
+            dims: i.dims.clone(),
+            reshape: i.reshape.as_ref().map(|r| r.shape.clone()),
+            optional: i.optional,
+        }
+    }
+
+    fn from_output(o: &pb::ModelOutput) -> Self {
+        IoSpec {
+            name: o.name.clone(),
+            dtype: config::data_type(o.data_type).expect("validated config"),
+            dims: o.dims.clone(),
+            reshape: o.reshape.as_ref().map(|r| r.shape.clone()),
+            optional: false,
+        }
+    }
+
+    /// Shape as clients see it: batch dimension (-1) first when the model batches.
+    pub fn client_shape(&self, batching: bool) -> Vec<i64> {
+        batching
+            .then_some(-1)
+            .into_iter()
+            .chain(self.dims.iter().copied())
+            .collect()
+    }
+}
+
+/// A model version ready to serve.
+pub struct ModelVersion {
+    name: String,
+    version: i64,
+    config: Arc<ModelConfig>,
+    backend: &'static str,
+    inputs: Vec<IoSpec>,
+    outputs: Vec<IoSpec>,
+    max_queue: usize,
+    stats: Arc<ModelStats>,
+    scheduler: Scheduler,
+}
+
+/// Queue bound used when `max_queue_size` is 0 (Triton: unbounded). Trident bounds every
+/// queue; this is large enough never to matter below overload.
+pub const DEFAULT_MAX_QUEUE: usize = 16_384;
+
+/// How to run a model version.
+pub struct Deployment {
+    /// Model name.
+    pub name: String,
+    /// Version number.
+    pub version: i64,
+    /// Complete, validated configuration.
+    pub config: Arc<ModelConfig>,
+    /// The loaded model.
+    pub model: Box<dyn Model>,
+    /// Backend name for logs and metadata.
+    pub backend: &'static str,
+    /// Number of instances (OS threads).
+    pub instances: usize,
+}
+
+impl ModelVersion {
+    /// Spawns the instances and the scheduler.
+    pub fn start(d: Deployment) -> Result<Self, ServeError> {
+        let stats = Arc::new(ModelStats::default());
+        let policy = batch_policy(&d.config);
+        let max_queue = match &d.config.scheduling_choice {
+            Some(pb::model_config::SchedulingChoice::DynamicBatching(db)) => db
+                .default_queue_policy
+                .as_ref()
+                .map(|q| q.max_queue_size as usize)
+                .filter(|&n| n > 0)
+                .unwrap_or(DEFAULT_MAX_QUEUE),
+            _ => DEFAULT_MAX_QUEUE,
+        };
+        let label = format!("{}:{}", d.name, d.version);
+        let scheduler = scheduler::start(&label, d.model.as_ref(), d.instances, policy, stats.clone())
+            .map_err(|e| ServeError::NotReady {
+                model: d.name.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(ModelVersion {
+            inputs: d.config.input.iter().map(IoSpec::from_input).collect(),
+            outputs: d.config.output.iter().map(IoSpec::from_output).collect(),
+            name: d.name,
+            version: d.version,
+            config: d.config,
+            backend: d.backend,
+            max_queue,
+            stats,
+            scheduler,
+        })
+    }
+
+    /// Model name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Version number.
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+    /// The complete configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    /// Backend serving this version.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+    /// Declared inputs.
+    pub fn inputs(&self) -> &[IoSpec] {
+        &self.inputs
+    }
+    /// Declared outputs.
+    pub fn outputs(&self) -> &[IoSpec] {
+        &self.outputs
+    }
+    /// Whether requests carry a batch dimension.
+    pub fn batching(&self) -> bool {
+        self.config.max_batch_size > 0
+    }
+    /// Statistics.
+    pub fn stats(&self) -> &ModelStats {
+        &self.stats
+    }
+
+    /// Validates, queues and runs one request.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, ServeError> {
+        let received = request.received;
+        let result = self.infer_inner(request).await;
+        self.stats.record_request(result.is_ok(), received.elapsed());
+        result
+    }
+
+    async fn infer_inner(&self, request: InferRequest) -> Result<InferResponse, ServeError> {
+        let wanted = self.requested_outputs(&request.outputs)?;
+        let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
+        let pending = self.stats.pending();
+        if pending >= self.max_queue as i64 {
+            return Err(ServeError::Overloaded {
+                model: self.name.clone(),
+                pending: pending as usize,
+                limit: self.max_queue,
+            });
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.stats.add_pending(1);
+        let _pending = PendingGuard(&self.stats);
+        self.scheduler
+            .submit(Job {
+                inputs,
+                rows,
+                signature,
+                enqueued: Instant::now(),
+                reply,
+            })
+            .map_err(|_| ServeError::Unloading(self.name.clone()))?;
+        let outputs = rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))??;
+        self.select_outputs(outputs, &wanted, rows)
+    }
+
+    fn requested_outputs(&self, names: &[String]) -> Result<Vec<usize>, ServeError> {
+        if names.is_empty() {
+            return Ok((0..self.outputs.len()).collect());
+        }
+        names
+            .iter()
+            .map(|n| {
+                self.outputs.iter().position(|o| &o.name == n).ok_or_else(|| {
+                    ServeError::InvalidRequest(format!(
+                        "unexpected inference output '{n}' for model '{}'; outputs are: {}",
+                        self.name,
+                        names_of(&self.outputs)
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Checks inputs against the configuration and applies `reshape`. Returns the model
+    /// inputs in config order, the batch rows and the batching signature.
+    #[allow(clippy::type_complexity)]
+    fn prepare_inputs(
+        &self,
+        given: Vec<(String, Tensor)>,
+    ) -> Result<(Vec<(String, Tensor)>, usize, Vec<i64>), ServeError> {
+        let invalid = |m: String| ServeError::InvalidRequest(m);
+        let mut slots: Vec<Option<Tensor>> = vec![None; self.inputs.len()];
+        for (name, tensor) in given {
+            let idx = self.inputs.iter().position(|s| s.name == name).ok_or_else(|| {
+                invalid(format!(
+                    "unexpected inference input '{name}' for model '{}'; inputs are: {}",
+                    self.name,
+                    names_of(&self.inputs)
+                ))
+            })?;
+            if slots[idx].replace(tensor).is_some() {
+                return Err(invalid(format!("input '{name}' is given twice")));
+            }
+        }
+        let mut rows: Option<usize> = None;
+        let mut signature = Vec::new();
+        let mut out = Vec::with_capacity(self.inputs.len());
+        for (i, (spec, slot)) in self.inputs.iter().zip(slots).enumerate() {
+            let Some(tensor) = slot else {
+                if spec.optional {
+                    continue;
+                }
+                return Err(invalid(format!(
+                    "model '{}' expects input '{}' ({} {:?}), which the request does not have",
+                    self.name,
+                    spec.name,
+                    spec.dtype,
+                    spec.client_shape(self.batching())
+                )));
+            };
+            let r = self.check_input(spec, &tensor)?;
+            if *rows.get_or_insert(r) != r {
+                return Err(invalid(format!(
+                    "input '{}' has batch size {r} but other inputs have {}",
+                    spec.name,
+                    rows.unwrap_or_default()
+                )));
+            }
+            signature.push(i as i64);
+            signature.extend_from_slice(&tensor.shape()[usize::from(self.batching())..]);
+            signature.push(-2);
+            out.push((spec.name.clone(), self.apply_reshape(spec, tensor, r)?));
+        }
+        Ok((out, rows.unwrap_or(1), signature))
+    }
+
+    fn check_input(&self, spec: &IoSpec, t: &Tensor) -> Result<usize, ServeError> {
+        if t.dtype() != spec.dtype {
+            return Err(ServeError::InvalidRequest(format!(
+                "input '{}': datatype {} does not match the model's {}",
+                spec.name,
+                t.dtype(),
+                spec.dtype
+            )));
+        }
+        let expected = spec.client_shape(self.batching());
+        let shape = t.shape();
+        let dims_ok =
+            shape.len() == expected.len() && shape.iter().zip(&expected).all(|(&g, &e)| e == -1 || g == e);
+        if !dims_ok {
+            return Err(ServeError::InvalidRequest(format!(
+                "input '{}': shape {shape:?} does not match the model's {expected:?}",
+                spec.name
+            )));
+        }
+        if !self.batching() {
+            return Ok(1);
+        }
+        let rows = shape[0];
+        let max = self.config.max_batch_size as i64;
+        if rows < 1 || rows > max {
+            return Err(ServeError::InvalidRequest(format!(
+                "input '{}': batch size {rows} is outside 1..={max} (max_batch_size of model '{}')",
+                spec.name, self.name
+            )));
+        }
+        Ok(rows as usize)
+    }
+
+    fn apply_reshape(&self, spec: &IoSpec, t: Tensor, rows: usize) -> Result<Tensor, ServeError> {
+        let Some(target) = &spec.reshape else { return Ok(t) };
+        let batch_prefix = self.batching().then_some(rows as i64);
+        let per_row = t.len() / rows.max(1);
+        let shape = resolve(batch_prefix, target, per_row);
+        t.reshape(shape)
+            .map_err(|e| ServeError::InvalidRequest(format!("input '{}': cannot reshape: {e}", spec.name)))
+    }
+
+    fn select_outputs(
+        &self,
+        mut all: Vec<(String, Tensor)>,
+        wanted: &[usize],
+        rows: usize,
+    ) -> Result<InferResponse, ServeError> {
+        let mut outputs = Vec::with_capacity(wanted.len());
+        for &i in wanted {
+            let spec = &self.outputs[i];
+            let pos = all.iter().position(|(n, _)| n == &spec.name).ok_or_else(|| {
+                ServeError::Backend(format!("the model did not produce output '{}'", spec.name))
+            })?;
+            let (name, tensor) = all.swap_remove(pos);
+            let tensor = match &spec.reshape {
+                Some(_) => {
+                    let per_row = tensor.len() / rows.max(1);
+                    let shape = resolve(self.batching().then_some(rows as i64), &spec.dims, per_row);
+                    tensor
+                        .reshape(shape)
+                        .map_err(|e| ServeError::Backend(format!("output '{name}': {e}")))?
+                }
+                None => tensor,
+            };
+            outputs.push((name, tensor));
+        }
+        Ok(InferResponse { outputs })
+    }
+}
+
+/// `[batch?] + dims`, with one -1 in `dims` resolved from the element count per row.
+fn resolve(batch: Option<i64>, dims: &[i64], per_row: usize) -> Vec<i64> {
+    let known: i64 = dims.iter().filter(|&&d| d >= 0).product();
+    let fill = if known > 0 { per_row as i64 / known } else { 0 };
+    batch
+        .into_iter()
+        .chain(dims.iter().map(|&d| if d < 0 { fill } else { d }))
+        .collect()
+}
+
+fn names_of(specs: &[IoSpec]) -> String {
+    specs
+        .iter()
+        .map(|s| format!("'{}'", s.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn batch_policy(config: &ModelConfig) -> BatchPolicy {
+    let max_batch_size = config.max_batch_size.max(1) as usize;
+    match &config.scheduling_choice {
+        Some(pb::model_config::SchedulingChoice::DynamicBatching(db)) => BatchPolicy {
+            enabled: true,
+            max_batch_size,
+            preferred: db.preferred_batch_size.iter().map(|&p| p as usize).collect(),
+            max_delay: std::time::Duration::from_micros(db.max_queue_delay_microseconds),
+        },
+        _ => BatchPolicy {
+            enabled: false,
+            max_batch_size,
+            preferred: vec![],
+            max_delay: Default::default(),
+        },
+    }
+}
+
+struct PendingGuard<'a>(&'a ModelStats);
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.add_pending(-1);
+    }
+}

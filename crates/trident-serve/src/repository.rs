@@ -1,0 +1,496 @@
+//! The model repository: `<root>/<model>/config.pbtxt` and `<root>/<model>/<version>/model.onnx`.
+//!
+//! Loads, reloads and unloads models according to the control mode, completes missing
+//! configuration from the model file as Triton does, and keeps a per-model state
+//! (ready versions, or the reason a model is unavailable) for the index and readiness
+//! APIs. A model that fails to load is reported, never fatal to the server.
+//!
+//! Names that arrive from clients are only ever compared with directory entries read
+//! from the repository; they are never joined onto a path.
+
+mod complete;
+mod engines;
+
+pub use engines::OnnxEngine;
+
+use crate::model::{Deployment, ModelVersion};
+use crate::stats::ModelStatSnapshot;
+use crate::ServeError;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+use trident_core::config::{self, pb, ModelConfig};
+
+/// Triton's `--model-control-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlMode {
+    /// Load everything at start; no load/unload API.
+    None,
+    /// Load what `--load-model` names; load/unload API enabled.
+    Explicit,
+    /// Load everything and rescan periodically for changes.
+    Poll,
+}
+
+/// How the repository is served.
+#[derive(Debug, Clone)]
+pub struct RepositoryOptions {
+    /// Repository directory.
+    pub root: PathBuf,
+    /// Control mode.
+    pub mode: ControlMode,
+    /// Models to load at start in explicit mode (`*` loads all).
+    pub startup_models: Vec<String>,
+    /// CPU cores to share among instances (intra-op threads = cores / instances).
+    pub cores: usize,
+    /// Default ONNX engine.
+    pub onnx_engine: OnnxEngine,
+}
+
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct IndexEntry {
+    /// Model name.
+    pub name: String,
+    /// Version, when the entry is about one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// READY or UNAVAILABLE; absent for models never loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
+    /// Why a model is unavailable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+enum Slot {
+    Ready(Arc<ModelVersion>),
+    Failed(String),
+}
+
+struct ModelState {
+    /// Versions by number; empty with `error` set when the whole model failed.
+    versions: BTreeMap<i64, Slot>,
+    error: Option<String>,
+    fingerprint: Vec<(PathBuf, SystemTime, u64)>,
+}
+
+/// The repository manager.
+pub struct Repository {
+    options: RepositoryOptions,
+    models: RwLock<BTreeMap<String, ModelState>>,
+}
+
+impl Repository {
+    /// A repository manager; nothing is loaded until [`Repository::load_startup_models`].
+    pub fn new(options: RepositoryOptions) -> Self {
+        Repository {
+            options,
+            models: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// The control mode.
+    pub fn mode(&self) -> ControlMode {
+        self.options.mode
+    }
+
+    /// Loads the models the control mode asks for at start. Failures are recorded.
+    pub fn load_startup_models(&self) -> Result<(), ServeError> {
+        let names = self.model_dirs()?;
+        let load_all = self.options.mode != ControlMode::Explicit
+            || self.options.startup_models.iter().any(|m| m == "*");
+        for name in &names {
+            if load_all || self.options.startup_models.contains(name) {
+                self.load_model(name);
+            }
+        }
+        for wanted in &self.options.startup_models {
+            if wanted != "*" && !names.contains(wanted) {
+                tracing::error!(model = %wanted, "--load-model names a model that is not in the repository");
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads (or reloads) a model through the repository API (`explicit` mode only).
+    pub fn load(&self, name: &str) -> Result<(), ServeError> {
+        self.require_explicit("load")?;
+        let name = self.existing_dir(name)?;
+        self.load_model(&name);
+        match self
+            .models
+            .read()
+            .expect("lock")
+            .get(&name)
+            .and_then(|m| m.error.clone())
+        {
+            Some(reason) => Err(ServeError::NotReady { model: name, reason }),
+            None => Ok(()),
+        }
+    }
+
+    /// Unloads a model (`explicit` mode only). In-flight requests finish first: each
+    /// holds its version alive until it has replied.
+    pub fn unload(&self, name: &str) -> Result<(), ServeError> {
+        self.require_explicit("unload")?;
+        let removed = self.models.write().expect("lock").remove(name);
+        match removed {
+            Some(_) => {
+                tracing::info!(model = %name, "unloaded");
+                Ok(())
+            }
+            None => Err(ServeError::ModelNotFound(name.to_string())),
+        }
+    }
+
+    /// Rescans the repository (`poll` mode): loads new models, reloads changed ones and
+    /// unloads removed ones.
+    pub fn poll(&self) -> Result<(), ServeError> {
+        let names = self.model_dirs()?;
+        let stale: Vec<String> = {
+            let models = self.models.read().expect("lock");
+            let removed = models.keys().filter(|n| !names.contains(n)).cloned();
+            let changed = names.iter().filter(|n| {
+                models
+                    .get(*n)
+                    .is_none_or(|m| m.fingerprint != fingerprint(&self.options.root.join(n)))
+            });
+            removed.chain(changed.cloned()).collect()
+        };
+        for name in stale {
+            if names.contains(&name) {
+                tracing::info!(model = %name, "repository changed: (re)loading");
+                self.load_model(&name);
+            } else {
+                tracing::info!(model = %name, "removed from repository: unloading");
+                self.models.write().expect("lock").remove(&name);
+            }
+        }
+        Ok(())
+    }
+
+    /// The repository index: every model directory, with state for loaded ones.
+    pub fn index(&self, ready_only: bool) -> Result<Vec<IndexEntry>, ServeError> {
+        let names = self.model_dirs()?;
+        let models = self.models.read().expect("lock");
+        let mut out = Vec::new();
+        for name in names {
+            let entry = |version: Option<i64>, state, reason| IndexEntry {
+                name: name.clone(),
+                version: version.map(|v| v.to_string()),
+                state,
+                reason,
+            };
+            match models.get(&name) {
+                None => out.push(entry(None, None, None)),
+                Some(m) if m.versions.is_empty() => {
+                    let reason = m
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| "no version is available".into());
+                    out.push(entry(None, Some("UNAVAILABLE"), Some(reason)));
+                }
+                Some(m) => {
+                    for (&v, slot) in &m.versions {
+                        out.push(match slot {
+                            Slot::Ready(_) => entry(Some(v), Some("READY"), None),
+                            Slot::Failed(r) => entry(Some(v), Some("UNAVAILABLE"), Some(r.clone())),
+                        });
+                    }
+                }
+            }
+        }
+        if ready_only {
+            out.retain(|e| e.state == Some("READY"));
+        }
+        Ok(out)
+    }
+
+    /// A ready version: the given one, or the highest ready version.
+    pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelVersion>, ServeError> {
+        let models = self.models.read().expect("lock");
+        let model = models
+            .get(name)
+            .ok_or_else(|| ServeError::ModelNotFound(name.to_string()))?;
+        let not_found = || ServeError::VersionNotFound {
+            model: name.to_string(),
+            version: version.unwrap_or("latest").to_string(),
+        };
+        let ready = |slot: &Slot| match slot {
+            Slot::Ready(v) => Some(v.clone()),
+            Slot::Failed(_) => None,
+        };
+        match version.filter(|v| !v.is_empty()) {
+            Some(v) => {
+                let v: i64 = v.parse().map_err(|_| not_found())?;
+                model.versions.get(&v).and_then(ready).ok_or_else(not_found)
+            }
+            None => model
+                .versions
+                .values()
+                .rev()
+                .find_map(ready)
+                .ok_or_else(|| ServeError::NotReady {
+                    model: name.to_string(),
+                    reason: model
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| "no version is ready".into()),
+                }),
+        }
+    }
+
+    /// Versions of a model that are ready, ascending.
+    pub fn ready_versions(&self, name: &str) -> Vec<i64> {
+        let models = self.models.read().expect("lock");
+        let Some(m) = models.get(name) else {
+            return Vec::new();
+        };
+        m.versions
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Ready(_)))
+            .map(|(&v, _)| v)
+            .collect()
+    }
+
+    /// Statistics of ready versions, optionally of one model / version.
+    pub fn stats(
+        &self,
+        name: Option<&str>,
+        version: Option<&str>,
+    ) -> Result<Vec<ModelStatSnapshot>, ServeError> {
+        if let Some(name) = name {
+            let versions: Vec<Arc<ModelVersion>> = match version {
+                Some(v) => vec![self.get(name, Some(v))?],
+                None => {
+                    let models = self.models.read().expect("lock");
+                    let m = models
+                        .get(name)
+                        .ok_or_else(|| ServeError::ModelNotFound(name.to_string()))?;
+                    ready_slots(m).collect()
+                }
+            };
+            return Ok(versions
+                .iter()
+                .map(|v| v.stats().snapshot(v.name(), v.version()))
+                .collect());
+        }
+        let models = self.models.read().expect("lock");
+        Ok(models
+            .values()
+            .flat_map(ready_slots)
+            .map(|v| v.stats().snapshot(v.name(), v.version()))
+            .collect())
+    }
+
+    fn require_explicit(&self, what: &str) -> Result<(), ServeError> {
+        match self.options.mode {
+            ControlMode::Explicit => Ok(()),
+            mode => Err(ServeError::NotAllowed(format!(
+                "explicit model {what} is not allowed in model control mode {mode:?} (start with --model-control-mode explicit)"
+            ))),
+        }
+    }
+
+    /// Model directory names, sorted. Hidden entries are skipped.
+    fn model_dirs(&self) -> Result<Vec<String>, ServeError> {
+        let read = std::fs::read_dir(&self.options.root).map_err(|e| {
+            ServeError::NotAllowed(format!(
+                "cannot read model repository {}: {e}",
+                self.options.root.display()
+            ))
+        })?;
+        let mut names: Vec<String> = read
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// The repository's own spelling of `name`, if it is one of its model directories.
+    fn existing_dir(&self, name: &str) -> Result<String, ServeError> {
+        self.model_dirs()?
+            .into_iter()
+            .find(|n| n == name)
+            .ok_or_else(|| ServeError::ModelNotFound(name.to_string()))
+    }
+
+    /// Loads every selected version of `name` and swaps the result in.
+    fn load_model(&self, name: &str) {
+        let dir = self.options.root.join(name);
+        let state = match load_versions(&dir, name, &self.options) {
+            Ok(versions) => ModelState {
+                versions,
+                error: None,
+                fingerprint: fingerprint(&dir),
+            },
+            Err(reason) => {
+                tracing::error!(model = %name, "failed to load: {reason}");
+                ModelState {
+                    versions: BTreeMap::new(),
+                    error: Some(reason),
+                    fingerprint: fingerprint(&dir),
+                }
+            }
+        };
+        for (v, slot) in &state.versions {
+            match slot {
+                Slot::Ready(m) => tracing::info!(model = %name, version = v, backend = m.backend(), "ready"),
+                Slot::Failed(r) => tracing::error!(model = %name, version = v, "failed to load: {r}"),
+            }
+        }
+        self.models.write().expect("lock").insert(name.to_string(), state);
+    }
+}
+
+fn ready_slots(m: &ModelState) -> impl Iterator<Item = Arc<ModelVersion>> + '_ {
+    m.versions.values().filter_map(|s| match s {
+        Slot::Ready(v) => Some(v.clone()),
+        Slot::Failed(_) => None,
+    })
+}
+
+/// Reads the configuration, picks versions by policy, loads each. A configuration
+/// error fails the whole model; a model-file error fails only its version.
+fn load_versions(dir: &Path, name: &str, options: &RepositoryOptions) -> Result<BTreeMap<i64, Slot>, String> {
+    let cores = options.cores;
+    let config_path = dir.join("config.pbtxt");
+    let mut config = if config_path.exists() {
+        let parsed = config::read_config(&config_path).map_err(|e| e.to_string())?;
+        for warning in &parsed.warnings {
+            tracing::warn!(model = %name, "{}: {warning}", config_path.display());
+        }
+        parsed.config
+    } else {
+        tracing::info!(model = %name, "no config.pbtxt: completing the configuration from the model file");
+        ModelConfig::default()
+    };
+    let versions = select_versions(dir, &config)?;
+    let engine = engines::select(&config, options.onnx_engine)?;
+    let mut slots = BTreeMap::new();
+    // Latest first: its interface completes the configuration for all versions.
+    let mut completed: Option<Arc<ModelConfig>> = None;
+    for &version in versions.iter().rev() {
+        let file = dir.join(version.to_string()).join(model_filename(&config));
+        let slot = (|| {
+            let instances = complete::instance_count(&config);
+            let threads = complete::threads_per_instance(&config, instances, cores)?;
+            let model = engine
+                .backend
+                .load(
+                    &file,
+                    &crate::backend::LoadOptions {
+                        threads_per_instance: threads,
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+            let full = match &completed {
+                Some(c) => c.clone(),
+                None => {
+                    complete::autocomplete(&mut config, name, model.io())?;
+                    config::validate(&config, name, &config_path).map_err(|e| e.to_string())?;
+                    Arc::new(config.clone())
+                }
+            };
+            complete::check_against_model(&full, model.io())?;
+            completed = Some(full.clone());
+            tracing::info!(model = %name, version, instances, threads_per_instance = threads, "loading with {}", engine.backend.name());
+            ModelVersion::start(Deployment {
+                name: name.to_string(),
+                version,
+                config: full,
+                model,
+                backend: engine.backend.name(),
+                instances,
+            })
+            .map(|m| Slot::Ready(Arc::new(m)))
+            .map_err(|e| e.to_string())
+        })();
+        let slot = slot.unwrap_or_else(Slot::Failed);
+        if let (Slot::Failed(reason), None) = (&slot, &completed) {
+            if versions.len() == 1 {
+                return Err(reason.clone());
+            }
+        }
+        slots.insert(version, slot);
+    }
+    Ok(slots)
+}
+
+fn model_filename(config: &ModelConfig) -> &str {
+    if config.default_model_filename.is_empty() {
+        "model.onnx"
+    } else {
+        &config.default_model_filename
+    }
+}
+
+/// Numeric version directories chosen by `version_policy` (default: latest 1).
+fn select_versions(dir: &Path, config: &ModelConfig) -> Result<Vec<i64>, String> {
+    let mut available: Vec<i64> = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok())
+        .filter(|&v| v >= 0)
+        .collect();
+    available.sort_unstable();
+    use pb::model_version_policy::PolicyChoice;
+    let chosen: Vec<i64> = match config
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref())
+    {
+        Some(PolicyChoice::All(_)) => available.clone(),
+        Some(PolicyChoice::Specific(s)) => {
+            if let Some(missing) = s.versions.iter().find(|v| !available.contains(v)) {
+                return Err(format!(
+                    "version_policy names version {missing}, which has no directory"
+                ));
+            }
+            s.versions.clone()
+        }
+        Some(PolicyChoice::Latest(l)) => {
+            let n = (l.num_versions.max(1) as usize).min(available.len());
+            available[available.len() - n..].to_vec()
+        }
+        None => available.last().copied().into_iter().collect(),
+    };
+    if chosen.is_empty() {
+        return Err(format!(
+            "no version directory (e.g. {}/1/model.onnx) found",
+            dir.display()
+        ));
+    }
+    Ok(chosen)
+}
+
+/// File names, modification times and sizes under a model directory (two levels).
+fn fingerprint(dir: &Path) -> Vec<(PathBuf, SystemTime, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(read) = std::fs::read_dir(&d) else { continue };
+        for entry in read.filter_map(Result::ok) {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() && depth < 2 {
+                stack.push((entry.path(), depth + 1));
+            }
+            out.push((
+                entry.path(),
+                meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                meta.len(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,82 @@
+//! Which backend serves a configuration. Triton's `platform: "onnxruntime_onnx"` and
+//! `backend: "onnxruntime"` pick ONNX Runtime when it is built in (cargo feature `ort`)
+//! and its library can be found, else tract, with a log line saying so. The parameter
+//! `trident.onnx_engine` (`ort` | `tract`) forces one.
+
+use crate::backend::tract::TractBackend;
+use crate::backend::Backend;
+use std::sync::{Arc, OnceLock};
+use trident_core::config::ModelConfig;
+
+/// The chosen backend.
+pub(super) struct Engine {
+    pub backend: Arc<dyn Backend>,
+}
+
+const ONNX_PLATFORMS: &[&str] = &["", "onnxruntime_onnx"];
+const ONNX_BACKENDS: &[&str] = &["", "onnxruntime"];
+
+/// Server-wide choice of ONNX engine (`--onnx-engine`); a model's
+/// `trident.onnx_engine` parameter overrides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnnxEngine {
+    /// ONNX Runtime when available, else tract.
+    #[default]
+    Auto,
+    /// ONNX Runtime, or fail to load.
+    Ort,
+    /// tract.
+    Tract,
+}
+
+pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine, String> {
+    if !ONNX_PLATFORMS.contains(&config.platform.as_str())
+        || !ONNX_BACKENDS.contains(&config.backend.as_str())
+    {
+        return Err(format!(
+            "platform '{}' / backend '{}' is not supported: Trident serves ONNX models \
+             (platform \"onnxruntime_onnx\" or backend \"onnxruntime\")",
+            config.platform, config.backend
+        ));
+    }
+    let forced = config
+        .parameters
+        .get("trident.onnx_engine")
+        .map(|p| p.string_value.as_str());
+    let server_default = match default {
+        OnnxEngine::Auto => None,
+        OnnxEngine::Ort => Some("ort"),
+        OnnxEngine::Tract => Some("tract"),
+    };
+    match forced.or(server_default) {
+        Some("tract") => Ok(tract()),
+        Some("ort") => ort().map_err(|e| format!("the ort engine was asked for: {e}")),
+        Some(other) => Err(format!(
+            "parameter trident.onnx_engine must be \"ort\" or \"tract\", got \"{other}\""
+        )),
+        None => Ok(ort().unwrap_or_else(|reason| {
+            static ONCE: OnceLock<()> = OnceLock::new();
+            ONCE.get_or_init(|| {
+                tracing::warn!("ONNX Runtime is not available ({reason}); ONNX models run on tract")
+            });
+            tract()
+        })),
+    }
+}
+
+fn tract() -> Engine {
+    static TRACT: OnceLock<Arc<dyn Backend>> = OnceLock::new();
+    Engine {
+        backend: TRACT.get_or_init(|| Arc::new(TractBackend)).clone(),
+    }
+}
+
+#[cfg(feature = "ort")]
+fn ort() -> Result<Engine, String> {
+    crate::backend::ort::shared().map(|backend| Engine { backend })
+}
+
+#[cfg(not(feature = "ort"))]
+fn ort() -> Result<Engine, String> {
+    Err("this trident was built without the `ort` feature".into())
+}

@@ -1,0 +1,228 @@
+//! Per model-version statistics: one set of counters that feeds both Triton's
+//! statistics API (`v2/models/{m}/stats`) and the Prometheus metrics, so the two can
+//! never disagree.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A count and a cumulative duration.
+#[derive(Debug, Default)]
+pub struct DurationStat {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl DurationStat {
+    /// Adds one observation.
+    pub fn record(&self, d: Duration) {
+        self.record_n(1, d);
+    }
+
+    /// Adds `n` observations taking `d` in total.
+    pub fn record_n(&self, n: u64, d: Duration) {
+        self.count.fetch_add(n, Relaxed);
+        self.ns.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+
+    /// Current values.
+    pub fn snapshot(&self) -> DurationSnapshot {
+        DurationSnapshot {
+            count: self.count.load(Relaxed),
+            ns: self.ns.load(Relaxed),
+        }
+    }
+}
+
+/// `{count, ns}` as Triton reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DurationSnapshot {
+    /// Observations.
+    pub count: u64,
+    /// Cumulative nanoseconds.
+    pub ns: u64,
+}
+
+/// Request-level durations.
+#[derive(Debug, Default)]
+pub struct InferenceStats {
+    /// Successful requests, end to end inside the server.
+    pub success: DurationStat,
+    /// Failed requests.
+    pub fail: DurationStat,
+    /// Time in the scheduler queue.
+    pub queue: DurationStat,
+    /// Preparing inputs (batch assembly, conversion to the engine's tensors).
+    pub compute_input: DurationStat,
+    /// Running the model.
+    pub compute_infer: DurationStat,
+    /// Extracting and splitting outputs.
+    pub compute_output: DurationStat,
+}
+
+#[derive(Debug, Default)]
+struct BatchStat {
+    compute_input: DurationStat,
+    compute_infer: DurationStat,
+    compute_output: DurationStat,
+}
+
+/// All statistics of one model version.
+#[derive(Debug, Default)]
+pub struct ModelStats {
+    /// Request-level durations.
+    pub inference: InferenceStats,
+    inference_count: AtomicU64,
+    execution_count: AtomicU64,
+    last_inference_ms: AtomicU64,
+    pending: AtomicI64,
+    batches: Mutex<BTreeMap<usize, BatchStat>>,
+}
+
+/// Durations of one execution.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecutionTimes {
+    /// Input preparation.
+    pub input: Duration,
+    /// Model run.
+    pub infer: Duration,
+    /// Output extraction.
+    pub output: Duration,
+}
+
+impl ModelStats {
+    /// Records one execution of `rows` rows that served `requests` requests.
+    pub fn record_execution(&self, rows: usize, requests: usize, t: ExecutionTimes) {
+        self.execution_count.fetch_add(1, Relaxed);
+        self.inference_count.fetch_add(rows as u64, Relaxed);
+        let n = requests as u64;
+        // Triton attributes the whole batch's compute time to each request in it.
+        self.inference
+            .compute_input
+            .record_n(n, t.input * requests as u32);
+        self.inference
+            .compute_infer
+            .record_n(n, t.infer * requests as u32);
+        self.inference
+            .compute_output
+            .record_n(n, t.output * requests as u32);
+        let mut batches = self.batches.lock().expect("stats lock");
+        let b = batches.entry(rows).or_default();
+        b.compute_input.record(t.input);
+        b.compute_infer.record(t.infer);
+        b.compute_output.record(t.output);
+    }
+
+    /// Records the end of a request.
+    pub fn record_request(&self, ok: bool, d: Duration) {
+        if ok {
+            self.inference.success.record(d);
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            self.last_inference_ms.store(now.as_millis() as u64, Relaxed);
+        } else {
+            self.inference.fail.record(d);
+        }
+    }
+
+    /// A request entered (`+1`) or left (`-1`) the model's queue or execution.
+    pub fn add_pending(&self, delta: i64) {
+        self.pending.fetch_add(delta, Relaxed);
+    }
+
+    /// Requests queued or executing now.
+    pub fn pending(&self) -> i64 {
+        self.pending.load(Relaxed)
+    }
+
+    /// A consistent-enough copy for reporting.
+    pub fn snapshot(&self, name: &str, version: i64) -> ModelStatSnapshot {
+        let i = &self.inference;
+        let batch_stats = self
+            .batches
+            .lock()
+            .expect("stats lock")
+            .iter()
+            .map(|(&batch_size, b)| BatchSnapshot {
+                batch_size,
+                compute_input: b.compute_input.snapshot(),
+                compute_infer: b.compute_infer.snapshot(),
+                compute_output: b.compute_output.snapshot(),
+            })
+            .collect();
+        ModelStatSnapshot {
+            name: name.to_string(),
+            version: version.to_string(),
+            last_inference: self.last_inference_ms.load(Relaxed),
+            inference_count: self.inference_count.load(Relaxed),
+            execution_count: self.execution_count.load(Relaxed),
+            inference_stats: InferenceSnapshot {
+                success: i.success.snapshot(),
+                fail: i.fail.snapshot(),
+                queue: i.queue.snapshot(),
+                compute_input: i.compute_input.snapshot(),
+                compute_infer: i.compute_infer.snapshot(),
+                compute_output: i.compute_output.snapshot(),
+                cache_hit: DurationSnapshot::default(),
+                cache_miss: DurationSnapshot::default(),
+            },
+            response_stats: BTreeMap::new(),
+            batch_stats,
+            memory_usage: Vec::new(),
+            pending_request_count: self.pending(),
+        }
+    }
+}
+
+/// One entry of Triton's `model_stats` array.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelStatSnapshot {
+    /// Model name.
+    pub name: String,
+    /// Version as a string.
+    pub version: String,
+    /// Milliseconds since the epoch of the last successful request (0 = never).
+    pub last_inference: u64,
+    /// Rows inferred.
+    pub inference_count: u64,
+    /// Executions.
+    pub execution_count: u64,
+    /// Request-level durations.
+    pub inference_stats: InferenceSnapshot,
+    /// Decoupled-model responses (always empty: Trident has no decoupled models yet).
+    pub response_stats: BTreeMap<String, serde_json::Value>,
+    /// Per batch size.
+    pub batch_stats: Vec<BatchSnapshot>,
+    /// Memory usage (not measured yet, reported empty as Triton does on CPU).
+    pub memory_usage: Vec<serde_json::Value>,
+    /// Queued or executing requests (not in Triton's JSON; used for the gauge).
+    #[serde(skip)]
+    pub pending_request_count: i64,
+}
+
+/// Triton's `$inference_stats`.
+#[derive(Debug, Clone, Serialize)]
+#[allow(missing_docs)]
+pub struct InferenceSnapshot {
+    pub success: DurationSnapshot,
+    pub fail: DurationSnapshot,
+    pub queue: DurationSnapshot,
+    pub compute_input: DurationSnapshot,
+    pub compute_infer: DurationSnapshot,
+    pub compute_output: DurationSnapshot,
+    /// Always zero: the response cache is not implemented yet.
+    pub cache_hit: DurationSnapshot,
+    /// Always zero: the response cache is not implemented yet.
+    pub cache_miss: DurationSnapshot,
+}
+
+/// Triton's `$batch_stats`.
+#[derive(Debug, Clone, Serialize)]
+#[allow(missing_docs)]
+pub struct BatchSnapshot {
+    pub batch_size: usize,
+    pub compute_input: DurationSnapshot,
+    pub compute_infer: DurationSnapshot,
+    pub compute_output: DurationSnapshot,
+}

@@ -1,0 +1,78 @@
+//! `POST v2/models/{m}[/versions/{v}]/infer`: decode (JSON or binary), run, encode.
+
+use super::{ModelPath, Repo};
+use crate::codec::{self, ResponseOutput, INFERENCE_HEADER_CONTENT_LENGTH};
+use crate::ApiError;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use std::time::Instant;
+use trident_serve::InferRequest;
+
+pub(super) async fn infer(
+    State(repo): Repo,
+    Path(p): Path<ModelPath>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    let model = repo.get(&p.model, p.version.as_deref())?;
+    let header_len = header_length(&headers)?;
+    let request = match codec::decode_request(body, header_len) {
+        Ok(r) => r,
+        Err(e) => {
+            model.stats().record_request(false, received.elapsed());
+            return Err(e.into());
+        }
+    };
+    let outputs = request.outputs.iter().map(|o| o.name.clone()).collect();
+    let serve_request = InferRequest {
+        inputs: request.inputs.clone(),
+        outputs,
+        received,
+    };
+    let response = model.infer(serve_request).await?;
+    let outputs: Vec<ResponseOutput> = response
+        .outputs
+        .into_iter()
+        .map(|(name, tensor)| ResponseOutput {
+            binary: request.wants_binary(&name),
+            name,
+            tensor,
+        })
+        .collect();
+    let version = model.version().to_string();
+    let encoded = codec::encode_response(model.name(), &version, request.id.as_deref(), &outputs);
+    let mut response = encoded.body.into_response();
+    let h = response.headers_mut();
+    match encoded.header_len {
+        Some(len) => {
+            h.insert(INFERENCE_HEADER_CONTENT_LENGTH, HeaderValue::from(len));
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+        }
+        None => {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+    Ok(response)
+}
+
+fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
+    let Some(value) = headers.get(INFERENCE_HEADER_CONTENT_LENGTH) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "{INFERENCE_HEADER_CONTENT_LENGTH} is not a number: {value:?}"
+            ))
+        })
+}

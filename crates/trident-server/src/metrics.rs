@@ -1,0 +1,116 @@
+//! Prometheus text exposition of the per-model statistics, with Triton's metric names
+//! (`nv_inference_*`, labelled by model and version). The numbers come from the same
+//! counters as the statistics API. Written by hand: the format is a few lines of text,
+//! and a metrics crate would keep a second copy of every counter.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use std::fmt::Write;
+use std::sync::Arc;
+use trident_serve::stats::ModelStatSnapshot;
+use trident_serve::Repository;
+
+pub(crate) fn router(repository: Arc<Repository>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(repository)
+}
+
+async fn metrics(State(repository): State<Arc<Repository>>) -> impl IntoResponse {
+    let stats = repository.stats(None, None).unwrap_or_default();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        render(&stats),
+    )
+}
+
+type Metric = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ModelStatSnapshot) -> u64,
+);
+
+const METRICS: &[Metric] = &[
+    (
+        "nv_inference_request_success",
+        "counter",
+        "Number of successful inference requests, all batch sizes",
+        |s| s.inference_stats.success.count,
+    ),
+    (
+        "nv_inference_request_failure",
+        "counter",
+        "Number of failed inference requests, all batch sizes",
+        |s| s.inference_stats.fail.count,
+    ),
+    (
+        "nv_inference_count",
+        "counter",
+        "Number of inferences performed (a batch of n counts n)",
+        |s| s.inference_count,
+    ),
+    (
+        "nv_inference_exec_count",
+        "counter",
+        "Number of model executions performed",
+        |s| s.execution_count,
+    ),
+    (
+        "nv_inference_request_duration_us",
+        "counter",
+        "Cumulative inference request duration in microseconds",
+        |s| s.inference_stats.success.ns / 1000,
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "counter",
+        "Cumulative inference queuing duration in microseconds",
+        |s| s.inference_stats.queue.ns / 1000,
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "counter",
+        "Cumulative compute input duration in microseconds",
+        |s| s.inference_stats.compute_input.ns / 1000,
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "counter",
+        "Cumulative compute inference duration in microseconds",
+        |s| s.inference_stats.compute_infer.ns / 1000,
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "counter",
+        "Cumulative inference compute output duration in microseconds",
+        |s| s.inference_stats.compute_output.ns / 1000,
+    ),
+    (
+        "nv_inference_pending_request_count",
+        "gauge",
+        "Instantaneous number of pending requests awaiting execution per-model",
+        |s| s.pending_request_count.max(0) as u64,
+    ),
+];
+
+/// Renders the exposition text for the given model versions.
+pub(crate) fn render(stats: &[ModelStatSnapshot]) -> String {
+    let mut out = String::new();
+    for (name, kind, help, value) in METRICS {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for s in stats {
+            let model = s.name.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(
+                out,
+                "{name}{{model=\"{model}\",version=\"{}\"}} {}",
+                s.version,
+                value(s)
+            );
+        }
+    }
+    out
+}

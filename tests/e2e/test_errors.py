@@ -1,0 +1,292 @@
+"""Error handling: status codes, `{"error": "..."}` bodies, and that bad requests leave
+the server healthy. Also request-body limits and path traversal."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import OUTSIDE_MARKER, OUTSIDE_MODEL
+
+INFER = "/v2/models/simple/infer"
+
+
+def tensor(name, shape, datatype="INT32", data=None):
+    n = int(np.prod(shape))
+    if data is None:
+        data = [1.5] * n if datatype.startswith("FP") else list(range(n))
+    return {"name": name, "shape": list(shape), "datatype": datatype, "data": data}
+
+
+def good_body(batch=1):
+    return {
+        "inputs": [
+            tensor("INPUT0", [batch, 16]),
+            tensor("INPUT1", [batch, 16]),
+        ]
+    }
+
+
+def error_message(status, body) -> str:
+    """Asserts `body` is a JSON `{"error": "<non-empty>"}` object; returns the message."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        pytest.fail(f"HTTP {status}: error body is not JSON: {body[:300]!r}")
+    assert isinstance(obj, dict) and isinstance(obj.get("error"), str), obj
+    assert obj["error"].strip(), obj
+    return obj["error"]
+
+
+def expect_400(server, body, headers=None, mentions=()):
+    status, _, data = server.request("POST", INFER, body, headers=headers)
+    assert status == 400, f"expected 400, got {status}: {data[:500]!r}"
+    msg = error_message(status, data)
+    for word in mentions:
+        assert word in msg, f"{word!r} not in error message {msg!r}"
+    return msg
+
+
+def assert_simple_works(server):
+    status, _, data = server.request("POST", INFER, good_body(2))
+    assert status == 200, data[:500]
+    outs = {o["name"]: o["data"] for o in json.loads(data)["outputs"]}
+    expected = list(range(32))
+    assert outs["OUTPUT0"] == [2 * v for v in expected]
+    assert outs["OUTPUT1"] == [0] * 32
+
+
+# -- unknown model -----------------------------------------------------------------------
+
+
+def test_unknown_model(server, client):
+    status, _, data = server.request("GET", "/v2/models/nope")
+    assert status == 404, f"{status}: {data[:300]!r}"
+    error_message(status, data)
+
+    status, _, data = server.request("GET", "/v2/models/nope/ready")
+    assert status in (400, 404), status
+    assert client.is_model_ready("nope") is False
+
+    status, _, data = server.request("POST", "/v2/models/nope/infer", good_body())
+    assert status in (400, 404), f"{status}: {data[:300]!r}"
+    assert "nope" in error_message(status, data)
+
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(np.zeros((1, 16), dtype=np.int32))
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("nope", inputs)
+    assert "nope" in str(err.value)
+
+    with pytest.raises(InferenceServerException):
+        client.get_model_metadata("nope")
+
+
+def test_unknown_version(server):
+    status, _, data = server.request("POST", "/v2/models/simple/versions/7/infer", good_body())
+    assert status in (400, 404), f"{status}: {data[:300]!r}"
+    error_message(status, data)
+
+
+# -- invalid inference requests ------------------------------------------------------------
+
+
+def test_wrong_datatype(server):
+    body = good_body()
+    body["inputs"][0] = tensor("INPUT0", [1, 16], "FP32")
+    expect_400(server, body, mentions=["INPUT0"])
+
+
+def test_wrong_datatype_via_client(client):
+    inputs = [
+        httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+        httpclient.InferInput("INPUT1", [1, 16], "INT32"),
+    ]
+    inputs[0].set_data_from_numpy(np.zeros((1, 16), dtype=np.float32), binary_data=True)
+    inputs[1].set_data_from_numpy(np.zeros((1, 16), dtype=np.int32), binary_data=True)
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("simple", inputs)
+    assert "INPUT0" in str(err.value)
+
+
+def test_wrong_shape(server):
+    body = good_body()
+    body["inputs"][0] = tensor("INPUT0", [1, 15])
+    expect_400(server, body, mentions=["INPUT0"])
+
+
+def test_batch_too_large(server):
+    expect_400(server, good_body(batch=9))
+
+
+def test_missing_input(server):
+    body = good_body()
+    del body["inputs"][1]
+    expect_400(server, body, mentions=["INPUT1"])
+
+
+def test_unknown_input(server):
+    body = good_body()
+    body["inputs"].append(tensor("INPUT2", [1, 16]))
+    expect_400(server, body, mentions=["INPUT2"])
+
+
+def test_unknown_requested_output(server):
+    body = good_body()
+    body["outputs"] = [{"name": "OUTPUT9"}]
+    expect_400(server, body, mentions=["OUTPUT9"])
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"inputs": [',
+        b"not json at all",
+        b'{"inputs": "INPUT0"}',
+        b"",
+    ],
+    ids=["truncated", "garbage", "wrong-type", "empty"],
+)
+def test_malformed_json(server, raw):
+    expect_400(server, raw)
+
+
+@pytest.mark.parametrize("count", [15, 17, 0])
+def test_element_count_mismatch(server, count):
+    body = good_body()
+    body["inputs"][0]["data"] = list(range(count))
+    expect_400(server, body)
+
+
+def test_json_value_not_representable(server):
+    body = good_body()
+    body["inputs"][0]["data"] = ["a"] * 16
+    expect_400(server, body)
+
+
+def binary_request(declared_sizes, payload_len, header_len_delta=0):
+    header = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "shape": [1, 16],
+                "datatype": "INT32",
+                "parameters": {"binary_data_size": declared_sizes[0]},
+            },
+            {
+                "name": "INPUT1",
+                "shape": [1, 16],
+                "datatype": "INT32",
+                "parameters": {"binary_data_size": declared_sizes[1]},
+            },
+        ]
+    }
+    head = json.dumps(header).encode()
+    payload = np.arange(payload_len // 4, dtype="<i4").tobytes()
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(head) + header_len_delta),
+    }
+    return head + payload, headers
+
+
+def test_binary_good_request(server):
+    body, headers = binary_request([64, 64], 128)
+    status, _, data = server.request("POST", INFER, body, headers=headers)
+    assert status == 200, data[:500]
+    outs = {o["name"]: o for o in json.loads(data)["outputs"]}
+    assert outs["OUTPUT0"]["data"] == [i + (i + 16) for i in range(16)]
+    assert outs["OUTPUT1"]["data"] == [-16] * 16
+
+
+def test_binary_header_length_beyond_body(server):
+    body, headers = binary_request([64, 64], 128)
+    headers["Inference-Header-Content-Length"] = str(len(body) + 100)
+    expect_400(server, body, headers=headers)
+
+
+def test_binary_data_size_beyond_body(server):
+    body, headers = binary_request([64, 64], 96)
+    expect_400(server, body, headers=headers)
+
+
+def test_binary_data_size_wrong_for_shape(server):
+    body, headers = binary_request([60, 68], 128)
+    expect_400(server, body, headers=headers, mentions=["INPUT0"])
+
+
+def test_binary_header_not_json(server):
+    body = b"\x00\x01garbage" + bytes(128)
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": "10",
+    }
+    expect_400(server, body, headers=headers)
+
+
+def test_server_healthy_after_errors(server, client):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("simple")
+    assert_simple_works(server)
+
+
+# -- request body limit ------------------------------------------------------------------
+
+
+def test_request_body_limit(start_server):
+    srv = start_server(["--http-max-body-bytes", "1024"], load="simple", models=["simple"])
+    small = json.dumps(good_body()).encode()
+    assert len(small) < 1024
+    srv.wait_models(["simple"], [], timeout=30)
+    # The limit must not reject ordinary requests.
+    status, _, data = srv.request("POST", INFER, small)
+    assert status == 200, data[:500]
+
+    big = json.dumps(good_body(batch=8)).encode()
+    assert 1024 < len(big) < 8192
+    status, _, data = srv.request("POST", INFER, big)
+    assert status == 413, f"{status}: {data[:300]!r}"
+
+    # And it keeps serving afterwards.
+    status, _, data = srv.request("POST", INFER, small)
+    assert status == 200, data[:500]
+
+
+# -- path traversal ----------------------------------------------------------------------
+
+
+TRAVERSALS = [
+    ("GET", "/v2/models/..%2F..%2Fetc/config"),
+    ("GET", "/v2/models/..%2F..%2Fetc%2Fpasswd"),
+    ("POST", "/v2/repository/models/..%2Fx/load"),
+    ("GET", f"/v2/models/..%2F{OUTSIDE_MODEL}/config"),
+    ("GET", f"/v2/models/%2E%2E%2F{OUTSIDE_MODEL}"),
+    ("POST", f"/v2/repository/models/..%2F{OUTSIDE_MODEL}/load"),
+    ("POST", f"/v2/repository/models/%2E%2E%2F{OUTSIDE_MODEL}/load"),
+    ("POST", f"/v2/repository/models/..%5C{OUTSIDE_MODEL}/load"),
+    ("POST", f"/v2/repository/models/%2Ftmp%2F{OUTSIDE_MODEL}/load"),
+    ("GET", f"/v2/models/..%2F{OUTSIDE_MODEL}/ready"),
+]
+
+
+@pytest.mark.parametrize("method,path", TRAVERSALS)
+def test_path_traversal_rejected(server, method, path):
+    status, _, data = server.request(method, path, b"{}" if method == "POST" else None)
+    assert 400 <= status < 500, f"{method} {path}: {status} {data[:300]!r}"
+    assert OUTSIDE_MARKER.encode() not in data
+    assert b"root:" not in data
+
+
+def test_path_traversal_loaded_nothing(server, client):
+    """After the traversal attempts, no model from outside the repository is loaded."""
+    names = {e["name"] for e in client.get_model_repository_index()}
+    assert not any(OUTSIDE_MODEL in n or ".." in n or "/" in n for n in names), names
+    status, _, data = server.request("GET", "/v2/models/stats")
+    assert status == 200, data[:300]
+    assert OUTSIDE_MODEL.encode() not in data
+    # The outside directory is a valid model: the server really would have loaded it.
+    assert (server.repository.parent / OUTSIDE_MODEL / "config.pbtxt").exists()
