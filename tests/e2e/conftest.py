@@ -41,6 +41,7 @@ READY_MODELS = [
     "latest_only",
     "noconfig",
     "nobatch",
+    "queue_limited",
 ]
 FAILING_MODELS = ["typo", "broken"]
 

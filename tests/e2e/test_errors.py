@@ -290,3 +290,116 @@ def test_path_traversal_loaded_nothing(server, client):
     assert OUTSIDE_MODEL.encode() not in data
     # The outside directory is a valid model: the server really would have loaded it.
     assert (server.repository.parent / OUTSIDE_MODEL / "config.pbtxt").exists()
+
+
+# -- overload (429) ----------------------------------------------------------------------
+
+QUEUE_LIMITED = "queue_limited"  # max_queue_size 2, one instance, a few ms per request
+SLOW_WIDTH, SLOW_LAYERS = 256, 20  # as in tests/fixtures/make_models.py
+
+
+def queue_limited_expected(x: np.ndarray) -> np.ndarray:
+    """What queue_limited computes (see slow_chain_graph in make_models.py)."""
+    n = SLOW_WIDTH
+    a = np.linspace(-1.0, 1.0, n, dtype=np.float32).reshape(n, 1)
+    b = np.linspace(0.5, 3.0, n, dtype=np.float32).reshape(1, n)
+    w = (np.sin(a * b) / np.float32(16)).astype(np.float32)
+    h = x.astype(np.float32)[:, None, :] + w  # [batch, 256 rows, 256]
+    for _ in range(SLOW_LAYERS):
+        h = np.tanh(h @ w)
+    return h.mean(axis=1)
+
+
+def queue_limited_stats(server) -> dict:
+    status, _, body = server.request("GET", f"/v2/models/{QUEUE_LIMITED}/versions/1/stats")
+    assert status == 200, body[:300]
+    (entry,) = json.loads(body)["model_stats"]
+    return entry["inference_stats"]
+
+
+def burst(server, inputs: list[np.ndarray]) -> list[tuple[int, bytes]]:
+    """Sends one request per input at the same moment (one connection and thread each,
+    released together by a barrier); returns (status, body) in input order."""
+    import http.client
+    import threading
+
+    path = f"/v2/models/{QUEUE_LIMITED}/infer"
+    bodies = [
+        json.dumps({"inputs": [tensor("x", [1, SLOW_WIDTH], "FP32", x.ravel().tolist())]})
+        for x in inputs
+    ]
+    conns = [
+        http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30) for _ in inputs
+    ]
+    for c in conns:
+        c.connect()
+    barrier = threading.Barrier(len(inputs))
+    results: list = [None] * len(inputs)
+
+    def send(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            conns[i].request(
+                "POST", path, body=bodies[i], headers={"Content-Type": "application/json"}
+            )
+            resp = conns[i].getresponse()
+            results[i] = (resp.status, resp.read())
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            results[i] = (None, repr(e).encode())
+        finally:
+            conns[i].close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_overload_returns_429(server):
+    """32 simultaneous requests to a model whose queue holds 2 (queued or executing):
+    the excess is refused with 429, the rest are answered correctly, every refusal is
+    counted as a failure, and the model keeps serving."""
+    before = queue_limited_stats(server)
+    rng = np.random.default_rng(429)
+    statuses: list[int] = []
+    # A burst virtually always overflows the queue; allow up to 3 in case a loaded
+    # machine happens to serialise one.
+    for _ in range(3):
+        inputs = [rng.standard_normal((1, SLOW_WIDTH)).astype(np.float32) for _ in range(32)]
+        for x, (status, data) in zip(inputs, burst(server, inputs)):
+            assert status in (200, 429), f"expected 200 or 429, got {status}: {data[:300]!r}"
+            statuses.append(status)
+            if status == 429:
+                msg = error_message(status, data)
+                assert "overloaded" in msg and "max_queue_size" in msg, msg
+                assert QUEUE_LIMITED in msg, msg
+            else:
+                (out,) = json.loads(data)["outputs"]
+                assert out["name"] == "y" and out["shape"] == [1, SLOW_WIDTH], out
+                got = np.asarray(out["data"], dtype=np.float32).reshape(1, SLOW_WIDTH)
+                np.testing.assert_allclose(got, queue_limited_expected(x), rtol=1e-4, atol=1e-4)
+        if 429 in statuses and 200 in statuses:
+            break
+    ok, refused = statuses.count(200), statuses.count(429)
+    assert refused >= 1, f"no 429 in {len(statuses)} requests: the queue bound is not enforced"
+    assert ok >= 1, f"every one of {len(statuses)} requests was refused"
+
+    # Still serving normally.
+    x = rng.standard_normal((1, SLOW_WIDTH)).astype(np.float32)
+    body = {"inputs": [tensor("x", [1, SLOW_WIDTH], "FP32", x.ravel().tolist())]}
+    status, _, data = server.request("POST", f"/v2/models/{QUEUE_LIMITED}/infer", body)
+    assert status == 200, data[:500]
+    (out,) = json.loads(data)["outputs"]
+    np.testing.assert_allclose(
+        np.asarray(out["data"], dtype=np.float32).reshape(1, SLOW_WIDTH),
+        queue_limited_expected(x),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+    # Refused requests are failures in the statistics extension, as in Triton.
+    after = queue_limited_stats(server)
+    assert after["fail"]["count"] - before["fail"]["count"] == refused, (before, after)
+    assert after["success"]["count"] - before["success"]["count"] == ok + 1, (before, after)
