@@ -186,17 +186,15 @@ impl ModelVersion {
     async fn infer_inner(&self, request: InferRequest) -> Result<InferResponse, ServeError> {
         let wanted = self.requested_outputs(&request.outputs)?;
         let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
-        let pending = self.stats.pending();
-        if pending >= self.max_queue as i64 {
-            return Err(ServeError::Overloaded {
+        self.stats
+            .try_add_pending(self.max_queue)
+            .map_err(|pending| ServeError::Overloaded {
                 model: self.name.clone(),
-                pending: pending as usize,
+                pending: pending.max(0) as usize,
                 limit: self.max_queue,
-            });
-        }
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        self.stats.add_pending(1);
+            })?;
         let _pending = PendingGuard(&self.stats);
+        let (reply, rx) = tokio::sync::oneshot::channel();
         self.scheduler
             .submit(Job {
                 inputs,
@@ -392,6 +390,6 @@ struct PendingGuard<'a>(&'a ModelStats);
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.0.add_pending(-1);
+        self.0.remove_pending();
     }
 }

@@ -126,9 +126,20 @@ impl ModelStats {
         }
     }
 
-    /// A request entered (`+1`) or left (`-1`) the model's queue or execution.
-    pub fn add_pending(&self, delta: i64) {
-        self.pending.fetch_add(delta, Relaxed);
+    /// Counts a request in unless `limit` requests are already pending; on refusal
+    /// returns how many were. One atomic step, so concurrent arrivals cannot overshoot.
+    pub fn try_add_pending(&self, limit: usize) -> Result<(), i64> {
+        let before = self.pending.fetch_add(1, Relaxed);
+        if before >= limit as i64 {
+            self.pending.fetch_sub(1, Relaxed);
+            return Err(before);
+        }
+        Ok(())
+    }
+
+    /// A request left the model's queue or execution.
+    pub fn remove_pending(&self) {
+        self.pending.fetch_sub(1, Relaxed);
     }
 
     /// Requests queued or executing now.
@@ -225,4 +236,28 @@ pub struct BatchSnapshot {
     pub compute_input: DurationSnapshot,
     pub compute_infer: DurationSnapshot,
     pub compute_output: DurationSnapshot,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_never_exceeds_the_limit_under_contention() {
+        let stats = std::sync::Arc::new(ModelStats::default());
+        let admitted: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| (0..1000).filter(|_| stats.try_add_pending(5).is_ok()).count()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(
+            admitted, 5,
+            "nothing is removed, so exactly the limit is admitted"
+        );
+        assert_eq!(stats.pending(), 5);
+        assert_eq!(stats.try_add_pending(5), Err(5));
+        stats.remove_pending();
+        assert!(stats.try_add_pending(5).is_ok());
+    }
 }
