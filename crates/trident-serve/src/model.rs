@@ -195,15 +195,13 @@ impl ModelVersion {
             })?;
         let _pending = PendingGuard(&self.stats);
         let (reply, rx) = tokio::sync::oneshot::channel();
-        self.scheduler
-            .submit(Job {
-                inputs,
-                rows,
-                signature,
-                enqueued: Instant::now(),
-                reply,
-            })
-            .map_err(|_| ServeError::Unloading(self.name.clone()))?;
+        self.scheduler.submit(Job {
+            inputs,
+            rows,
+            signature,
+            enqueued: Instant::now(),
+            reply,
+        });
         let outputs = rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))??;
         self.select_outputs(outputs, &wanted, rows)
     }

@@ -1,17 +1,15 @@
 //! The scheduler thread and the instance threads of one model version.
 //!
-//! Requests arrive on a channel; the scheduler keeps them in a [`BatchQueue`] and, each
-//! time an instance is idle, asks it what to run. Instances are OS threads that own a
-//! [`ModelInstance`]: they assemble the batch, execute it, split the outputs, reply to
-//! each request through its oneshot and report themselves idle again. No tensor work
-//! ever runs on an async executor thread.
+//! Requests go into a [`BatchQueue`] shared by the model's instances. Instances are OS
+//! threads that own a [`ModelInstance`]: when idle, one asks the queue what to run,
+//! assembles the batch, executes it, splits the outputs and replies to each request
+//! through its oneshot. No tensor work ever runs on an async executor thread.
 
 use crate::backend::{BackendError, Model, ModelInstance};
 use crate::batcher::{BatchItem, BatchPolicy, BatchQueue, Decision};
 use crate::stats::{ExecutionTimes, ModelStats};
 use crate::ServeError;
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Instant;
 use trident_core::Tensor;
@@ -43,24 +41,43 @@ impl BatchItem for Job {
     }
 }
 
-enum Msg {
-    Job(Job),
-    Idle(usize),
+/// The queue shared by a model version's instance threads.
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
 }
 
-/// Handle to a running scheduler; dropping it lets the threads finish and exit.
+struct State {
+    queue: BatchQueue<Job>,
+    closed: bool,
+}
+
+/// Handle to a model version's instances; dropping it lets them finish and exit.
 pub(crate) struct Scheduler {
-    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
 }
 
 impl Scheduler {
-    /// Queues a job; fails only when the scheduler has stopped.
-    pub fn submit(&self, job: Job) -> Result<(), ()> {
-        self.tx.send(Msg::Job(job)).map_err(|_| ())
+    /// Queues a job and wakes an idle instance.
+    pub fn submit(&self, job: Job) {
+        self.shared.state.lock().expect("scheduler lock").queue.push(job);
+        self.shared.wake.notify_one();
     }
 }
 
-/// Creates `instances` instances of `model` and starts their threads and the scheduler.
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shared.state.lock().expect("scheduler lock").closed = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+/// Creates `instances` instances of `model` and starts one OS thread for each.
+///
+/// There is no scheduler thread: an idle instance takes the lock, asks the batcher what
+/// to run, and either runs it or sleeps on the condition variable until the batch
+/// deadline or the next arrival. A request thus reaches an engine with a single
+/// thread hand-off.
 pub(crate) fn start(
     label: &str,
     model: &dyn Model,
@@ -68,72 +85,48 @@ pub(crate) fn start(
     policy: BatchPolicy,
     stats: Arc<ModelStats>,
 ) -> Result<Scheduler, BackendError> {
-    let (tx, rx) = mpsc::channel();
-    let mut workers = Vec::with_capacity(instances);
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            queue: BatchQueue::new(policy),
+            closed: false,
+        }),
+        wake: Condvar::new(),
+    });
+    let scheduler = Scheduler {
+        shared: shared.clone(),
+    };
     for idx in 0..instances.max(1) {
         let instance = model.instance()?;
-        let (work_tx, work_rx) = mpsc::channel::<Vec<Job>>();
-        let (idle, stats) = (tx.clone(), stats.clone());
+        let (shared, stats) = (shared.clone(), stats.clone());
         thread::Builder::new()
             .name(format!("{label}#{idx}"))
-            .spawn(move || instance_loop(idx, instance, work_rx, idle, &stats))
+            .spawn(move || instance_loop(instance, &shared, &stats))
             .map_err(|e| BackendError::Execute(format!("cannot spawn instance thread: {e}")))?;
-        workers.push(work_tx);
     }
-    thread::Builder::new()
-        .name(format!("{label}-sched"))
-        .spawn(move || scheduler_loop(rx, workers, BatchQueue::new(policy)))
-        .map_err(|e| BackendError::Execute(format!("cannot spawn scheduler thread: {e}")))?;
-    Ok(Scheduler { tx })
+    Ok(scheduler)
 }
 
-fn scheduler_loop(rx: mpsc::Receiver<Msg>, workers: Vec<mpsc::Sender<Vec<Job>>>, mut queue: BatchQueue<Job>) {
-    let mut idle: Vec<usize> = (0..workers.len()).rev().collect();
-    let mut deadline: Option<Instant> = None;
+fn instance_loop(mut instance: Box<dyn ModelInstance>, shared: &Shared, stats: &ModelStats) {
+    let mut state = shared.state.lock().expect("scheduler lock");
     loop {
-        let msg = match deadline {
-            Some(d) => rx.recv_timeout(d.saturating_duration_since(Instant::now())),
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        match msg {
-            Ok(Msg::Job(job)) => queue.push(job),
-            Ok(Msg::Idle(i)) => idle.push(i),
-            Err(RecvTimeoutError::Timeout) => {}
-            // The model version was dropped: no request can be waiting any more.
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
         // Clients that went away are dropped here; their futures already counted them.
-        drop(queue.drain_cancelled());
-        deadline = None;
-        while let Some(&worker) = idle.last() {
-            match queue.poll(Instant::now()) {
-                Decision::Dispatch(jobs) => {
-                    idle.pop();
-                    if workers[worker].send(jobs).is_err() {
-                        tracing::error!("instance {worker} has stopped");
-                    }
+        drop(state.queue.drain_cancelled());
+        match state.queue.poll(Instant::now()) {
+            Decision::Dispatch(jobs) => {
+                let more = !state.queue.is_empty();
+                drop(state);
+                if more {
+                    shared.wake.notify_one();
                 }
-                Decision::WaitUntil(d) => {
-                    deadline = Some(d);
-                    break;
-                }
-                Decision::Idle => break,
+                run_batch(instance.as_mut(), jobs, stats);
+                state = shared.state.lock().expect("scheduler lock");
             }
-        }
-    }
-}
-
-fn instance_loop(
-    idx: usize,
-    mut instance: Box<dyn ModelInstance>,
-    work: mpsc::Receiver<Vec<Job>>,
-    idle: mpsc::Sender<Msg>,
-    stats: &ModelStats,
-) {
-    while let Ok(jobs) = work.recv() {
-        run_batch(instance.as_mut(), jobs, stats);
-        if idle.send(Msg::Idle(idx)).is_err() {
-            return;
+            _ if state.closed => return,
+            Decision::WaitUntil(deadline) => {
+                let wait = deadline.saturating_duration_since(Instant::now());
+                state = shared.wake.wait_timeout(state, wait).expect("scheduler lock").0;
+            }
+            Decision::Idle => state = shared.wake.wait(state).expect("scheduler lock"),
         }
     }
 }
