@@ -19,10 +19,15 @@ BIN=${CARGO_TARGET_DIR:-target}/release/trident
 
 pa() {  # pa NAME PORT MODEL CONCURRENCY [extra...]
   local name=$1 port=$2 model=$3 conc=$4; shift 4
+  # Trident's latency histograms, scraped around the run: their difference gives the
+  # server-side p50/p99 of this run alone (benches/summarize.py).
+  [ "$port" = 18100 ] && curl -s 127.0.0.1:18102/metrics > "$OUT/$name.before"
   LD_LIBRARY_PATH=$PA_DIR/palibs "$PA_DIR/perf_analyzer" -m "$model" -u "127.0.0.1:$port" -i http \
     --concurrency-range "$conc" --measurement-mode count_windows --measurement-request-count 1500 \
     --stability-percentage 15 --max-trials 10 -f "$OUT/$name.csv" "$@" > "$OUT/$name.log" 2>&1 \
     || { echo "perf_analyzer $name failed:"; tail -5 "$OUT/$name.log"; }
+  [ "$port" = 18100 ] && curl -s 127.0.0.1:18102/metrics > "$OUT/$name.after"
+  return 0
 }
 
 "$BIN" serve --model-repository "$REPO" --http-address 127.0.0.1 --http-port 18100 --metrics-port 18102 \

@@ -212,3 +212,25 @@ def test_metrics(server, client):
     # The counters agree with the statistics extension.
     stat = model_stat(client, "simple")
     assert success == stat["inference_stats"]["success"]["count"]
+
+
+def test_latency_histograms(server, client):
+    """trident_request_{duration,overhead}_us: Prometheus histograms whose count equals
+    the successful requests in the statistics API, with cumulative buckets."""
+    for i in range(3):
+        simple_request(client, 1, seed=300 + i)
+    text = server.metrics()
+    success = model_stat(client, "simple")["inference_stats"]["success"]["count"]
+    labels = 'model="simple",version="1"'
+    for name in ("trident_request_duration_us", "trident_request_overhead_us"):
+        assert re.search(rf"^# TYPE {name} histogram$", text, re.M), f"no histogram {name}"
+        buckets = [
+            (le, float(v))
+            for le, v in re.findall(rf'^{name}_bucket\{{{labels},le="([^"]+)"\}} (\S+)$', text, re.M)
+        ]
+        assert buckets and buckets[-1][0] == "+Inf", buckets
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts), f"{name} buckets are not cumulative: {counts}"
+        total = float(re.search(rf"^{name}_count\{{{labels}\}} (\S+)$", text, re.M).group(1))
+        assert total == counts[-1] == success, (total, counts[-1], success)
+        assert float(re.search(rf"^{name}_sum\{{{labels}\}} (\S+)$", text, re.M).group(1)) > 0

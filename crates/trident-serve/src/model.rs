@@ -179,11 +179,20 @@ impl ModelVersion {
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, ServeError> {
         let received = request.received;
         let result = self.infer_inner(request).await;
-        self.stats.record_request(result.is_ok(), received.elapsed());
-        result
+        let elapsed = received.elapsed();
+        self.stats.record_request(result.is_ok(), elapsed);
+        result.map(|(response, compute_infer)| {
+            self.stats
+                .record_latency(elapsed, elapsed.saturating_sub(compute_infer));
+            response
+        })
     }
 
-    async fn infer_inner(&self, request: InferRequest) -> Result<InferResponse, ServeError> {
+    /// The response and the model time of the execution that produced it.
+    async fn infer_inner(
+        &self,
+        request: InferRequest,
+    ) -> Result<(InferResponse, std::time::Duration), ServeError> {
         let wanted = self.requested_outputs(&request.outputs)?;
         let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
         self.stats
@@ -202,8 +211,9 @@ impl ModelVersion {
             enqueued: Instant::now(),
             reply,
         });
-        let outputs = rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))??;
-        self.select_outputs(outputs, &wanted, rows)
+        let executed = rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))??;
+        let response = self.select_outputs(executed.outputs, &wanted, rows)?;
+        Ok((response, executed.compute_infer))
     }
 
     fn requested_outputs(&self, names: &[String]) -> Result<Vec<usize>, ServeError> {

@@ -17,13 +17,20 @@ use trident_core::Tensor;
 /// Named tensors (a job's inputs, or an execution's outputs).
 type Outputs = Vec<(String, Tensor)>;
 
+/// What an execution gives each request: its outputs and the execution's model time.
+pub(crate) struct Executed {
+    pub outputs: Outputs,
+    /// compute_infer of the execution the request was part of.
+    pub compute_infer: std::time::Duration,
+}
+
 /// One queued request.
 pub(crate) struct Job {
     pub inputs: Outputs,
     pub rows: usize,
     pub signature: Vec<i64>,
     pub enqueued: Instant,
-    pub reply: tokio::sync::oneshot::Sender<Result<Outputs, ServeError>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<Executed, ServeError>>,
 }
 
 impl BatchItem for Job {
@@ -154,12 +161,15 @@ fn run_batch(instance: &mut dyn ModelInstance, jobs: Vec<Job>, stats: &ModelStat
             output: t1.elapsed(),
         };
         stats.record_execution(total, replies.len(), times);
-        Ok(split)
+        Ok((split, t_infer))
     });
     match result {
-        Ok(per_job) => {
+        Ok((per_job, compute_infer)) => {
             for (reply, outputs) in replies.into_iter().zip(per_job) {
-                let _ = reply.send(Ok(outputs));
+                let _ = reply.send(Ok(Executed {
+                    outputs,
+                    compute_infer,
+                }));
             }
         }
         Err(e) => {
@@ -171,7 +181,7 @@ fn run_batch(instance: &mut dyn ModelInstance, jobs: Vec<Job>, stats: &ModelStat
     }
 }
 
-type Reply = tokio::sync::oneshot::Sender<Result<Outputs, ServeError>>;
+type Reply = tokio::sync::oneshot::Sender<Result<Executed, ServeError>>;
 
 /// Concatenates the jobs' inputs along the batch dimension (a single job is moved).
 fn assemble(mut jobs: Vec<Job>) -> (Result<Outputs, ServeError>, Vec<Reply>) {

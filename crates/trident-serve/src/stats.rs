@@ -45,6 +45,64 @@ pub struct DurationSnapshot {
     pub ns: u64,
 }
 
+/// Upper bounds (µs) of the latency histogram buckets: 10 µs steps where server
+/// overhead lives, coarser above.
+pub const LATENCY_BUCKETS_US: [u64; 32] = [
+    10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 125, 150, 175, 200, 250, 300, 400, 500, 750, 1_000, 1_500,
+    2_000, 3_000, 5_000, 7_500, 10_000, 20_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+];
+
+/// A fixed-bucket latency histogram (Prometheus style: per-bucket counts, sum, count),
+/// so percentiles of a time window can be computed from two scrapes.
+#[derive(Debug)]
+pub struct Histogram {
+    /// One count per bucket of [`LATENCY_BUCKETS_US`] plus the overflow bucket.
+    buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_ns: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    /// Adds one observation.
+    pub fn record(&self, d: Duration) {
+        let us = d.as_micros() as u64;
+        let i = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    /// Current values.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+            sum_ns: self.sum_ns.load(Relaxed),
+            count: self.count.load(Relaxed),
+        }
+    }
+}
+
+/// Per-bucket (not cumulative) counts, the last one for values above every bound.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HistogramSnapshot {
+    /// Counts per bucket of [`LATENCY_BUCKETS_US`], then the overflow bucket.
+    pub buckets: Vec<u64>,
+    /// Sum of observations in nanoseconds.
+    pub sum_ns: u64,
+    /// Observations.
+    pub count: u64,
+}
+
 /// Request-level durations.
 #[derive(Debug, Default)]
 pub struct InferenceStats {
@@ -79,6 +137,10 @@ pub struct ModelStats {
     last_inference_ms: AtomicU64,
     pending: AtomicI64,
     batches: Mutex<BTreeMap<usize, BatchStat>>,
+    /// Successful requests' durations inside the server.
+    pub request_latency: Histogram,
+    /// Successful requests' duration minus the model time of their execution.
+    pub overhead_latency: Histogram,
 }
 
 /// Durations of one execution.
@@ -124,6 +186,12 @@ impl ModelStats {
         } else {
             self.inference.fail.record(d);
         }
+    }
+
+    /// Records a successful request's duration and its overhead (duration − compute_infer).
+    pub fn record_latency(&self, request: Duration, overhead: Duration) {
+        self.request_latency.record(request);
+        self.overhead_latency.record(overhead);
     }
 
     /// Counts a request in unless `limit` requests are already pending; on refusal
@@ -182,6 +250,8 @@ impl ModelStats {
             batch_stats,
             memory_usage: Vec::new(),
             pending_request_count: self.pending(),
+            request_latency: self.request_latency.snapshot(),
+            overhead_latency: self.overhead_latency.snapshot(),
         }
     }
 }
@@ -210,6 +280,12 @@ pub struct ModelStatSnapshot {
     /// Queued or executing requests (not in Triton's JSON; used for the gauge).
     #[serde(skip)]
     pub pending_request_count: i64,
+    /// Request duration histogram (metrics only, not in Triton's JSON).
+    #[serde(skip)]
+    pub request_latency: HistogramSnapshot,
+    /// Overhead histogram (metrics only, not in Triton's JSON).
+    #[serde(skip)]
+    pub overhead_latency: HistogramSnapshot,
 }
 
 /// Triton's `$inference_stats`.
@@ -241,6 +317,21 @@ pub struct BatchSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histogram_buckets_by_upper_bound() {
+        let h = Histogram::default();
+        for us in [0, 10, 11, 95, 2_000_000] {
+            h.record(Duration::from_micros(us));
+        }
+        let s = h.snapshot();
+        assert_eq!(s.count, 5);
+        assert_eq!(s.buckets[0], 2, "0 and 10 µs are <= 10");
+        assert_eq!(s.buckets[1], 1, "11 µs is in (10, 20]");
+        assert_eq!(s.buckets[9], 1, "95 µs is in (90, 100]");
+        assert_eq!(s.buckets[LATENCY_BUCKETS_US.len()], 1, "2 s overflows");
+        assert_eq!(s.sum_ns, 2_000_116_000);
+    }
 
     #[test]
     fn pending_never_exceeds_the_limit_under_contention() {

@@ -10,7 +10,7 @@ use axum::routing::get;
 use axum::Router;
 use std::fmt::Write;
 use std::sync::Arc;
-use trident_serve::stats::ModelStatSnapshot;
+use trident_serve::stats::{HistogramSnapshot, ModelStatSnapshot, LATENCY_BUCKETS_US};
 use trident_serve::Repository;
 
 pub(crate) fn router(repository: Arc<Repository>) -> Router {
@@ -97,20 +97,65 @@ const METRICS: &[Metric] = &[
     ),
 ];
 
+type HistogramMetric = (
+    &'static str,
+    &'static str,
+    fn(&ModelStatSnapshot) -> &HistogramSnapshot,
+);
+
+/// Trident's own histograms (Triton has no per-request latency distribution with
+/// buckets): percentiles of any time window come from two scrapes.
+const HISTOGRAMS: &[HistogramMetric] = &[
+    (
+        "trident_request_duration_us",
+        "Successful request duration inside the server, microseconds",
+        |s| &s.request_latency,
+    ),
+    (
+        "trident_request_overhead_us",
+        "Successful request duration minus its execution's compute_infer, microseconds",
+        |s| &s.overhead_latency,
+    ),
+];
+
 /// Renders the exposition text for the given model versions.
 pub(crate) fn render(stats: &[ModelStatSnapshot]) -> String {
     let mut out = String::new();
+    for (name, help, histogram) in HISTOGRAMS {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for s in stats {
+            let labels = format!("model=\"{}\",version=\"{}\"", escape(&s.name), s.version);
+            let h = histogram(s);
+            let mut cumulative = 0;
+            for (bound, count) in LATENCY_BUCKETS_US
+                .iter()
+                .map(|b| b.to_string())
+                .chain(["+Inf".to_string()])
+                .zip(&h.buckets)
+            {
+                cumulative += count;
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+            }
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_ns as f64 / 1000.0);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+        }
+    }
     for (name, kind, help, value) in METRICS {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for s in stats {
-            let model = s.name.replace('\\', "\\\\").replace('"', "\\\"");
             let _ = writeln!(
                 out,
-                "{name}{{model=\"{model}\",version=\"{}\"}} {}",
+                "{name}{{model=\"{}\",version=\"{}\"}} {}",
+                escape(&s.name),
                 s.version,
                 value(s)
             );
         }
     }
     out
+}
+
+/// Escapes a label value (backslash and double quote).
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"")
 }
