@@ -403,3 +403,26 @@ def test_overload_returns_429(server):
     after = queue_limited_stats(server)
     assert after["fail"]["count"] - before["fail"]["count"] == refused, (before, after)
     assert after["success"]["count"] - before["success"]["count"] == ok + 1, (before, after)
+
+
+def _simple_inputs():
+    inputs = [httpclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in inputs:
+        i.set_data_from_numpy(np.ones((1, 16), dtype=np.int32), binary_data=True)
+    return inputs
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter",
+    [
+        ({"priority": 1}, "priority"),
+        ({"timeout": 1000}, "timeout"),
+        ({"outputs": [httpclient.InferRequestedOutput("OUTPUT0", class_count=3)]}, "classification"),
+    ],
+)
+def test_unimplemented_parameters_are_refused(client, kwargs, parameter):
+    """Features Trident does not implement yet are refused by name, never ignored."""
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("simple", _simple_inputs(), **kwargs)
+    assert f"parameter '{parameter}' is not supported" in str(err.value), str(err.value)
+    assert client.infer("simple", _simple_inputs()).as_numpy("OUTPUT0").tolist() == [[2] * 16]

@@ -110,6 +110,17 @@ pub struct EncodedResponse {
 /// Why a request body could not be decoded. All are client errors (HTTP 400).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CodecError {
+    /// A parameter Trident does not implement (e.g. `classification`,
+    /// `shared_memory_region`): refused rather than silently ignored.
+    #[error("{at}: parameter '{name}' is not supported by Trident (supported here: {supported})")]
+    UnsupportedParameter {
+        /// Where: "request", "input 'x'", "output 'y'".
+        at: String,
+        /// The parameter.
+        name: String,
+        /// What is supported at that level.
+        supported: &'static str,
+    },
     /// `Inference-Header-Content-Length` larger than the body.
     #[error(
         "Inference-Header-Content-Length is {header_len} but the request body has only {body_len} bytes"
@@ -402,6 +413,7 @@ fn decode_input(
     let count = element_count(&shape).map_err(|e| tensor_error(&name, e))?;
 
     let parameters = object(input.parameters, at, "parameters")?;
+    only_known(&parameters, at, &["binary_data_size"])?;
     let binary_size = match parameters.get("binary_data_size") {
         None => None,
         Some(value) => Some(value.as_u64().ok_or_else(|| {
@@ -449,6 +461,22 @@ fn decode_input(
     Ok((name, tensor))
 }
 
+/// Refuses parameters outside `known`.
+fn only_known(
+    parameters: &Map<String, Value>,
+    at: impl Fn() -> String,
+    known: &'static [&'static str],
+) -> Result<(), CodecError> {
+    match parameters.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(name) => Err(CodecError::UnsupportedParameter {
+            at: at(),
+            name: name.clone(),
+            supported: known.first().copied().unwrap_or("none"),
+        }),
+        None => Ok(()),
+    }
+}
+
 fn decode_output(index: usize, output: json::RawOutput) -> Result<RequestedOutput, CodecError> {
     let name = match output.name {
         Some(Value::String(name)) => name,
@@ -461,6 +489,7 @@ fn decode_output(index: usize, output: json::RawOutput) -> Result<RequestedOutpu
         }
     };
     let parameters = object(output.parameters, || format!("output '{name}'"), "parameters")?;
+    only_known(&parameters, || format!("output '{name}'"), &["binary_data"])?;
     let binary = match parameters.get("binary_data") {
         None => None,
         Some(Value::Bool(b)) => Some(*b),

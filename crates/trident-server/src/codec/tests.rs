@@ -881,3 +881,34 @@ proptest! {
         prop_assert_eq!(decoded, expected);
     }
 }
+
+#[test]
+fn unimplemented_parameters_are_refused_not_ignored() {
+    let decode = |json: &str| decode_request(bytes::Bytes::from(json.to_string()), None);
+    let input = r#"{"name":"x","shape":[1],"datatype":"FP32","data":[1]"#;
+    let err = decode(&format!(
+        r#"{{"inputs":[{input},"parameters":{{"shared_memory_region":"r"}}}}]}}"#
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(&err, CodecError::UnsupportedParameter { name, .. } if name == "shared_memory_region"),
+        "{err}"
+    );
+    let err = decode(&format!(
+        r#"{{"inputs":[{input}}}],"outputs":[{{"name":"y","parameters":{{"classification":3}}}}]}}"#
+    ))
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("output 'y': parameter 'classification' is not supported"),
+        "{err}"
+    );
+    let ok = decode(&format!(
+        r#"{{"inputs":[{input}}}],"outputs":[{{"name":"y","parameters":{{"binary_data":true}}}}]}}"#
+    ))
+    .unwrap();
+    assert!(
+        ok.wants_binary("y"),
+        "the parameters Trident implements are still accepted"
+    );
+}

@@ -19,7 +19,7 @@ pub(super) async fn infer(
     let received = Instant::now();
     let model = repo.get(&p.model, p.version.as_deref())?;
     let header_len = header_length(&headers)?;
-    let request = match codec::decode_request(body, header_len) {
+    let mut request = match codec::decode_request(body, header_len).and_then(refuse_request_parameters) {
         Ok(r) => r,
         Err(e) => {
             model.stats().record_request(false, received.elapsed());
@@ -28,7 +28,7 @@ pub(super) async fn infer(
     };
     let outputs = request.outputs.iter().map(|o| o.name.clone()).collect();
     let serve_request = InferRequest {
-        inputs: request.inputs.clone(),
+        inputs: std::mem::take(&mut request.inputs),
         outputs,
         received,
     };
@@ -75,4 +75,17 @@ fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
                 "{INFERENCE_HEADER_CONTENT_LENGTH} is not a number: {value:?}"
             ))
         })
+}
+
+/// Request-level parameters Trident would otherwise ignore (`priority`, `timeout`,
+/// `sequence_id`, ...) are refused; `binary_data_output` was consumed by the codec.
+fn refuse_request_parameters(request: codec::InferRequest) -> Result<codec::InferRequest, codec::CodecError> {
+    match request.parameters.keys().next() {
+        Some(name) => Err(codec::CodecError::UnsupportedParameter {
+            at: "request".into(),
+            name: name.clone(),
+            supported: "binary_data_output",
+        }),
+        None => Ok(request),
+    }
 }
