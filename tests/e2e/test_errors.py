@@ -426,3 +426,9 @@ def test_unimplemented_parameters_are_refused(client, kwargs, parameter):
         client.infer("simple", _simple_inputs(), **kwargs)
     assert f"parameter '{parameter}' is not supported" in str(err.value), str(err.value)
     assert client.infer("simple", _simple_inputs()).as_numpy("OUTPUT0").tolist() == [[2] * 16]
+
+
+def test_compressed_request_body_is_refused_by_name(client):
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("simple", _simple_inputs(), request_compression_algorithm="gzip")
+    assert "Content-Encoding 'gzip' is not supported" in str(err.value), str(err.value)

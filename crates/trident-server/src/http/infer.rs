@@ -18,6 +18,7 @@ pub(super) async fn infer(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let model = repo.get(&p.model, p.version.as_deref())?;
+    refuse_content_encoding(&headers)?;
     let header_len = header_length(&headers)?;
     let mut request = match codec::decode_request(body, header_len).and_then(refuse_request_parameters) {
         Ok(r) => r,
@@ -59,6 +60,20 @@ pub(super) async fn infer(
         }
     }
     Ok(response)
+}
+
+/// tritonclient can gzip/deflate request bodies; Trident does not decompress yet, so
+/// such a body is refused by name rather than failing as "invalid JSON".
+fn refuse_content_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim())
+    {
+        None | Some("") | Some("identity") => Ok(()),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "Content-Encoding '{other}' is not supported: send the request body uncompressed"
+        ))),
+    }
 }
 
 fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
