@@ -1,0 +1,61 @@
+//! Data for training: datasets (IDX images, CSV/TSV/JSONL text classification),
+//! seeded shuffling and minibatching, and a loader with `num_workers` background workers
+//! and bounded prefetching (DL-1).
+//!
+//! Nothing here depends on a tensor engine: a dataset yields items, a collate function
+//! turns a list of items into whatever batch type the training step wants (candle
+//! tensors in `trident-train`). Randomness comes from [`rng::SplitMix64`] seeded by
+//! (seed, epoch, index), so an epoch's order and augmentations are reproducible and a
+//! resumed run sees exactly the batches an uninterrupted one would.
+#![warn(missing_docs)]
+
+pub mod idx;
+pub mod loader;
+pub mod rng;
+pub mod sampler;
+pub mod text;
+pub mod transform;
+
+use std::path::PathBuf;
+
+pub use loader::{DataLoader, LoaderConfig};
+
+/// A random-access collection of training examples.
+pub trait Dataset: Send + Sync {
+    /// One example.
+    type Item: Send;
+    /// Number of examples.
+    fn len(&self) -> usize;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Example `index` (`index < len()`).
+    fn get(&self, index: usize) -> Result<Self::Item, DataError>;
+}
+
+/// Why data could not be read. Messages name the file and, where it applies, the line.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file could not be opened or read.
+    #[error("{file}: {source}")]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file's content is not what its format requires.
+    #[error("{file}:{line}: {message}")]
+    Format {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line (record for binary formats, 0 for the header).
+        line: u64,
+        /// What is wrong.
+        message: String,
+    },
+    /// A collate function or worker failed.
+    #[error("{0}")]
+    Batch(String),
+}

@@ -1,0 +1,262 @@
+//! Text classification sets from CSV, TSV or JSON Lines files.
+
+use crate::{DataError, Dataset};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// File format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextFormat {
+    /// Comma-separated, RFC 4180 quoting.
+    Csv,
+    /// Tab-separated (no quoting: VADER and orange3 corpora put quotes inside text).
+    Tsv,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+/// Where the text and the label are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextSpec {
+    /// Format.
+    pub format: TextFormat,
+    /// Column name (with a header or JSONL) or 0-based column index (without header).
+    pub text_field: String,
+    /// Label column, named or indexed like `text_field`.
+    pub label_field: String,
+    /// CSV/TSV: the first row names the columns.
+    pub has_header: bool,
+    /// The classes in index order; `None` takes the sorted distinct labels of the file.
+    pub classes: Option<Vec<String>>,
+}
+
+/// One example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextExample {
+    /// The text.
+    pub text: String,
+    /// Class index into [`TextClassification::classes`].
+    pub label: usize,
+}
+
+/// A text classification set held in memory.
+#[derive(Debug, Clone)]
+pub struct TextClassification {
+    examples: Vec<TextExample>,
+    classes: Vec<String>,
+}
+
+impl TextClassification {
+    /// Reads `file` according to `spec`. Every error names the file and line.
+    pub fn read(file: &Path, spec: &TextSpec) -> Result<Self, DataError> {
+        let rows = match spec.format {
+            TextFormat::Jsonl => read_jsonl(file, spec)?,
+            TextFormat::Csv => read_delimited(file, spec, b',')?,
+            TextFormat::Tsv => read_delimited(file, spec, b'\t')?,
+        };
+        let classes = spec.classes.clone().unwrap_or_else(|| {
+            rows.iter()
+                .map(|(_, _, l)| l.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        });
+        let examples = rows
+            .into_iter()
+            .map(|(line, text, label)| {
+                let index = classes
+                    .iter()
+                    .position(|c| *c == label)
+                    .ok_or_else(|| DataError::Format {
+                        file: file.into(),
+                        line,
+                        message: format!("label '{label}' is not one of the classes {classes:?}"),
+                    })?;
+                Ok(TextExample { text, label: index })
+            })
+            .collect::<Result<_, DataError>>()?;
+        Ok(TextClassification { examples, classes })
+    }
+
+    /// Class names in index order.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+}
+
+impl Dataset for TextClassification {
+    type Item = TextExample;
+
+    fn len(&self) -> usize {
+        self.examples.len()
+    }
+
+    fn get(&self, index: usize) -> Result<TextExample, DataError> {
+        Ok(self.examples[index].clone())
+    }
+}
+
+type Row = (u64, String, String);
+
+fn read_jsonl(file: &Path, spec: &TextSpec) -> Result<Vec<Row>, DataError> {
+    let content = std::fs::read_to_string(file).map_err(|source| DataError::Io {
+        file: file.into(),
+        source,
+    })?;
+    let mut rows = Vec::new();
+    for (i, line) in content.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let line_no = i as u64 + 1;
+        let err = |message: String| DataError::Format {
+            file: file.into(),
+            line: line_no,
+            message,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| err(format!("invalid JSON: {e}")))?;
+        let field = |name: &str| match value.get(name) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+            Some(other) => Err(err(format!("field '{name}' must be a string, got {other}"))),
+            None => Err(err(format!("missing field '{name}'"))),
+        };
+        rows.push((line_no, field(&spec.text_field)?, field(&spec.label_field)?));
+    }
+    Ok(rows)
+}
+
+fn read_delimited(file: &Path, spec: &TextSpec, delimiter: u8) -> Result<Vec<Row>, DataError> {
+    let io = |e: csv::Error| match e.into_kind() {
+        csv::ErrorKind::Io(source) => DataError::Io {
+            file: file.into(),
+            source,
+        },
+        other => DataError::Format {
+            file: file.into(),
+            line: 0,
+            message: format!("{other:?}"),
+        },
+    };
+    let mut reader = csv::ReaderBuilder::new()
+        .delimiter(delimiter)
+        .has_headers(spec.has_header)
+        .quoting(delimiter == b',')
+        .flexible(true)
+        .from_path(file)
+        .map_err(io)?;
+    let column = |name: &str, headers: Option<&csv::StringRecord>| -> Result<usize, DataError> {
+        let found = match headers {
+            Some(h) => h.iter().position(|c| c == name),
+            None => name.parse().ok(),
+        };
+        found.ok_or_else(|| DataError::Format {
+            file: file.into(),
+            line: 1,
+            message: match headers {
+                Some(h) => format!("no column '{name}' (columns: {:?})", h.iter().collect::<Vec<_>>()),
+                None => format!("'{name}' is not a column index (the file has no header)"),
+            },
+        })
+    };
+    let headers = if spec.has_header {
+        Some(reader.headers().map_err(io)?.clone())
+    } else {
+        None
+    };
+    let (text, label) = (
+        column(&spec.text_field, headers.as_ref())?,
+        column(&spec.label_field, headers.as_ref())?,
+    );
+    let mut rows = Vec::new();
+    for record in reader.records() {
+        let record = record.map_err(|e| {
+            let line = e.position().map_or(0, |p| p.line());
+            DataError::Format {
+                file: file.into(),
+                line,
+                message: e.to_string(),
+            }
+        })?;
+        let line = record.position().map_or(0, |p| p.line());
+        let get = |i: usize| {
+            record
+                .get(i)
+                .map(str::to_string)
+                .ok_or_else(|| DataError::Format {
+                    file: file.into(),
+                    line,
+                    message: format!("row has {} columns, column {i} is missing", record.len()),
+                })
+        };
+        rows.push((line, get(text)?, get(label)?));
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(format: TextFormat, text: &str, label: &str, header: bool) -> TextSpec {
+        TextSpec {
+            format,
+            text_field: text.into(),
+            label_field: label.into(),
+            has_header: header,
+            classes: None,
+        }
+    }
+
+    #[test]
+    fn csv_with_quotes_tsv_without_header_and_jsonl() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("a.csv");
+        std::fs::write(&csv, "label,text\npos,\"good, really\"\nneg,bad\n").unwrap();
+        let set = TextClassification::read(&csv, &spec(TextFormat::Csv, "text", "label", true)).unwrap();
+        assert_eq!(set.classes(), ["neg", "pos"]);
+        assert_eq!(
+            set.get(0).unwrap(),
+            TextExample {
+                text: "good, really".into(),
+                label: 1
+            }
+        );
+
+        let tsv = dir.path().join("a.tsv");
+        std::fs::write(&tsv, "1\t-2.5\tHe said \"no\"\n2\t1.0\tok").unwrap();
+        let set = TextClassification::read(&tsv, &spec(TextFormat::Tsv, "2", "1", false)).unwrap();
+        assert_eq!(
+            set.get(0).unwrap().text,
+            "He said \"no\"",
+            "TSV keeps quotes inside text"
+        );
+        assert_eq!(set.len(), 2, "last line without newline is read");
+
+        let jsonl = dir.path().join("a.jsonl");
+        std::fs::write(&jsonl, "{\"t\": \"x\", \"y\": 3}\n\n{\"t\": \"z\", \"y\": 1}\n").unwrap();
+        let set = TextClassification::read(&jsonl, &spec(TextFormat::Jsonl, "t", "y", false)).unwrap();
+        assert_eq!(set.classes(), ["1", "3"]);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("b.csv");
+        std::fs::write(&csv, "label,text\npos,a\nmaybe,b\n").unwrap();
+        let mut s = spec(TextFormat::Csv, "text", "label", true);
+        s.classes = Some(vec!["neg".into(), "pos".into()]);
+        let err = TextClassification::read(&csv, &s).unwrap_err().to_string();
+        assert!(
+            err.ends_with("b.csv:3: label 'maybe' is not one of the classes [\"neg\", \"pos\"]"),
+            "{err}"
+        );
+        let err = TextClassification::read(&csv, &spec(TextFormat::Csv, "body", "label", true)).unwrap_err();
+        assert!(err.to_string().contains("no column 'body'"), "{err}");
+
+        let jsonl = dir.path().join("b.jsonl");
+        std::fs::write(&jsonl, "{\"t\": \"x\", \"y\": \"a\"}\n{\"t\": \"x\"}\n").unwrap();
+        let err = TextClassification::read(&jsonl, &spec(TextFormat::Jsonl, "t", "y", false)).unwrap_err();
+        assert!(err.to_string().ends_with("b.jsonl:2: missing field 'y'"), "{err}");
+        let missing = TextClassification::read(&dir.path().join("none.csv"), &s).unwrap_err();
+        assert!(matches!(missing, DataError::Io { .. }));
+    }
+}
