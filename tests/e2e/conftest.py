@@ -64,7 +64,7 @@ class TridentServer:
 
     _all: list["TridentServer"] = []
 
-    def __init__(self, repository: Path, extra_args: list[str] = (), load: str = "*"):
+    def __init__(self, repository: Path, extra_args: list[str] = (), load: str | None = "*"):
         binary = trident_bin()
         if not binary.exists():
             raise RuntimeError(
@@ -85,10 +85,8 @@ class TridentServer:
             "0",
             "--grpc-port",
             "0",
-            "--model-control-mode",
-            "explicit",
-            "--load-model",
-            load,
+            # load=None: the caller picks the control mode in extra_args.
+            *(["--model-control-mode", "explicit", "--load-model", load] if load is not None else []),
             *extra_args,
         ]
         self.lines: list[str] = []
@@ -313,7 +311,7 @@ def start_server(tmp_path_factory):
     exit asserted) at the end of that test."""
     started: list[TridentServer] = []
 
-    def start(extra_args: list[str], load: str = "*", models: list[str] | None = None):
+    def start(extra_args: list[str], load: str | None = "*", models: list[str] | None = None):
         root = tmp_path_factory.mktemp("trident-extra")
         repo = root / "models"
         if models is None:

@@ -225,3 +225,36 @@ def test_unload_and_reload(client):
     y, _ = infer_fp32(client, "nobatch", x)
     np.testing.assert_array_equal(y, x + 1)
     assert any(e.get("state") == "READY" for e in index_by_name(client)["nobatch"])
+
+
+def _wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_poll_mode_loads_added_and_unloads_removed_models(start_server):
+    """--model-control-mode poll: a model copied into the repository is loaded, one
+    removed is unloaded, without a restart; the load/unload API is refused."""
+    import shutil
+
+    from conftest import FIXTURE_MODELS
+
+    srv = start_server(["--model-control-mode", "poll", "--repository-poll-secs", "1"], load=None, models=["simple"])
+    client = srv.client()
+    names = lambda: {e["name"] for e in client.get_model_repository_index() if e.get("state") == "READY"}
+    assert names() == {"simple"}
+    shutil.copytree(FIXTURE_MODELS / "mlp", srv.repository / "mlp")
+    assert _wait_for(lambda: client.is_model_ready("mlp")), srv.log(last=30)
+    x = np.ones((1, 16), dtype=np.float32)
+    inp = httpclient.InferInput("x", [1, 16], "FP32")
+    inp.set_data_from_numpy(x)
+    assert client.infer("mlp", [inp]).as_numpy("y").shape == (1, 4)
+    shutil.rmtree(srv.repository / "mlp")
+    assert _wait_for(lambda: names() == {"simple"}), srv.log(last=30)
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("simple")
+    assert "not allowed in model control mode Poll" in str(err.value)

@@ -37,9 +37,9 @@ pub struct ServeArgs {
     /// Model to load at start in explicit mode (repeatable; `*` loads all).
     #[arg(long)]
     load_model: Vec<String>,
-    /// Seconds between repository scans in poll mode.
-    #[arg(long, default_value_t = 15)]
-    repository_poll_secs: u64,
+    /// Seconds between repository scans in poll mode (default 15).
+    #[arg(long)]
+    repository_poll_secs: Option<u64>,
     /// Largest accepted HTTP request body in bytes (larger: 413).
     #[arg(long, default_value_t = ServerConfig::default().max_body_bytes)]
     http_max_body_bytes: usize,
@@ -78,6 +78,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if !args.load_model.is_empty() && !matches!(mode, ControlMode::Explicit) {
         anyhow::bail!("--load-model needs --model-control-mode explicit");
     }
+    if args.repository_poll_secs.is_some() && !matches!(mode, ControlMode::Poll) {
+        anyhow::bail!("--repository-poll-secs needs --model-control-mode poll");
+    }
     let root = args.model_repository.clone();
     anyhow::ensure!(
         root.is_dir(),
@@ -99,7 +102,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let ControlMode::Poll = mode {
         spawn_poller(
             repository.clone(),
-            Duration::from_secs(args.repository_poll_secs.max(1)),
+            Duration::from_secs(args.repository_poll_secs.unwrap_or(15).max(1)),
         );
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
