@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from conftest import FIXTURE_MODELS
 
 
 def infer_fp32(client, model, x, version="", input_name="x", output_name="y"):
@@ -239,10 +242,6 @@ def _wait_for(predicate, timeout=10.0):
 def test_poll_mode_loads_added_and_unloads_removed_models(start_server):
     """--model-control-mode poll: a model copied into the repository is loaded, one
     removed is unloaded, without a restart; the load/unload API is refused."""
-    import shutil
-
-    from conftest import FIXTURE_MODELS
-
     srv = start_server(["--model-control-mode", "poll", "--repository-poll-secs", "1"], load=None, models=["simple"])
     client = srv.client()
     names = lambda: {e["name"] for e in client.get_model_repository_index() if e.get("state") == "READY"}

@@ -28,8 +28,8 @@ pub struct TextSpec {
     pub has_header: bool,
     /// The classes in index order; `None` takes the sorted distinct labels of the file.
     pub classes: Option<Vec<String>>,
-    /// The label column holds a score to bin into three classes (VADER's ratings);
-    /// overrides `classes`.
+    /// The label column holds a score to bin into three classes (VADER's ratings); the
+    /// bins name the classes, so `classes` must then be `None`.
     pub score_bins: Option<ScoreBins>,
 }
 
@@ -87,6 +87,13 @@ pub struct TextClassification {
 impl TextClassification {
     /// Reads `file` according to `spec`. Every error names the file and line.
     pub fn read(file: &Path, spec: &TextSpec) -> Result<Self, DataError> {
+        if spec.classes.is_some() && spec.score_bins.is_some() {
+            return Err(DataError::Format {
+                file: file.into(),
+                line: 0,
+                message: "give either classes or score_bins: score bins name their own classes".into(),
+            });
+        }
         let mut rows = match spec.format {
             TextFormat::Jsonl => read_jsonl(file, spec)?,
             TextFormat::Csv => read_delimited(file, spec, b',')?,
@@ -306,6 +313,10 @@ mod tests {
         let labels: Vec<usize> = (0..4).map(|i| set.get(i).unwrap().label).collect();
         assert_eq!(labels, [0, 1, 1, 2]);
         assert_eq!(set.get(0).unwrap().text, "bad", "no trailing CR");
+        s.classes = Some(vec!["a".into()]);
+        let err = TextClassification::read(&tsv, &s).unwrap_err().to_string();
+        assert!(err.contains("either classes or score_bins"), "{err}");
+        s.classes = None;
         std::fs::write(&tsv, "1\tn/a\tx\n").unwrap();
         let err = TextClassification::read(&tsv, &s).unwrap_err().to_string();
         assert!(

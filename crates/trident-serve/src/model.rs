@@ -180,12 +180,16 @@ impl ModelVersion {
         let received = request.received;
         let result = self.infer_inner(request).await;
         let elapsed = received.elapsed();
-        self.stats.record_request(result.is_ok(), elapsed);
-        result.map(|(response, compute_infer)| {
-            self.stats
-                .record_latency(elapsed, elapsed.saturating_sub(compute_infer));
-            response
-        })
+        match result {
+            Ok((response, compute_infer)) => {
+                self.stats.record_success(elapsed, compute_infer);
+                Ok(response)
+            }
+            Err(e) => {
+                self.stats.record_failure(elapsed);
+                Err(e)
+            }
+        }
     }
 
     /// The response and the model time of the execution that produced it.

@@ -59,7 +59,6 @@ pub struct Histogram {
     /// One count per bucket of [`LATENCY_BUCKETS_US`] plus the overflow bucket.
     buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     sum_ns: AtomicU64,
-    count: AtomicU64,
 }
 
 impl Default for Histogram {
@@ -67,7 +66,6 @@ impl Default for Histogram {
         Histogram {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             sum_ns: AtomicU64::new(0),
-            count: AtomicU64::new(0),
         }
     }
 }
@@ -79,7 +77,6 @@ impl Histogram {
         let i = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
         self.buckets[i].fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
-        self.count.fetch_add(1, Relaxed);
     }
 
     /// Current values.
@@ -87,7 +84,6 @@ impl Histogram {
         HistogramSnapshot {
             buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
             sum_ns: self.sum_ns.load(Relaxed),
-            count: self.count.load(Relaxed),
         }
     }
 }
@@ -99,8 +95,13 @@ pub struct HistogramSnapshot {
     pub buckets: Vec<u64>,
     /// Sum of observations in nanoseconds.
     pub sum_ns: u64,
-    /// Observations.
-    pub count: u64,
+}
+
+impl HistogramSnapshot {
+    /// Number of observations (all buckets).
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
 }
 
 /// Request-level durations.
@@ -177,21 +178,19 @@ impl ModelStats {
         b.compute_output.record(t.output);
     }
 
-    /// Records the end of a request.
-    pub fn record_request(&self, ok: bool, d: Duration) {
-        if ok {
-            self.inference.success.record(d);
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-            self.last_inference_ms.store(now.as_millis() as u64, Relaxed);
-        } else {
-            self.inference.fail.record(d);
-        }
+    /// Records a successful request that took `d` in the server, of which
+    /// `compute_infer` was the model time of the execution that served it.
+    pub fn record_success(&self, d: Duration, compute_infer: Duration) {
+        self.inference.success.record(d);
+        self.request_latency.record(d);
+        self.overhead_latency.record(d.saturating_sub(compute_infer));
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        self.last_inference_ms.store(now.as_millis() as u64, Relaxed);
     }
 
-    /// Records a successful request's duration and its overhead (duration − compute_infer).
-    pub fn record_latency(&self, request: Duration, overhead: Duration) {
-        self.request_latency.record(request);
-        self.overhead_latency.record(overhead);
+    /// Records a failed request.
+    pub fn record_failure(&self, d: Duration) {
+        self.inference.fail.record(d);
     }
 
     /// Counts a request in unless `limit` requests are already pending; on refusal
@@ -325,7 +324,7 @@ mod tests {
             h.record(Duration::from_micros(us));
         }
         let s = h.snapshot();
-        assert_eq!(s.count, 5);
+        assert_eq!(s.count(), 5);
         assert_eq!(s.buckets[0], 2, "0 and 10 µs are <= 10");
         assert_eq!(s.buckets[1], 1, "11 µs is in (10, 20]");
         assert_eq!(s.buckets[9], 1, "95 µs is in (90, 100]");

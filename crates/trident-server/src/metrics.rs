@@ -124,38 +124,31 @@ pub(crate) fn render(stats: &[ModelStatSnapshot]) -> String {
     for (name, help, histogram) in HISTOGRAMS {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for s in stats {
-            let labels = format!("model=\"{}\",version=\"{}\"", escape(&s.name), s.version);
-            let h = histogram(s);
-            let mut cumulative = 0;
-            for (bound, count) in LATENCY_BUCKETS_US
+            let (labels, h) = (labels(s), histogram(s));
+            let bounds = LATENCY_BUCKETS_US
                 .iter()
-                .map(|b| b.to_string())
-                .chain(["+Inf".to_string()])
-                .zip(&h.buckets)
-            {
+                .map(u64::to_string)
+                .chain(["+Inf".to_string()]);
+            let mut cumulative = 0;
+            for (bound, count) in bounds.zip(&h.buckets) {
                 cumulative += count;
                 let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
             }
             let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_ns as f64 / 1000.0);
-            let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
         }
     }
     for (name, kind, help, value) in METRICS {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for s in stats {
-            let _ = writeln!(
-                out,
-                "{name}{{model=\"{}\",version=\"{}\"}} {}",
-                escape(&s.name),
-                s.version,
-                value(s)
-            );
+            let _ = writeln!(out, "{name}{{{}}} {}", labels(s), value(s));
         }
     }
     out
 }
 
-/// Escapes a label value (backslash and double quote).
-fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"")
+/// `model="…",version="…"`, the label value escaped (backslash and double quote).
+fn labels(s: &ModelStatSnapshot) -> String {
+    let model = s.name.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("model=\"{model}\",version=\"{}\"", s.version)
 }

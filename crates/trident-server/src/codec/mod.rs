@@ -54,9 +54,6 @@ pub const INFERENCE_HEADER_CONTENT_LENGTH: &str = "inference-header-content-leng
 pub struct InferRequest {
     /// The request `id`, echoed in the response.
     pub id: Option<String>,
-    /// Request-level parameters, without `binary_data_output` (see
-    /// [`InferRequest::binary_data_output`]).
-    pub parameters: Map<String, Value>,
     /// Input tensors, in request order, with unique names.
     pub inputs: Vec<(String, Tensor)>,
     /// Requested outputs, with unique names; empty means all outputs.
@@ -291,16 +288,19 @@ pub fn decode_request(body: Bytes, header_len: Option<usize>) -> Result<InferReq
         Some(Value::String(id)) => Some(id),
         Some(other) => return Err(invalid("request".into(), "id", "a string", &other)),
     };
-    let mut parameters = object(raw.parameters, || "request".into(), "parameters")?;
-    let binary_data_output = match parameters.remove("binary_data_output") {
+    // Request-level parameters Trident would otherwise ignore (`priority`, `timeout`,
+    // `sequence_id`, ...) are refused, like unknown input and output parameters.
+    let parameters = object(raw.parameters, || "request".into(), "parameters")?;
+    only_known(&parameters, || "request".into(), &["binary_data_output"])?;
+    let binary_data_output = match parameters.get("binary_data_output") {
         None => false,
-        Some(Value::Bool(b)) => b,
+        Some(Value::Bool(b)) => *b,
         Some(other) => {
             return Err(invalid(
                 "request".into(),
                 "parameters.binary_data_output",
                 "a boolean",
-                &other,
+                other,
             ))
         }
     };
@@ -332,7 +332,6 @@ pub fn decode_request(body: Bytes, header_len: Option<usize>) -> Result<InferReq
 
     Ok(InferRequest {
         id,
-        parameters,
         inputs,
         outputs,
         binary_data_output,

@@ -347,7 +347,6 @@ fn triton_binary_example_decodes_zero_copy() {
     let json_len = header_len.unwrap();
     let request = decode_request(body.clone(), header_len).unwrap();
     assert_eq!(request.id, None);
-    assert!(request.parameters.is_empty());
     assert_eq!(request.inputs[0].0, "input0");
     assert_eq!(
         request.inputs[0].1,
@@ -393,17 +392,13 @@ fn json_and_binary_inputs_mix() {
 fn request_fields_and_wants_binary() {
     let request = decode(json!({
         "id": "req-1",
-        "parameters": {"binary_data_output": true, "priority": 3},
+        "parameters": {"binary_data_output": true},
         "inputs": [input("x", "FP32", json!([0]), json!([]))],
         "outputs": [{"name": "a", "parameters": {"binary_data": false}}, {"name": "b"}]
     }))
     .unwrap();
     assert_eq!(request.id.as_deref(), Some("req-1"));
     assert!(request.binary_data_output);
-    assert_eq!(
-        request.parameters,
-        json!({"priority": 3}).as_object().unwrap().clone()
-    );
     assert_eq!(
         request.outputs,
         vec![
@@ -426,7 +421,6 @@ fn request_fields_and_wants_binary() {
         (plain.id.as_deref(), plain.binary_data_output, plain.outputs.len()),
         (None, false, 0)
     );
-    assert!(plain.parameters.is_empty());
     assert!(!plain.wants_binary("x"));
 }
 

@@ -20,10 +20,10 @@ pub(super) async fn infer(
     let model = repo.get(&p.model, p.version.as_deref())?;
     refuse_content_encoding(&headers)?;
     let header_len = header_length(&headers)?;
-    let mut request = match codec::decode_request(body, header_len).and_then(refuse_request_parameters) {
+    let mut request = match codec::decode_request(body, header_len) {
         Ok(r) => r,
         Err(e) => {
-            model.stats().record_request(false, received.elapsed());
+            model.stats().record_failure(received.elapsed());
             return Err(e.into());
         }
     };
@@ -90,17 +90,4 @@ fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
                 "{INFERENCE_HEADER_CONTENT_LENGTH} is not a number: {value:?}"
             ))
         })
-}
-
-/// Request-level parameters Trident would otherwise ignore (`priority`, `timeout`,
-/// `sequence_id`, ...) are refused; `binary_data_output` was consumed by the codec.
-fn refuse_request_parameters(request: codec::InferRequest) -> Result<codec::InferRequest, codec::CodecError> {
-    match request.parameters.keys().next() {
-        Some(name) => Err(codec::CodecError::UnsupportedParameter {
-            at: "request".into(),
-            name: name.clone(),
-            supported: "binary_data_output",
-        }),
-        None => Ok(request),
-    }
 }
