@@ -1,5 +1,6 @@
 //! `trident`: train, distill, serve and load-test deep-learning models from one binary.
 
+mod learn;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -16,6 +17,12 @@ struct Cli {
 enum Command {
     /// Serve a Triton model repository over KServe v2 HTTP, with Prometheus metrics.
     Serve(serve::ServeArgs),
+    /// Train a model from a TOML configuration (checkpoints, metrics, TensorBoard, plots).
+    Train(learn::TrainArgs),
+    /// Evaluate a checkpoint: metrics per class, ROC-AUC and a confusion matrix.
+    Eval(learn::EvalArgs),
+    /// Classify texts with a checkpoint; one JSON line per text.
+    Predict(learn::PredictArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,5 +35,8 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve::run(args),
+        Command::Train(args) => learn::train(args),
+        Command::Eval(args) => learn::eval(args),
+        Command::Predict(args) => learn::predict(args),
     }
 }

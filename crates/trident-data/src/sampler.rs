@@ -76,3 +76,63 @@ mod tests {
         assert_eq!(plan.batch(1), &(10..20).collect::<Vec<_>>()[..]);
     }
 }
+
+/// Splits `0..len` into seeded, disjoint train / validation / test index sets with the
+/// given validation and test fractions (each rounded down, train takes the rest).
+pub fn split_indices(len: usize, val: f64, test: f64, seed: u64) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let mut idx: Vec<usize> = (0..len).collect();
+    let mut rng = crate::rng::SplitMix64::from_parts(&[seed, 0x5EED_5B17]);
+    for i in (1..len).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        idx.swap(i, j);
+    }
+    let n_val = (len as f64 * val).floor() as usize;
+    let n_test = (len as f64 * test).floor() as usize;
+    let test_set = idx.split_off(len - n_test);
+    let val_set = idx.split_off(len - n_test - n_val);
+    (idx, val_set, test_set)
+}
+
+/// The examples of a dataset at chosen indices.
+pub struct Subset<D> {
+    inner: std::sync::Arc<D>,
+    indices: Vec<usize>,
+}
+
+impl<D> Subset<D> {
+    /// Examples `indices` of `inner`.
+    pub fn new(inner: std::sync::Arc<D>, indices: Vec<usize>) -> Self {
+        Subset { inner, indices }
+    }
+
+    /// The index in the underlying dataset of example `i`.
+    pub fn inner_index(&self, i: usize) -> usize {
+        self.indices[i]
+    }
+}
+
+impl<D: crate::Dataset> crate::Dataset for Subset<D> {
+    type Item = D::Item;
+    fn len(&self) -> usize {
+        self.indices.len()
+    }
+    fn get(&self, index: usize) -> Result<D::Item, crate::DataError> {
+        self.inner.get(self.indices[index])
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::*;
+
+    #[test]
+    fn splits_are_disjoint_complete_and_seeded() {
+        let (a, b, c) = split_indices(103, 0.1, 0.2, 4);
+        assert_eq!((a.len(), b.len(), c.len()), (73, 10, 20));
+        let mut all: Vec<usize> = a.iter().chain(&b).chain(&c).copied().collect();
+        all.sort();
+        assert_eq!(all, (0..103).collect::<Vec<_>>());
+        assert_eq!(split_indices(103, 0.1, 0.2, 4), (a.clone(), b, c));
+        assert_ne!(split_indices(103, 0.1, 0.2, 5).0, a);
+    }
+}

@@ -82,6 +82,8 @@ pub struct TextExample {
 pub struct TextClassification {
     examples: Vec<TextExample>,
     classes: Vec<String>,
+    /// (file, line) of each example, for error messages.
+    sources: Vec<(std::sync::Arc<Path>, u64)>,
 }
 
 impl TextClassification {
@@ -121,6 +123,11 @@ impl TextClassification {
                 .into_iter()
                 .collect()
         });
+        let file_arc: std::sync::Arc<Path> = std::sync::Arc::from(file);
+        let sources = rows
+            .iter()
+            .map(|(line, _, _)| (file_arc.clone(), *line))
+            .collect();
         let examples = rows
             .into_iter()
             .map(|(line, text, label)| {
@@ -135,7 +142,44 @@ impl TextClassification {
                 Ok(TextExample { text, label: index })
             })
             .collect::<Result<_, DataError>>()?;
-        Ok(TextClassification { examples, classes })
+        Ok(TextClassification {
+            examples,
+            classes,
+            sources,
+        })
+    }
+
+    /// Reads several files with one spec into one set; their classes must agree (with
+    /// `score_bins` or explicit `classes` they always do).
+    pub fn read_all(files: &[std::path::PathBuf], spec: &TextSpec) -> Result<Self, DataError> {
+        let mut all: Option<TextClassification> = None;
+        for f in files {
+            let part = Self::read(f, spec)?;
+            match &mut all {
+                None => all = Some(part),
+                Some(a) => {
+                    if a.classes != part.classes {
+                        return Err(DataError::Format {
+                            file: f.clone(),
+                            line: 0,
+                            message: format!(
+                                "classes {:?} differ from {:?} of the files before it: list the classes in the config",
+                                part.classes, a.classes
+                            ),
+                        });
+                    }
+                    a.examples.extend(part.examples);
+                    a.sources.extend(part.sources);
+                }
+            }
+        }
+        all.ok_or_else(|| DataError::Batch("no data file given".into()))
+    }
+
+    /// The file and line example `index` came from.
+    pub fn source(&self, index: usize) -> (&Path, u64) {
+        let (f, l) = &self.sources[index];
+        (f, *l)
     }
 
     /// Class names in index order.

@@ -1,6 +1,13 @@
-//! Trident's training library. Today: classification metrics (EV-1). The trainer,
-//! optimizers, checkpoints and TensorBoard writer of issue 3 build on this crate.
+//! Trident's training library: the [`TrainStep`](trainer::TrainStep) trait and the
+//! [`Trainer`](trainer::Trainer) loop, optimizers and schedules, atomic checkpoints with
+//! exact resume, classification metrics (EV-1), TensorBoard scalars and PNG plots.
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod metrics;
+pub mod optim;
+pub mod plot;
 pub mod tensorboard;
+pub mod trainer;
+
+pub use trainer::{evaluate, StepOutput, TrainConfig, TrainError, TrainStep, Trainer};

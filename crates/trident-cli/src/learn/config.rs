@@ -1,0 +1,305 @@
+//! The training configuration file (TOML). Unknown keys and wrong types are errors that
+//! name the file, line and key; relative paths are relative to the working directory.
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use trident_nn::bert::Pooling;
+use trident_nn::vision::VitConfig;
+use trident_train::TrainConfig;
+
+/// A whole run: where it goes, the data, the model and how to train.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub run: RunSection,
+    pub data: DataConfig,
+    #[serde(default)]
+    pub loader: LoaderSection,
+    pub model: ModelConfig,
+    pub train: TrainConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    /// Run directory (checkpoints, metrics, plots).
+    pub dir: PathBuf,
+    /// Seed of model initialisation and data splits.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoaderSection {
+    #[serde(default = "batch")]
+    pub batch_size: usize,
+    /// Batch size for evaluation (default: `batch_size`).
+    #[serde(default)]
+    pub eval_batch_size: Option<usize>,
+    /// Background loader threads (0: load on the training thread).
+    #[serde(default = "one")]
+    pub num_workers: usize,
+    /// Batches each worker prepares ahead.
+    #[serde(default = "two")]
+    pub prefetch: usize,
+}
+
+impl Default for LoaderSection {
+    fn default() -> Self {
+        LoaderSection {
+            batch_size: batch(),
+            eval_batch_size: None,
+            num_workers: one(),
+            prefetch: two(),
+        }
+    }
+}
+
+fn batch() -> usize {
+    32
+}
+fn one() -> usize {
+    1
+}
+fn two() -> usize {
+    2
+}
+fn tenth() -> f64 {
+    0.1
+}
+fn max_len() -> usize {
+    128
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum DataConfig {
+    /// Text classification from CSV/TSV/JSONL files, split into train/val/test by seed.
+    Text {
+        files: Vec<PathBuf>,
+        /// `csv`, `tsv` or `jsonl`.
+        format: String,
+        text_field: String,
+        label_field: String,
+        #[serde(default)]
+        has_header: bool,
+        #[serde(default)]
+        classes: Option<Vec<String>>,
+        /// `vader`: the label column is a score binned at ±0.5 into negative/neutral/positive.
+        #[serde(default)]
+        score_bins: Option<String>,
+        #[serde(default = "tenth")]
+        val_fraction: f64,
+        #[serde(default = "tenth")]
+        test_fraction: f64,
+        /// Longest token sequence (special tokens included).
+        #[serde(default = "max_len")]
+        max_len: usize,
+        /// Cut longer texts to `max_len` instead of refusing them.
+        #[serde(default)]
+        truncate: bool,
+    },
+    /// Images in IDX files (MNIST layout): a train pair (split into train/val) and a test pair.
+    Idx {
+        train_images: PathBuf,
+        train_labels: PathBuf,
+        test_images: PathBuf,
+        test_labels: PathBuf,
+        #[serde(default = "tenth")]
+        val_fraction: f64,
+        /// Class names (default: "0", "1", …).
+        #[serde(default)]
+        classes: Option<Vec<String>>,
+        /// Pixel normalisation (x - mean) / std after scaling to [0, 1].
+        #[serde(default)]
+        mean: f32,
+        #[serde(default = "unit")]
+        std: f32,
+        /// Use only the first N training images (quick runs); the test set stays whole.
+        #[serde(default)]
+        max_train: Option<usize>,
+    },
+}
+
+fn unit() -> f32 {
+    1.0
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ModelConfig {
+    /// A BERT-family encoder from a Hugging Face folder, with a classification head.
+    Bert {
+        /// Folder with config.json, model.safetensors and tokenizer.json.
+        pretrained: PathBuf,
+        #[serde(default = "mean_pool")]
+        pooling: Pooling,
+        /// Train only the head.
+        #[serde(default)]
+        freeze_encoder: bool,
+    },
+    /// A ViT trained from scratch.
+    Vit(VitConfig),
+    /// The small CNN.
+    Cnn {
+        #[serde(default = "width")]
+        width: usize,
+        #[serde(default)]
+        dropout: f32,
+    },
+    /// Embedding + BiLSTM text classifier (tokenised with a tokenizer.json).
+    Lstm(RnnModel),
+    /// Embedding + BiGRU text classifier.
+    Gru(RnnModel),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RnnModel {
+    pub tokenizer: PathBuf,
+    #[serde(default = "embed")]
+    pub embed: usize,
+    #[serde(default = "embed")]
+    pub hidden: usize,
+    #[serde(default = "one")]
+    pub layers: usize,
+    #[serde(default)]
+    pub dropout: f32,
+}
+
+fn mean_pool() -> Pooling {
+    Pooling::Mean
+}
+fn width() -> usize {
+    32
+}
+fn embed() -> usize {
+    128
+}
+
+impl RunConfig {
+    /// Parses `file`; errors name the file, the line and column, and the key.
+    pub fn read(file: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))
+    }
+
+    /// Parses TOML text.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let c: RunConfig = toml::from_str(text).map_err(|e| {
+            let at = e
+                .span()
+                .map(|s| {
+                    let line = text[..s.start].matches('\n').count() + 1;
+                    format!("line {line}: ")
+                })
+                .unwrap_or_default();
+            anyhow::anyhow!("{at}{}", e.message())
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let l = &self.loader;
+        anyhow::ensure!(l.batch_size > 0, "loader.batch_size must be at least 1");
+        match &self.data {
+            DataConfig::Text {
+                val_fraction,
+                test_fraction,
+                files,
+                format,
+                score_bins,
+                ..
+            } => {
+                anyhow::ensure!(!files.is_empty(), "data.files is empty");
+                anyhow::ensure!(
+                    matches!(format.as_str(), "csv" | "tsv" | "jsonl"),
+                    "data.format `{format}` is not one of csv, tsv, jsonl"
+                );
+                if let Some(b) = score_bins {
+                    anyhow::ensure!(b == "vader", "data.score_bins `{b}` is unknown (only `vader`)");
+                }
+                anyhow::ensure!(
+                    *val_fraction >= 0.0 && *test_fraction >= 0.0 && val_fraction + test_fraction < 1.0,
+                    "data.val_fraction + data.test_fraction must be in [0, 1)"
+                );
+                anyhow::ensure!(
+                    matches!(
+                        self.model,
+                        ModelConfig::Bert { .. } | ModelConfig::Lstm(_) | ModelConfig::Gru(_)
+                    ),
+                    "model.kind must be a text model (bert, lstm, gru) for text data"
+                );
+            }
+            DataConfig::Idx {
+                val_fraction, std, ..
+            } => {
+                anyhow::ensure!(
+                    (0.0..1.0).contains(val_fraction),
+                    "data.val_fraction must be in [0, 1)"
+                );
+                anyhow::ensure!(*std > 0.0, "data.std must be positive");
+                anyhow::ensure!(
+                    matches!(self.model, ModelConfig::Vit(_) | ModelConfig::Cnn { .. }),
+                    "model.kind must be an image model (vit, cnn) for idx data"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[run]
+dir = "runs/x"
+[data]
+kind = "text"
+files = ["a.tsv"]
+format = "tsv"
+text_field = "2"
+label_field = "1"
+score_bins = "vader"
+[model]
+kind = "bert"
+pretrained = "data/minilm"
+[train]
+epochs = 2
+lr = 5e-5
+"#;
+
+    #[test]
+    fn parses_a_good_config() {
+        let c = RunConfig::parse(GOOD).unwrap();
+        assert_eq!(c.train.epochs, 2);
+        assert_eq!(c.loader.batch_size, 32);
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_name_line_and_key() {
+        let bad = GOOD.replace("epochs = 2", "epochs = 2\nepoch = 3");
+        let e = RunConfig::parse(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("line 18") && e.contains("unknown field `epoch`"),
+            "{e}"
+        );
+        let bad = GOOD.replace("lr = 5e-5", "lr = \"fast\"");
+        let e = RunConfig::parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 18") && e.contains("invalid type"), "{e}");
+        let bad = GOOD.replace(
+            "pretrained = \"data/minilm\"",
+            "pretrained = \"data/minilm\"\nlayers = 3",
+        );
+        let e = RunConfig::parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("unknown field `layers`"), "{e}");
+        let bad = GOOD.replace("kind = \"bert\"", "kind = \"cnn\"");
+        let e = RunConfig::parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("text model"), "{e}");
+    }
+}

@@ -1,0 +1,348 @@
+//! `trident train`, `trident eval` and `trident predict`.
+
+pub mod config;
+pub mod task;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use config::{DataConfig, RunConfig};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use task::{image_splits, read_text, text_splits, InputSpec, Model, ModelCard, Splits};
+use trident_data::Dataset;
+use trident_nn::Ctx;
+use trident_train::{evaluate, plot, TrainStep, Trainer};
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The run's TOML configuration.
+    #[arg(long)]
+    config: PathBuf,
+    /// Continue the run in `run.dir` from its `last` checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// Override `run.dir`.
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+    /// Override `train.epochs`.
+    #[arg(long)]
+    epochs: Option<u64>,
+    /// Stop (checkpointing, as on Ctrl-C) after this many optimizer steps.
+    #[arg(long, hide = true)]
+    stop_after_steps: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// A checkpoint directory (`<run>/best` or `<run>/last`).
+    #[arg(long)]
+    model: PathBuf,
+    /// Which split of the run's data: test or val.
+    #[arg(long, default_value = "test")]
+    split: String,
+    /// Evaluate every example of this file instead (same format as the run's data).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Where to write metrics.json and confusion.png (default: `<model>/eval-<split>`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// A checkpoint directory of a text model.
+    #[arg(long)]
+    model: PathBuf,
+    /// Texts to classify (one JSON line of output each).
+    #[arg(required = true)]
+    texts: Vec<String>,
+}
+
+fn card_for(c: &RunConfig, classes: Vec<String>, image: Option<(usize, usize)>) -> ModelCard {
+    let input = match (&c.data, image) {
+        (
+            DataConfig::Text {
+                max_len, truncate, ..
+            },
+            _,
+        ) => InputSpec::Text {
+            max_len: *max_len,
+            truncate: *truncate,
+        },
+        (DataConfig::Idx { mean, std, .. }, Some((h, w))) => InputSpec::Image {
+            height: h,
+            width: w,
+            mean: *mean,
+            std: *std,
+        },
+        (DataConfig::Idx { .. }, None) => unreachable!("image size known for idx data"),
+    };
+    ModelCard {
+        model: c.model.clone(),
+        classes,
+        input,
+    }
+}
+
+fn install_signal_handlers(trainer: &Trainer) -> anyhow::Result<()> {
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, trainer.stop.clone()).context("installing signal handler")?;
+    }
+    Ok(())
+}
+
+pub fn train(args: TrainArgs) -> anyhow::Result<()> {
+    let mut c = RunConfig::read(&args.config)?;
+    if let Some(d) = args.run_dir {
+        c.run.dir = d;
+    }
+    if let Some(e) = args.epochs {
+        c.train.epochs = e;
+    }
+    match &c.data {
+        DataConfig::Text { .. } => {
+            let set = read_text(&c)?;
+            let card = card_for(&c, set.classes().to_vec(), None);
+            let model = Model::build(&card, c.run.seed, None)?;
+            let fresh = model.params.initialised_names();
+            if !fresh.is_empty() {
+                eprintln!("initialised (not in the pretrained file): {}", fresh.join(", "));
+            }
+            let splits = text_splits(&c, &model, &set)?;
+            run(
+                &c,
+                &args.config,
+                args.resume,
+                args.stop_after_steps,
+                model,
+                splits,
+            )
+        }
+        DataConfig::Idx { classes, .. } => {
+            let (splits, h, w) = image_splits(&c)?;
+            let classes = classes
+                .clone()
+                .unwrap_or_else(|| (0..10).map(|i| i.to_string()).collect());
+            let card = card_for(&c, classes, Some((h, w)));
+            let model = Model::build(&card, c.run.seed, None)?;
+            run(
+                &c,
+                &args.config,
+                args.resume,
+                args.stop_after_steps,
+                model,
+                splits,
+            )
+        }
+    }
+}
+
+fn run<D: Dataset + 'static>(
+    c: &RunConfig,
+    config_file: &Path,
+    resume: bool,
+    stop_after: Option<u64>,
+    model: Model,
+    splits: Splits<D>,
+) -> anyhow::Result<()> {
+    let dir = &c.run.dir;
+    let classes = model.card.classes.clone();
+    let (tr, va, te) = splits.sizes;
+    eprintln!(
+        "{}: {} trainable parameters of {}; data {tr} train / {va} val / {te} test, classes {classes:?}",
+        config_file.display(),
+        model.params.trainable_count(),
+        model
+            .params
+            .all()
+            .iter()
+            .map(|p| p.var.elem_count())
+            .sum::<usize>(),
+    );
+    let mut trainer = Trainer::new(c.train.clone(), classes.clone(), dir);
+    trainer.checkpoint_files = model.checkpoint_files()?;
+    let resolved = toml::to_string_pretty(c)?;
+    trainer
+        .checkpoint_files
+        .push(("run.toml".into(), resolved.clone().into_bytes()));
+    trainer.stop_after_steps = stop_after;
+    install_signal_handlers(&trainer)?;
+    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+    if !resume {
+        write_atomic(&dir.join("config.toml"), resolved.as_bytes())?;
+    }
+    // Everything that shapes the run beyond [train] joins the resume check.
+    let data_hash = format!("{:?}|{:?}|{:?}|{}", c.data, c.loader, c.model, c.run.seed);
+    let summary = trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, &data_hash)?;
+    if summary.interrupted {
+        eprintln!(
+            "stopped at epoch {}, batch {}: resume with `trident train --config {} --resume`",
+            summary.state.epoch + 1,
+            summary.state.batch_in_epoch,
+            config_file.display()
+        );
+        if trainer.stop.load(Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        return Ok(());
+    }
+    // Test the best checkpoint.
+    let best = dir.join("best");
+    trident_train::checkpoint::load_weights(&best, &model.params)?;
+    let ev = evaluate(&model, &splits.test, classes.len())?;
+    let out = dir.join("test");
+    write_report(&out, &ev, &classes)?;
+    eprintln!(
+        "test (best epoch {}): accuracy {:.4}  macro-F1 {:.4}  loss {:.4}  → {}",
+        summary.state.best_epoch.map_or(0, |e| e + 1),
+        ev.report.accuracy,
+        ev.report.macro_f1,
+        ev.loss,
+        out.display()
+    );
+    Ok(())
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| tmp.display().to_string())?;
+    std::fs::rename(&tmp, path).with_context(|| path.display().to_string())
+}
+
+fn write_report(
+    out: &Path,
+    ev: &trident_train::trainer::Evaluation,
+    classes: &[String],
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
+    let json = serde_json::json!({
+        "examples": ev.labels.len(),
+        "loss": ev.loss,
+        "classes": classes,
+        "report": ev.report,
+    });
+    write_atomic(
+        &out.join("metrics.json"),
+        serde_json::to_string_pretty(&json)?.as_bytes(),
+    )?;
+    plot::confusion_matrix(&out.join("confusion.png"), &ev.report.confusion, classes)?;
+    Ok(())
+}
+
+pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
+    let run_file = args.model.join("run.toml");
+    let mut c = RunConfig::read(&run_file)
+        .with_context(|| format!("{} is not a checkpoint of `trident train`", args.model.display()))?;
+    let model = Model::load_checkpoint(&args.model)?;
+    let classes = model.card.classes.clone();
+    let label = match &args.data {
+        Some(f) => f
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "data".into()),
+        None => args.split.clone(),
+    };
+    if let Some(f) = &args.data {
+        match &mut c.data {
+            DataConfig::Text {
+                files,
+                val_fraction,
+                test_fraction,
+                ..
+            } => {
+                *files = vec![f.clone()];
+                (*val_fraction, *test_fraction) = (0.0, 0.0);
+            }
+            DataConfig::Idx { .. } => {
+                bail!("--data takes a text file; image runs evaluate their configured test set")
+            }
+        }
+    }
+    let ev = match &c.data {
+        DataConfig::Text { .. } => {
+            let set = read_text(&c)?;
+            if set.classes() != classes.as_slice() {
+                bail!(
+                    "the data's classes {:?} differ from the model's {classes:?}",
+                    set.classes()
+                );
+            }
+            let s = text_splits(&c, &model, &set)?;
+            evaluate(&model, &pick(args.data.is_some(), &args.split, s)?, classes.len())?
+        }
+        DataConfig::Idx { .. } => {
+            let (s, _, _) = image_splits(&c)?;
+            evaluate(&model, &pick(false, &args.split, s)?, classes.len())?
+        }
+    };
+    let out = args
+        .out
+        .unwrap_or_else(|| args.model.join(format!("eval-{label}")));
+    write_report(&out, &ev, &classes)?;
+    let r = &ev.report;
+    println!(
+        "examples {}  accuracy {:.4}  macro-F1 {:.4}  loss {:.4}",
+        ev.labels.len(),
+        r.accuracy,
+        r.macro_f1,
+        ev.loss
+    );
+    for (i, name) in classes.iter().enumerate() {
+        println!(
+            "  {name:>12}  precision {:.4}  recall {:.4}  F1 {:.4}  support {}",
+            r.precision[i], r.recall[i], r.f1[i], r.support[i]
+        );
+    }
+    if let Some(auc) = r.roc_auc_ovr_macro {
+        println!("  ROC-AUC (one-vs-rest, macro) {auc:.4}");
+    }
+    println!("wrote {}/metrics.json and confusion.png", out.display());
+    Ok(())
+}
+
+fn pick<D: Dataset>(
+    whole_file: bool,
+    split: &str,
+    s: Splits<D>,
+) -> anyhow::Result<trident_data::DataLoader<trident_data::sampler::Subset<D>, task::Batch>> {
+    if whole_file {
+        return Ok(s.train); // fractions are 0: every example is in "train" (order does not change metrics)
+    }
+    match split {
+        "test" => Ok(s.test),
+        "val" => s.val.context("the run has no validation split"),
+        other => bail!("--split `{other}` is not one of test, val"),
+    }
+}
+
+pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
+    let model = Model::load_checkpoint(&args.model)?;
+    let tok = model
+        .tokenizer
+        .clone()
+        .context("predict takes text; this checkpoint is an image model")?;
+    let classes = &model.card.classes;
+    for (i, text) in args.texts.iter().enumerate() {
+        let ids = model.tokenize(text, &|| format!("text {}", i + 1))?;
+        let batch = tok.batch(&[ids])?;
+        let labels = vec![0];
+        let out = model.forward(&task::Batch::Text(batch, labels), &Ctx::eval())?;
+        let probs = trident_nn::ops::softmax_last_dim(&out.logits)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let best = probs
+            .iter()
+            .enumerate()
+            .fold(0, |b, (j, &p)| if p > probs[b] { j } else { b });
+        let scores: serde_json::Map<String, serde_json::Value> = classes
+            .iter()
+            .zip(&probs)
+            .map(|(c, &p)| (c.clone(), serde_json::json!((p as f64 * 1e4).round() / 1e4)))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"text": text, "label": classes[best], "score": (probs[best] as f64 * 1e4).round() / 1e4, "scores": scores})
+        );
+    }
+    Ok(())
+}

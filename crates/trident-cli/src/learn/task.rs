@@ -1,0 +1,470 @@
+//! Builds datasets, loaders and models from a [`RunConfig`], and the [`TrainStep`] that
+//! ties a model to its loss.
+
+use super::config::{DataConfig, ModelConfig, RunConfig};
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use trident_data::idx::IdxImages;
+use trident_data::sampler::{split_indices, Subset};
+use trident_data::text::{ScoreBins, TextClassification, TextFormat, TextSpec};
+use trident_data::{DataError, DataLoader, Dataset, LoaderConfig};
+use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, TextBatch, Tokenizer};
+use trident_nn::rnn::{CellKind, RnnClassifier};
+use trident_nn::vision::{Cnn, Vit};
+use trident_nn::{ops, Ctx, Device, Loaded, Params, Tensor};
+use trident_train::{StepOutput, TrainStep};
+
+/// A batch for any of the models.
+pub enum Batch {
+    /// Token ids, segments and mask.
+    Text(TextBatch, Vec<usize>),
+    /// `[batch, channels, h, w]` images.
+    Image(Tensor, Vec<usize>),
+}
+
+/// Tokenised texts with labels.
+pub struct TokenSet {
+    ids: Vec<Vec<u32>>,
+    labels: Vec<usize>,
+}
+
+impl Dataset for TokenSet {
+    type Item = (Vec<u32>, usize);
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+    fn get(&self, i: usize) -> Result<Self::Item, DataError> {
+        Ok((self.ids[i].clone(), self.labels[i]))
+    }
+}
+
+/// Images, normalised at collate time.
+pub struct ImageSet {
+    images: IdxImages,
+}
+
+impl Dataset for ImageSet {
+    type Item = trident_data::idx::Image;
+    fn len(&self) -> usize {
+        self.images.len()
+    }
+    fn get(&self, i: usize) -> Result<Self::Item, DataError> {
+        self.images.get(i)
+    }
+}
+
+/// What a checkpoint needs besides its weights to be used on its own (`trident.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub model: ModelConfig,
+    pub classes: Vec<String>,
+    pub input: InputSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum InputSpec {
+    Text {
+        max_len: usize,
+        truncate: bool,
+    },
+    Image {
+        height: usize,
+        width: usize,
+        mean: f32,
+        std: f32,
+    },
+}
+
+/// The networks Trident trains from a config.
+pub enum Net {
+    Bert(BertClassifier),
+    Vit(Vit),
+    Cnn(Cnn),
+    Rnn(RnnClassifier),
+}
+
+/// A network, its parameters and (for text) its tokenizer.
+pub struct Model {
+    pub net: Net,
+    pub params: Params,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub card: ModelCard,
+}
+
+impl TrainStep for Model {
+    type Batch = Batch;
+
+    fn forward(&self, batch: &Batch, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let (logits, labels) = match (batch, &self.net) {
+            (Batch::Text(b, l), Net::Bert(m)) => (m.forward(b, ctx)?, l),
+            (Batch::Text(b, l), Net::Rnn(m)) => (m.forward(&b.ids, &b.mask, ctx)?, l),
+            (Batch::Image(x, l), Net::Vit(m)) => (m.forward(x, ctx)?, l),
+            (Batch::Image(x, l), Net::Cnn(m)) => (m.forward(x, ctx)?, l),
+            _ => candle_core::bail!("batch kind does not match the model"),
+        };
+        let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
+        Ok(StepOutput {
+            loss: ops::cross_entropy(&logits, &y)?,
+            logits,
+            labels: labels.clone(),
+        })
+    }
+
+    fn params(&self) -> &Params {
+        &self.params
+    }
+}
+
+impl Model {
+    /// Builds the model of `card`. `weights_dir` holds `model.safetensors` with every
+    /// tensor (a checkpoint); without it, new layers are initialised from `seed` and a
+    /// BERT encoder is loaded from its pretrained folder.
+    pub fn build(card: &ModelCard, seed: u64, weights_dir: Option<&Path>) -> anyhow::Result<Self> {
+        let params = Params::new();
+        let classes = card.classes.len();
+        let asset_dir = |configured: &Path| -> PathBuf {
+            weights_dir
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| configured.into())
+        };
+        let (net, tokenizer) = match &card.model {
+            ModelConfig::Bert {
+                pretrained,
+                pooling,
+                freeze_encoder,
+            } => {
+                let dir = asset_dir(pretrained);
+                let config = BertConfig::read(&dir.join("config.json"))?;
+                let loaded = match weights_dir {
+                    Some(_) => None,
+                    None => Some(load_bert_weights(&dir)?),
+                };
+                let pb = params.builder(seed, loaded);
+                let m = BertClassifier::new(&pb, &config, classes, *pooling)?;
+                if weights_dir.is_none() {
+                    let fresh: Vec<_> = params
+                        .initialised_names()
+                        .into_iter()
+                        .filter(|n| n.starts_with("bert."))
+                        .collect();
+                    if !fresh.is_empty() {
+                        bail!(
+                            "{}: lacks encoder weights {fresh:?}",
+                            dir.join("model.safetensors").display()
+                        );
+                    }
+                }
+                if *pooling == trident_nn::bert::Pooling::Mean {
+                    // Mean pooling bypasses the pooler: it would get no gradient, only decay.
+                    params.set_trainable("bert.pooler", false);
+                }
+                if *freeze_encoder {
+                    params.set_trainable("bert.", false);
+                }
+                let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+                (Net::Bert(m), Some(Arc::new(tok)))
+            }
+            ModelConfig::Vit(c) => {
+                let m = Vit::new(&params.builder(seed, None), c, classes)?;
+                (Net::Vit(m), None)
+            }
+            ModelConfig::Cnn { width, dropout } => {
+                let InputSpec::Image { height, .. } = card.input else {
+                    bail!("cnn needs image input")
+                };
+                let m = Cnn::new(&params.builder(seed, None), 1, height, *width, classes, *dropout)?;
+                (Net::Cnn(m), None)
+            }
+            ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {
+                let kind = if matches!(card.model, ModelConfig::Lstm(_)) {
+                    CellKind::Lstm
+                } else {
+                    CellKind::Gru
+                };
+                let tok_file = match weights_dir {
+                    Some(d) => d.join("tokenizer.json"),
+                    None => r.tokenizer.clone(),
+                };
+                let tok = Tokenizer::from_file(&tok_file)?;
+                let vocab = tok.vocab_size();
+                let m = RnnClassifier::new(
+                    &params.builder(seed, None),
+                    kind,
+                    vocab,
+                    r.embed,
+                    r.hidden,
+                    r.layers,
+                    classes,
+                    r.dropout,
+                )?;
+                (Net::Rnn(m), Some(Arc::new(tok)))
+            }
+        };
+        if let Some(dir) = weights_dir {
+            let file = dir.join("model.safetensors");
+            params
+                .load_values(&Loaded::read(&file)?)
+                .with_context(|| format!("loading {}", file.display()))?;
+        }
+        Ok(Model {
+            net,
+            params,
+            tokenizer,
+            card: card.clone(),
+        })
+    }
+
+    /// Files a checkpoint carries so it can be loaded alone: `trident.json`, and the
+    /// tokenizer and BERT config.
+    pub fn checkpoint_files(&self) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let mut files = vec![("trident.json".to_string(), serde_json::to_vec_pretty(&self.card)?)];
+        let copy = |from: PathBuf, name: &str, files: &mut Vec<(String, Vec<u8>)>| -> anyhow::Result<()> {
+            files.push((
+                name.into(),
+                std::fs::read(&from).with_context(|| from.display().to_string())?,
+            ));
+            Ok(())
+        };
+        match &self.card.model {
+            ModelConfig::Bert { pretrained, .. } => {
+                copy(pretrained.join("config.json"), "config.json", &mut files)?;
+                copy(pretrained.join("tokenizer.json"), "tokenizer.json", &mut files)?;
+            }
+            ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {
+                copy(r.tokenizer.clone(), "tokenizer.json", &mut files)?
+            }
+            _ => {}
+        }
+        Ok(files)
+    }
+
+    /// Reads a checkpoint directory written by `trident train`.
+    pub fn load_checkpoint(dir: &Path) -> anyhow::Result<Self> {
+        let card_file = dir.join("trident.json");
+        let card: ModelCard = serde_json::from_slice(
+            &std::fs::read(&card_file)
+                .with_context(|| format!("{}: not a Trident checkpoint", card_file.display()))?,
+        )
+        .with_context(|| card_file.display().to_string())?;
+        Self::build(&card, 0, Some(dir))
+    }
+
+    /// Tokenises one text under the card's length rule; `what` names it in errors.
+    pub fn tokenize(&self, text: &str, what: &dyn Fn() -> String) -> anyhow::Result<Vec<u32>> {
+        let tok = self
+            .tokenizer
+            .as_ref()
+            .context("this model takes images, not text")?;
+        let InputSpec::Text { max_len, truncate } = self.card.input else {
+            bail!("this model takes images, not text")
+        };
+        let mut ids = tok.encode(text)?;
+        if ids.len() > max_len {
+            if !truncate {
+                bail!(
+                    "{}: {} tokens, longer than data.max_len = {max_len} (set data.truncate = true to cut)",
+                    what(),
+                    ids.len()
+                );
+            }
+            let last = *ids.last().expect("non-empty");
+            ids.truncate(max_len);
+            ids[max_len - 1] = last; // keep [SEP]
+        }
+        Ok(ids)
+    }
+}
+
+/// Train, validation and test loaders for a run.
+pub struct Splits<D: Dataset> {
+    pub train: DataLoader<Subset<D>, Batch>,
+    pub val: Option<DataLoader<Subset<D>, Batch>>,
+    pub test: DataLoader<Subset<D>, Batch>,
+    pub sizes: (usize, usize, usize),
+}
+
+fn loader_config(c: &RunConfig, train: bool) -> LoaderConfig {
+    LoaderConfig {
+        batch_size: if train {
+            c.loader.batch_size
+        } else {
+            c.loader.eval_batch_size.unwrap_or(c.loader.batch_size)
+        },
+        shuffle: train,
+        seed: c.run.seed,
+        drop_last: false,
+        num_workers: c.loader.num_workers,
+        prefetch: c.loader.prefetch,
+    }
+}
+
+/// Classes and input spec the data implies (before reading it whole).
+pub fn read_text(c: &RunConfig) -> anyhow::Result<TextClassification> {
+    let DataConfig::Text {
+        files,
+        format,
+        text_field,
+        label_field,
+        has_header,
+        classes,
+        score_bins,
+        ..
+    } = &c.data
+    else {
+        bail!("not text data")
+    };
+    let spec = TextSpec {
+        format: match format.as_str() {
+            "csv" => TextFormat::Csv,
+            "tsv" => TextFormat::Tsv,
+            _ => TextFormat::Jsonl,
+        },
+        text_field: text_field.clone(),
+        label_field: label_field.clone(),
+        has_header: *has_header,
+        classes: classes.clone(),
+        score_bins: score_bins.as_ref().map(|_| ScoreBins::vader()),
+    };
+    Ok(TextClassification::read_all(files, &spec)?)
+}
+
+/// Tokenises a whole text set, refusing over-long texts with their file and line.
+pub fn tokenize_all(model: &Model, set: &TextClassification) -> anyhow::Result<TokenSet> {
+    let mut ids = Vec::with_capacity(set.len());
+    let mut labels = Vec::with_capacity(set.len());
+    for i in 0..set.len() {
+        let ex = set.get(i)?;
+        let what = || {
+            let (f, l) = set.source(i);
+            format!("{}:{l}", f.display())
+        };
+        ids.push(model.tokenize(&ex.text, &what)?);
+        labels.push(ex.label);
+    }
+    Ok(TokenSet { ids, labels })
+}
+
+fn text_collate(
+    pad_id: u32,
+) -> impl Fn(Vec<(Vec<u32>, usize)>) -> Result<Batch, DataError> + Send + Sync + 'static {
+    move |items| {
+        let (seqs, labels): (Vec<_>, Vec<_>) = items.into_iter().unzip();
+        let len = seqs.iter().map(Vec::len).max().unwrap_or(1);
+        let (ids, mask, len) = trident_data::transform::pad_sequences(&seqs, pad_id, len);
+        let n = seqs.len();
+        let b = TextBatch::new(ids, vec![0; n * len], mask, n, len)
+            .map_err(|e| DataError::Batch(e.to_string()))?;
+        Ok(Batch::Text(b, labels))
+    }
+}
+
+fn image_collate(
+    h: usize,
+    w: usize,
+    mean: f32,
+    std: f32,
+) -> impl Fn(Vec<trident_data::idx::Image>) -> Result<Batch, DataError> + Send + Sync + 'static {
+    move |items| {
+        let n = items.len();
+        let mut px = Vec::with_capacity(n * h * w);
+        let mut labels = Vec::with_capacity(n);
+        for mut im in items {
+            trident_data::transform::normalize(&mut im.pixels, mean, std);
+            px.extend(im.pixels);
+            labels.push(im.label);
+        }
+        let x =
+            Tensor::from_vec(px, (n, 1, h, w), &Device::Cpu).map_err(|e| DataError::Batch(e.to_string()))?;
+        Ok(Batch::Image(x, labels))
+    }
+}
+
+/// Text splits (seeded) and their loaders.
+pub fn text_splits(
+    c: &RunConfig,
+    model: &Model,
+    set: &TextClassification,
+) -> anyhow::Result<Splits<TokenSet>> {
+    let DataConfig::Text {
+        val_fraction,
+        test_fraction,
+        ..
+    } = &c.data
+    else {
+        bail!("not text data")
+    };
+    let tokens = Arc::new(tokenize_all(model, set)?);
+    let (tr, va, te) = split_indices(tokens.len(), *val_fraction, *test_fraction, c.run.seed);
+    let pad = model.tokenizer.as_ref().map(|t| t.pad_id).unwrap_or(0);
+    let sizes = (tr.len(), va.len(), te.len());
+    let mk = |idx: Vec<usize>, train: bool| {
+        DataLoader::new(
+            Arc::new(Subset::new(tokens.clone(), idx)),
+            loader_config(c, train),
+            text_collate(pad),
+        )
+    };
+    Ok(Splits {
+        val: (!va.is_empty()).then(|| mk(va, false)),
+        test: mk(te, false),
+        train: mk(tr, true),
+        sizes,
+    })
+}
+
+/// Image splits: train file → train/val (seeded), test file → test.
+pub fn image_splits(c: &RunConfig) -> anyhow::Result<(Splits<ImageSet>, usize, usize)> {
+    let DataConfig::Idx {
+        train_images,
+        train_labels,
+        test_images,
+        test_labels,
+        val_fraction,
+        mean,
+        std,
+        max_train,
+        ..
+    } = &c.data
+    else {
+        bail!("not image data")
+    };
+    let train = Arc::new(ImageSet {
+        images: IdxImages::open(train_images, train_labels)?,
+    });
+    let test = Arc::new(ImageSet {
+        images: IdxImages::open(test_images, test_labels)?,
+    });
+    let (h, w) = train.images.image_size();
+    if test.images.image_size() != (h, w) {
+        bail!(
+            "{}: images are {:?}, the training images {:?}",
+            test_images.display(),
+            test.images.image_size(),
+            (h, w)
+        );
+    }
+    let n = max_train.map_or(train.len(), |m| m.min(train.len()));
+    let (mut tr, va, _) = split_indices(n, *val_fraction, 0.0, c.run.seed);
+    tr.sort_unstable(); // the loader shuffles per epoch; keep the split itself ordered
+    let sizes = (tr.len(), va.len(), test.len());
+    let mk = |d: &Arc<ImageSet>, idx: Vec<usize>, train: bool| {
+        DataLoader::new(
+            Arc::new(Subset::new(d.clone(), idx)),
+            loader_config(c, train),
+            image_collate(h, w, *mean, *std),
+        )
+    };
+    Ok((
+        Splits {
+            val: (!va.is_empty()).then(|| mk(&train, va, false)),
+            test: mk(&test, (0..test.len()).collect(), false),
+            train: mk(&train, tr, true),
+            sizes,
+        },
+        h,
+        w,
+    ))
+}

@@ -1,0 +1,390 @@
+//! Layers: Linear, Embedding, LayerNorm, Dropout, Conv2d, BatchNorm2d, pooling and
+//! activations. Every layer's parameters live in a [`Params`](crate::Params) store.
+
+use crate::ops;
+use crate::params::{Init, ParamBuilder};
+use candle_core::{Result, Tensor, D};
+use std::sync::Arc;
+
+/// What a forward pass needs besides its input: training or evaluation, and the seed of
+/// this step's dropout masks (derived from the run seed and the step number, so a resumed
+/// run draws the same masks as an uninterrupted one).
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    /// Dropout active, batch norm on batch statistics.
+    pub train: bool,
+    /// Seed of this step's random draws.
+    pub seed: u64,
+}
+
+impl Ctx {
+    /// Evaluation: no dropout, batch norm on running statistics.
+    pub fn eval() -> Self {
+        Ctx {
+            train: false,
+            seed: 0,
+        }
+    }
+
+    /// Training step `step` of a run seeded with `seed`.
+    pub fn train(seed: u64, step: u64) -> Self {
+        Ctx {
+            train: true,
+            seed: ops::splitmix(seed ^ ops::splitmix(step)),
+        }
+    }
+}
+
+/// `y = x Wᵀ + b` over the last dimension (PyTorch's layout: `weight` is `[out, in]`).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// `[out, in]`.
+    pub weight: Tensor,
+    /// `[out]`, if any.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// PyTorch's default initialisation: U(±1/√in) for weight and bias.
+    pub fn new(pb: &ParamBuilder, inp: usize, out: usize) -> Result<Self> {
+        let bound = 1.0 / (inp as f32).sqrt();
+        Self::with_init(pb, inp, out, Init::Uniform(bound), Some(Init::Uniform(bound)))
+    }
+
+    /// BERT's initialisation: Normal(0, std) weights, zero bias.
+    pub fn normal(pb: &ParamBuilder, inp: usize, out: usize, std: f32) -> Result<Self> {
+        Self::with_init(pb, inp, out, Init::Normal(std), Some(Init::Zeros))
+    }
+
+    /// Chosen initialisers; `bias: None` builds no bias.
+    pub fn with_init(pb: &ParamBuilder, inp: usize, out: usize, w: Init, bias: Option<Init>) -> Result<Self> {
+        Ok(Linear {
+            weight: pb.get((out, inp), "weight", w)?,
+            bias: bias.map(|b| pb.get(out, "bias", b)).transpose()?,
+        })
+    }
+
+    /// Applies the layer to `[..., in]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let inp = *dims.last().expect("linear: scalar input");
+        let rows = x.elem_count() / inp;
+        let y = x.reshape((rows, inp))?.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out = dims;
+        *out.last_mut().unwrap() = self.weight.dim(0)?;
+        y.reshape(out)
+    }
+}
+
+/// A lookup table `[vocab, dim]`.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    /// `[vocab, dim]`.
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    /// Normal(0, std) initialisation.
+    pub fn new(pb: &ParamBuilder, vocab: usize, dim: usize, std: f32) -> Result<Self> {
+        Ok(Embedding {
+            weight: pb.get((vocab, dim), "weight", Init::Normal(std))?,
+        })
+    }
+
+    /// Rows for integer `ids` of any shape: output is `ids.shape + [dim]`.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let mut shape = ids.dims().to_vec();
+        shape.push(self.weight.dim(1)?);
+        self.weight.index_select(&ids.flatten_all()?, 0)?.reshape(shape)
+    }
+}
+
+/// Layer normalisation over the last dimension (fused kernel, see [`ops::layer_norm`]).
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    /// Scale.
+    pub weight: Tensor,
+    /// Shift.
+    pub bias: Tensor,
+    /// Added to the variance.
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    /// Ones and zeros.
+    pub fn new(pb: &ParamBuilder, dim: usize, eps: f32) -> Result<Self> {
+        Ok(LayerNorm {
+            weight: pb.get(dim, "weight", Init::Ones)?,
+            bias: pb.get(dim, "bias", Init::Zeros)?,
+            eps,
+        })
+    }
+
+    /// Normalises `x`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        ops::layer_norm(x, &self.weight, &self.bias, self.eps)
+    }
+}
+
+/// Inverted dropout; each layer draws its own mask from the step seed and its id.
+#[derive(Debug, Clone, Copy)]
+pub struct Dropout {
+    /// Drop probability.
+    pub p: f32,
+    id: u64,
+}
+
+impl Dropout {
+    /// A dropout layer with probability `p`.
+    pub fn new(pb: &ParamBuilder, p: f32) -> Self {
+        Dropout {
+            p,
+            id: pb.params().next_id(),
+        }
+    }
+
+    /// Identity in evaluation.
+    pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
+        if !ctx.train || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        ops::dropout(
+            x,
+            self.p,
+            ops::splitmix(ctx.seed ^ self.id.wrapping_mul(0xD134_2543_DE82_EF95)),
+        )
+    }
+}
+
+/// 2-D convolution over `[batch, channels, height, width]`.
+#[derive(Debug, Clone)]
+pub struct Conv2d {
+    /// `[out, in, k, k]`.
+    pub weight: Tensor,
+    /// `[out]`.
+    pub bias: Option<Tensor>,
+    /// Stride.
+    pub stride: usize,
+    /// Zero padding on each side.
+    pub padding: usize,
+}
+
+impl Conv2d {
+    /// PyTorch's default initialisation: U(±1/√(in·k·k)).
+    pub fn new(
+        pb: &ParamBuilder,
+        inp: usize,
+        out: usize,
+        k: usize,
+        stride: usize,
+        padding: usize,
+        bias: bool,
+    ) -> Result<Self> {
+        let bound = 1.0 / ((inp * k * k) as f32).sqrt();
+        Ok(Conv2d {
+            weight: pb.get((out, inp, k, k), "weight", Init::Uniform(bound))?,
+            bias: if bias {
+                Some(pb.get(out, "bias", Init::Uniform(bound))?)
+            } else {
+                None
+            },
+            stride,
+            padding,
+        })
+    }
+
+    /// Convolves `x`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.conv2d(&self.weight, self.padding, self.stride, 1, 1)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
+            None => Ok(y),
+        }
+    }
+}
+
+/// Batch normalisation over the channels of `[batch, channels, h, w]`. Training uses the
+/// batch statistics and updates the running ones (buffers saved with the model).
+#[derive(Debug, Clone)]
+pub struct BatchNorm2d {
+    weight: Tensor,
+    bias: Tensor,
+    running_mean: candle_core::Var,
+    running_var: candle_core::Var,
+    momentum: f64,
+    eps: f64,
+}
+
+impl BatchNorm2d {
+    /// PyTorch's defaults: momentum 0.1, eps 1e-5.
+    pub fn new(pb: &ParamBuilder, channels: usize) -> Result<Self> {
+        let weight = pb.get(channels, "weight", Init::Ones)?;
+        let bias = pb.get(channels, "bias", Init::Zeros)?;
+        pb.buffer(channels, "running_mean", Init::Zeros)?;
+        pb.buffer(channels, "running_var", Init::Ones)?;
+        let params = pb.params();
+        let var = |n: &str| params.get(&pb.path(n)).map(|p| p.var).expect("just created");
+        Ok(BatchNorm2d {
+            weight,
+            bias,
+            running_mean: var("running_mean"),
+            running_var: var("running_var"),
+            momentum: 0.1,
+            eps: 1e-5,
+        })
+    }
+
+    /// Normalises `x`.
+    pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
+        let c = x.dim(1)?;
+        let shape = (1, c, 1, 1);
+        let (mean, var) = if ctx.train {
+            let n = (x.elem_count() / c) as f64;
+            let mean = x.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
+            let centred = x.broadcast_sub(&mean)?;
+            let var = centred.sqr()?.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
+            let m = self.momentum;
+            let unbiased = (var.detach().flatten_all()? * (n / (n - 1.0).max(1.0)))?;
+            self.running_mean.set(
+                &((self.running_mean.as_tensor() * (1.0 - m))? + (mean.detach().flatten_all()? * m)?)?,
+            )?;
+            self.running_var
+                .set(&((self.running_var.as_tensor() * (1.0 - m))? + (unbiased * m)?)?)?;
+            (mean, var)
+        } else {
+            (
+                self.running_mean.as_tensor().reshape(shape)?,
+                self.running_var.as_tensor().reshape(shape)?,
+            )
+        };
+        let xhat = x
+            .broadcast_sub(&mean)?
+            .broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        xhat.broadcast_mul(&self.weight.reshape(shape)?)?
+            .broadcast_add(&self.bias.reshape(shape)?)
+    }
+}
+
+/// Max pooling with a square window equal to its stride.
+pub fn max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
+    x.max_pool2d(k)
+}
+
+/// Average pooling with a square window equal to its stride.
+pub fn avg_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
+    x.avg_pool2d(k)
+}
+
+/// An activation function. `Custom` takes any closure built from differentiable tensor
+/// operations.
+#[derive(Clone)]
+pub enum Activation {
+    /// max(0, x).
+    Relu,
+    /// GELU, exact (erf) form as BERT uses.
+    Gelu,
+    /// 1 / (1 + e^-x).
+    Sigmoid,
+    /// tanh.
+    Tanh,
+    /// Softmax over the last dimension.
+    Softmax,
+    /// Anything else.
+    Custom(Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>),
+}
+
+impl std::fmt::Debug for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Tanh => "tanh",
+            Activation::Softmax => "softmax",
+            Activation::Custom(_) => "custom",
+        };
+        f.write_str(name)
+    }
+}
+
+impl Activation {
+    /// By name, as configs write it (`relu`, `gelu`, `sigmoid`, `tanh`, `softmax`).
+    pub fn by_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "relu" => Activation::Relu,
+            "gelu" => Activation::Gelu,
+            "sigmoid" => Activation::Sigmoid,
+            "tanh" => Activation::Tanh,
+            "softmax" => Activation::Softmax,
+            _ => return None,
+        })
+    }
+
+    /// Applies the function.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Gelu => x.gelu_erf(),
+            Activation::Sigmoid => sigmoid(x),
+            Activation::Tanh => x.tanh(),
+            Activation::Softmax => ops::softmax_last_dim(x),
+            Activation::Custom(f) => f(x),
+        }
+    }
+}
+
+/// The logistic function, from differentiable primitives.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    (x.neg()?.exp()? + 1.0)?.recip()
+}
+
+/// A multi-layer perceptron: Linear → activation (→ dropout) for each hidden size, then a
+/// final Linear.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    layers: Vec<Linear>,
+    activation: Activation,
+    dropout: Dropout,
+}
+
+impl Mlp {
+    /// `sizes = [in, hidden..., out]`.
+    pub fn new(pb: &ParamBuilder, sizes: &[usize], activation: Activation, dropout: f32) -> Result<Self> {
+        let layers = sizes
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| Linear::new(&pb.pp(format!("layers.{i}")), w[0], w[1]))
+            .collect::<Result<_>>()?;
+        Ok(Mlp {
+            layers,
+            activation,
+            dropout: Dropout::new(pb, dropout),
+        })
+    }
+
+    /// Applies the network to `[..., in]`.
+    pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
+        let mut h = x.clone();
+        let last = self.layers.len() - 1;
+        for (i, l) in self.layers.iter().enumerate() {
+            h = l.forward(&h)?;
+            if i < last {
+                h = self.dropout.forward(&self.activation.forward(&h)?, ctx)?;
+            }
+        }
+        Ok(h)
+    }
+}
+
+/// Mean over the sequence of `[batch, seq, dim]` counting only positions where `mask`
+/// (`[batch, seq]`, 1/0 as f32) is 1.
+pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let m = mask.unsqueeze(D::Minus1)?;
+    let summed = x.broadcast_mul(&m)?.sum(1)?;
+    let counts = m.sum(1)?.clamp(1e-9, f64::MAX)?;
+    summed.broadcast_div(&counts)
+}

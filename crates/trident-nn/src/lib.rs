@@ -1,0 +1,20 @@
+//! Trident's layers and models on candle.
+//!
+//! candle supplies tensors, GEMM and autograd; the hot operations whose candle versions
+//! have no backward pass (layer norm, softmax, attention) or are slow unfused
+//! (cross-entropy, dropout) are our own fused kernels in [`ops`]. Models own their
+//! parameters through a [`Params`] store with seeded, per-name initialisation, so a run is
+//! reproducible from its seed.
+#![warn(missing_docs)]
+
+pub mod bert;
+pub mod layers;
+pub mod ops;
+pub mod params;
+pub mod rnn;
+pub mod transformer;
+pub mod vision;
+
+pub use candle_core::{DType, Device, Result, Tensor, Var};
+pub use layers::Ctx;
+pub use params::{Init, Loaded, Param, ParamBuilder, Params};

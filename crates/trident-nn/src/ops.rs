@@ -1,0 +1,470 @@
+//! Fused CPU kernels with hand-written backward passes, as candle custom ops.
+//!
+//! candle's own `layer_norm`, `softmax_last_dim` and `sdpa` have no backward pass: a graph
+//! built from them trains nothing, silently. These replace them. Each forward is one pass
+//! over contiguous rows (rayon-parallel); each backward is one pass that recomputes what it
+//! needs from the saved input or output instead of keeping intermediates alive. All are
+//! checked against PyTorch (values and gradients) in `tests/ops_vs_torch.rs`.
+
+use candle_core::{
+    backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
+};
+use rayon::prelude::*;
+
+/// Rows below this many elements in total are not worth splitting across threads.
+const PAR_MIN: usize = 1 << 14;
+
+fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        bail!("{op}: only f32 tensors are supported, got {:?}", s.dtype())
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => bail!("{op}: input must be contiguous"),
+    }
+}
+
+fn last_dim(l: &Layout, op: &str) -> Result<usize> {
+    match l.dims().last() {
+        Some(&d) if d > 0 => Ok(d),
+        _ => bail!("{op}: needs a non-empty last dimension, got shape {:?}", l.dims()),
+    }
+}
+
+/// Runs `f` on each row of `out` (of width `d`), in parallel when the work is large.
+fn for_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if out.len() >= PAR_MIN {
+        out.par_chunks_mut(d).enumerate().for_each(|(i, r)| f(i, r));
+    } else {
+        out.chunks_mut(d).enumerate().for_each(|(i, r)| f(i, r));
+    }
+}
+
+// ---------------------------------------------------------------- layer norm
+
+/// Layer normalisation over the last dimension: `(x - mean) / sqrt(var + eps) * gamma + beta`.
+pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+    x.contiguous()?.apply_op3(gamma, beta, LayerNorm { eps })
+}
+
+struct LayerNorm {
+    eps: f32,
+}
+
+fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
+    let n = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "trident-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "layer_norm")?;
+        let g = f32_slice(s2, l2, "layer_norm gamma")?;
+        let b = f32_slice(s3, l3, "layer_norm beta")?;
+        let d = last_dim(l1, "layer_norm")?;
+        if g.len() != d || b.len() != d {
+            bail!(
+                "layer_norm: gamma/beta have {}/{} elements, the last dimension is {d}",
+                g.len(),
+                b.len()
+            )
+        }
+        let mut out = vec![0f32; x.len()];
+        for_rows(&mut out, d, |i, o| {
+            let row = &x[i * d..(i + 1) * d];
+            let (mean, rstd) = row_stats(row, self.eps);
+            for j in 0..d {
+                o[j] = (row[j] - mean) * rstd * g[j] + b[j];
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        _beta: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let d = x.dim(candle_core::D::Minus1)?;
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let gs = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let gamma_v = gamma.flatten_all()?.to_vec1::<f32>()?;
+        let rows = xs.len() / d;
+        let mut dx = vec![0f32; xs.len()];
+        // Per-row dx, and per-chunk partial sums of dgamma/dbeta reduced afterwards.
+        let chunk_rows = rows.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
+        let partials: Vec<(Vec<f32>, Vec<f32>)> = dx
+            .par_chunks_mut(chunk_rows * d)
+            .enumerate()
+            .map(|(c, dxc)| {
+                let mut dg = vec![0f32; d];
+                let mut db = vec![0f32; d];
+                for (r, dxr) in dxc.chunks_mut(d).enumerate() {
+                    let i = c * chunk_rows + r;
+                    let row = &xs[i * d..(i + 1) * d];
+                    let gr = &gs[i * d..(i + 1) * d];
+                    let (mean, rstd) = row_stats(row, self.eps);
+                    let (mut sum_gg, mut sum_ggx) = (0f32, 0f32);
+                    for j in 0..d {
+                        let xhat = (row[j] - mean) * rstd;
+                        let gg = gr[j] * gamma_v[j];
+                        sum_gg += gg;
+                        sum_ggx += gg * xhat;
+                        dg[j] += gr[j] * xhat;
+                        db[j] += gr[j];
+                    }
+                    let (m1, m2) = (sum_gg / d as f32, sum_ggx / d as f32);
+                    for j in 0..d {
+                        let xhat = (row[j] - mean) * rstd;
+                        dxr[j] = rstd * (gr[j] * gamma_v[j] - m1 - xhat * m2);
+                    }
+                }
+                (dg, db)
+            })
+            .collect();
+        let mut dg = vec![0f32; d];
+        let mut db = vec![0f32; d];
+        for (pg, pb) in partials {
+            for j in 0..d {
+                dg[j] += pg[j];
+                db[j] += pb[j];
+            }
+        }
+        let dev = x.device();
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), dev)?),
+            Some(Tensor::from_vec(dg, gamma.shape(), dev)?),
+            Some(Tensor::from_vec(db, gamma.shape(), dev)?),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------- softmax
+
+/// Softmax over the last dimension.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(Softmax)
+}
+
+struct Softmax;
+
+fn softmax_row(x: &[f32], o: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for (o, &v) in o.iter_mut().zip(x) {
+        *o = (v - max).exp();
+        sum += *o;
+    }
+    let inv = 1.0 / sum;
+    o.iter_mut().for_each(|v| *v *= inv);
+}
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "trident-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s, l, "softmax")?;
+        let d = last_dim(l, "softmax")?;
+        let mut out = vec![0f32; x.len()];
+        for_rows(&mut out, d, |i, o| softmax_row(&x[i * d..(i + 1) * d], o));
+        Ok((CpuStorage::F32(out), l.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(res.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxGrad)?))
+    }
+}
+
+/// `dx = y * (g - sum(g * y))` per row, from the softmax output `y` and its gradient `g`.
+struct SoftmaxGrad;
+
+impl CustomOp2 for SoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "trident-softmax-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let y = f32_slice(s1, l1, "softmax backward")?;
+        let g = f32_slice(s2, l2, "softmax backward")?;
+        let d = last_dim(l1, "softmax backward")?;
+        let mut out = vec![0f32; y.len()];
+        for_rows(&mut out, d, |i, o| {
+            let (yr, gr) = (&y[i * d..(i + 1) * d], &g[i * d..(i + 1) * d]);
+            let dot: f32 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+            for j in 0..d {
+                o[j] = yr[j] * (gr[j] - dot);
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+/// Mean cross-entropy of `logits` (`[n, classes]`, f32) against `labels` (`[n]`, u32),
+/// as PyTorch's `F.cross_entropy` with `reduction="mean"`. A label outside the class range
+/// is an error naming it.
+pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    let labels = labels.to_dtype(candle_core::DType::U32)?.contiguous()?;
+    logits.contiguous()?.apply_op2(&labels, CrossEntropy)
+}
+
+struct CrossEntropy;
+
+fn labels_of<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
+    let CpuStorage::U32(v) = s else {
+        bail!("cross_entropy: labels must be u32")
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => bail!("cross_entropy: labels must be contiguous"),
+    }
+}
+
+impl CustomOp2 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "trident-cross-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "cross_entropy")?;
+        let labels = labels_of(s2, l2)?;
+        let c = last_dim(l1, "cross_entropy")?;
+        let n = x.len() / c;
+        if labels.len() != n {
+            bail!("cross_entropy: {n} rows of logits but {} labels", labels.len())
+        }
+        let mut total = 0f64;
+        for (i, &y) in labels.iter().enumerate() {
+            if y as usize >= c {
+                bail!("cross_entropy: label {y} at row {i} is out of range for {c} classes")
+            }
+            let row = &x[i * c..(i + 1) * c];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = row.iter().map(|v| (v - max).exp()).sum::<f32>().ln() + max;
+            total += (lse - row[y as usize]) as f64;
+        }
+        Ok((CpuStorage::F32(vec![(total / n as f64) as f32]), Shape::from(())))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        labels: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad.to_scalar::<f32>()?;
+        let c = logits.dim(candle_core::D::Minus1)?;
+        let x = logits.flatten_all()?.to_vec1::<f32>()?;
+        let y = labels.to_vec1::<u32>()?;
+        let n = y.len();
+        let scale = g / n as f32;
+        let mut dx = vec![0f32; x.len()];
+        for_rows(&mut dx, c, |i, o| {
+            softmax_row(&x[i * c..(i + 1) * c], o);
+            o[y[i] as usize] -= 1.0;
+            o.iter_mut().for_each(|v| *v *= scale);
+        });
+        Ok((Some(Tensor::from_vec(dx, logits.shape(), logits.device())?), None))
+    }
+}
+
+// ---------------------------------------------------------------- attention
+
+/// Scaled dot-product attention over `[batch, heads, seq, head_dim]` tensors, with an
+/// additive `bias` broadcast to the scores (`[batch, 1, 1, seq]`: 0 for tokens, a large
+/// negative number for padding). Gradients flow to q, k and v through candle's matmul and
+/// the fused softmax above.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let scale = 1.0 / (q.dim(candle_core::D::Minus1)? as f64).sqrt();
+    let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
+    let scores = match bias {
+        Some(b) => scores.broadcast_add(b)?,
+        None => scores,
+    };
+    softmax_last_dim(&scores)?.matmul(v)
+}
+
+// ---------------------------------------------------------------- dropout
+
+/// Inverted dropout with a mask drawn from `seed` (one draw per element): the same seed
+/// gives the same mask, so a resumed run drops exactly what an uninterrupted one would.
+pub fn dropout(x: &Tensor, p: f32, seed: u64) -> Result<Tensor> {
+    if p <= 0.0 {
+        return Ok(x.clone());
+    }
+    if p >= 1.0 {
+        return x.zeros_like();
+    }
+    let n = x.elem_count();
+    let keep = 1.0 / (1.0 - p);
+    let threshold = (p as f64 * (1u64 << 32) as f64) as u64;
+    let mut mask = vec![0f32; n];
+    let fill = |start: usize, m: &mut [f32]| {
+        for (j, v) in m.iter_mut().enumerate() {
+            let r = splitmix(seed ^ ((start + j) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 32;
+            *v = if r >= threshold { keep } else { 0.0 };
+        }
+    };
+    if n >= PAR_MIN {
+        mask.par_chunks_mut(4096)
+            .enumerate()
+            .for_each(|(c, m)| fill(c * 4096, m));
+    } else {
+        fill(0, &mut mask);
+    }
+    let mask = Tensor::from_vec(mask, x.shape(), x.device())?;
+    x * mask
+}
+
+/// The index of the largest value of each row of `[n, classes]` logits.
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<usize>> {
+    let c = logits.dim(candle_core::D::Minus1)?;
+    let v = logits.detach().flatten_all()?.to_vec1::<f32>()?;
+    Ok(v.chunks(c)
+        .map(|r| {
+            r.iter()
+                .enumerate()
+                .fold(0, |best, (i, &x)| if x > r[best] { i } else { best })
+        })
+        .collect())
+}
+
+/// SplitMix64's output function: a strong 64-bit mix of a counter.
+pub fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn numeric_grad(f: impl Fn(&Tensor) -> Result<Tensor>, x: &[f32], shape: &[usize]) -> Vec<f32> {
+        let eps = 1e-2f32;
+        (0..x.len())
+            .map(|i| {
+                let mut p = x.to_vec();
+                p[i] += eps;
+                let mut m = x.to_vec();
+                m[i] -= eps;
+                let fp = f(&Tensor::from_vec(p, shape, &Device::Cpu).unwrap())
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                let fm = f(&Tensor::from_vec(m, shape, &Device::Cpu).unwrap())
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                (fp - fm) / (2.0 * eps)
+            })
+            .collect()
+    }
+
+    fn close(a: &[f32], b: &[f32], tol: f32) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn layer_norm_gradient_matches_finite_differences() {
+        let xs: Vec<f32> = (0..12)
+            .map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.7 + i as f32 * 0.1)
+            .collect();
+        let w = Tensor::new(&[0.5f32, 1.5, -1.0, 2.0], &Device::Cpu).unwrap();
+        let b = Tensor::new(&[0.1f32, 0.0, 0.3, -0.2], &Device::Cpu).unwrap();
+        let probe = Tensor::new(&[1.0f32, -2.0, 0.5, 3.0], &Device::Cpu).unwrap();
+        let f = |x: &Tensor| {
+            layer_norm(x, &w, &b, 1e-5)?
+                .broadcast_mul(&probe)?
+                .sqr()?
+                .sum_all()
+        };
+        let x = Var::from_tensor(&Tensor::from_vec(xs.clone(), (3, 4), &Device::Cpu).unwrap()).unwrap();
+        let grads = f(x.as_tensor()).unwrap().backward().unwrap();
+        let g = grads
+            .get(x.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        close(&g, &numeric_grad(f, &xs, &[3, 4]), 2e-2);
+    }
+
+    #[test]
+    fn softmax_and_cross_entropy_gradients_match_finite_differences() {
+        let xs: Vec<f32> = (0..12).map(|i| (i as f32 * 0.37).sin() * 2.0).collect();
+        let labels = Tensor::new(&[2u32, 0, 3], &Device::Cpu).unwrap();
+        let probe = Tensor::new(&[1.0f32, -2.0, 0.5, 3.0], &Device::Cpu).unwrap();
+        let f_sm = |x: &Tensor| softmax_last_dim(x)?.broadcast_mul(&probe)?.sum_all();
+        let f_ce = |x: &Tensor| cross_entropy(x, &labels);
+        for f in [&f_sm as &dyn Fn(&Tensor) -> Result<Tensor>, &f_ce] {
+            let x = Var::from_tensor(&Tensor::from_vec(xs.clone(), (3, 4), &Device::Cpu).unwrap()).unwrap();
+            let grads = f(x.as_tensor()).unwrap().backward().unwrap();
+            let g = grads
+                .get(x.as_tensor())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            close(&g, &numeric_grad(f, &xs, &[3, 4]), 1e-2);
+        }
+    }
+
+    #[test]
+    fn cross_entropy_names_a_bad_label() {
+        let x = Tensor::zeros((2, 3), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let err = cross_entropy(&x, &Tensor::new(&[0u32, 7], &Device::Cpu).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("label 7 at row 1"), "{err}");
+    }
+
+    #[test]
+    fn dropout_is_reproducible_and_scaled() {
+        let x = Tensor::ones(10_000, candle_core::DType::F32, &Device::Cpu).unwrap();
+        let a = dropout(&x, 0.25, 42).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(a, dropout(&x, 0.25, 42).unwrap().to_vec1::<f32>().unwrap());
+        assert_ne!(a, dropout(&x, 0.25, 43).unwrap().to_vec1::<f32>().unwrap());
+        let dropped = a.iter().filter(|&&v| v == 0.0).count() as f32 / 10_000.0;
+        assert!((dropped - 0.25).abs() < 0.02, "dropped {dropped}");
+        assert!(a.iter().all(|&v| v == 0.0 || (v - 4.0 / 3.0).abs() < 1e-6));
+    }
+}

@@ -1,0 +1,386 @@
+//! Named parameters: creation (seeded initialisation or loading from safetensors),
+//! freezing, and saving.
+//!
+//! A [`Params`] store holds every tensor a model owns, in creation order, under a dotted
+//! name (`bert.encoder.layer.0.attention.self.query.weight`): trainable weights as candle
+//! [`Var`]s, and buffers (batch-norm running statistics) that are saved with the model but
+//! get no gradient. A [`ParamBuilder`] is a cursor into the store with a name prefix; models
+//! take one in their constructor, as with candle-nn's `VarBuilder`, but initialisation is
+//! seeded per name so two runs with the same seed build bit-identical models.
+
+use candle_core::{DType, Device, Result, Shape, Tensor, Var};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use trident_data::rng::SplitMix64;
+
+/// One named tensor of a model.
+#[derive(Debug, Clone)]
+pub struct Param {
+    /// Dotted name.
+    pub name: String,
+    /// The value (updated in place by optimizers).
+    pub var: Var,
+    /// Receives gradients and optimizer updates; false for buffers and frozen weights.
+    pub trainable: bool,
+}
+
+#[derive(Default)]
+struct Store {
+    params: Vec<Param>,
+    index: HashMap<String, usize>,
+    /// Names that were initialised because the loaded file lacked them.
+    initialised: Vec<String>,
+}
+
+/// All the parameters of a model. Cloning shares the store.
+#[derive(Clone, Default)]
+pub struct Params {
+    store: Arc<Mutex<Store>>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Params {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Params({} tensors)", self.len())
+    }
+}
+
+/// How a new parameter is initialised when no loaded value exists.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// All zeros.
+    Zeros,
+    /// All ones.
+    Ones,
+    /// Normal(0, std).
+    Normal(f32),
+    /// Uniform(-bound, bound).
+    Uniform(f32),
+}
+
+impl Params {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A builder at the root of this store: new parameters are initialised from `seed`, or
+    /// taken from `loaded` where it holds the name.
+    pub fn builder(&self, seed: u64, loaded: Option<Loaded>) -> ParamBuilder {
+        ParamBuilder {
+            params: self.clone(),
+            prefix: String::new(),
+            seed,
+            loaded: loaded.map(Arc::new),
+        }
+    }
+
+    /// Every parameter, in creation order.
+    pub fn all(&self) -> Vec<Param> {
+        self.store.lock().unwrap().params.clone()
+    }
+
+    /// The trainable parameters, in creation order.
+    pub fn trainable(&self) -> Vec<Param> {
+        self.all().into_iter().filter(|p| p.trainable).collect()
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.store.lock().unwrap().params.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of trainable scalars.
+    pub fn trainable_count(&self) -> usize {
+        self.trainable().iter().map(|p| p.var.elem_count()).sum()
+    }
+
+    /// Parameter `name`.
+    pub fn get(&self, name: &str) -> Option<Param> {
+        let s = self.store.lock().unwrap();
+        s.index.get(name).map(|&i| s.params[i].clone())
+    }
+
+    /// Names created by initialisation although a file was loaded (e.g. a new
+    /// classification head on a pretrained encoder).
+    pub fn initialised_names(&self) -> Vec<String> {
+        self.store.lock().unwrap().initialised.clone()
+    }
+
+    /// Freezes (or unfreezes) every parameter whose name starts with `prefix`; returns how
+    /// many matched.
+    pub fn set_trainable(&self, prefix: &str, trainable: bool) -> usize {
+        let mut s = self.store.lock().unwrap();
+        let mut n = 0;
+        for p in s.params.iter_mut().filter(|p| p.name.starts_with(prefix)) {
+            p.trainable = trainable;
+            n += 1;
+        }
+        n
+    }
+
+    /// A fresh id (dropout layers use it to draw independent masks).
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Every tensor by name (values, detached).
+    pub fn tensors(&self) -> HashMap<String, Tensor> {
+        self.all()
+            .into_iter()
+            .map(|p| (p.name, p.var.as_tensor().detach()))
+            .collect()
+    }
+
+    /// Writes every tensor to a safetensors file (not atomically: callers that need that
+    /// write into a temporary directory and rename it).
+    pub fn save(&self, file: &Path) -> Result<()> {
+        candle_core::safetensors::save(&self.tensors(), file)
+    }
+
+    /// Overwrites every parameter with the value of the same name in `loaded`; every name
+    /// must be there with the same shape.
+    pub fn load_values(&self, loaded: &Loaded) -> Result<()> {
+        for p in self.all() {
+            let t = loaded
+                .get(&p.name, p.var.shape())
+                .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", loaded.origin)))?;
+            let Some(t) = t else {
+                candle_core::bail!("{}: has no tensor `{}`", loaded.origin, p.name)
+            };
+            p.var.set(&t)?;
+        }
+        Ok(())
+    }
+
+    fn insert(&self, param: Param, initialised_despite_file: bool) -> Result<Tensor> {
+        let mut s = self.store.lock().unwrap();
+        if s.index.contains_key(&param.name) {
+            candle_core::bail!("parameter `{}` is created twice", param.name)
+        }
+        let t = param.var.as_tensor().clone();
+        let i = s.params.len();
+        s.index.insert(param.name.clone(), i);
+        if initialised_despite_file {
+            s.initialised.push(param.name.clone());
+        }
+        s.params.push(param);
+        Ok(t)
+    }
+}
+
+/// Tensors read from a safetensors file, with an optional name prefix to add (MiniLM's
+/// file has no `bert.` prefix; BertForSequenceClassification's names have it).
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    tensors: HashMap<String, Tensor>,
+    /// Where they came from, for error messages.
+    pub origin: String,
+}
+
+impl Loaded {
+    /// Reads `file`.
+    pub fn read(file: &Path) -> Result<Self> {
+        let tensors = candle_core::safetensors::load(file, &Device::Cpu)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", file.display())))?;
+        Ok(Loaded {
+            tensors,
+            origin: file.display().to_string(),
+        })
+    }
+
+    /// From tensors in memory.
+    pub fn from_tensors(tensors: HashMap<String, Tensor>, origin: &str) -> Self {
+        Loaded {
+            tensors,
+            origin: origin.into(),
+        }
+    }
+
+    /// Adds `prefix` to every name that does not already start with it.
+    pub fn with_prefix(mut self, prefix: &str) -> Self {
+        self.tensors = self
+            .tensors
+            .into_iter()
+            .map(|(k, v)| {
+                if k.starts_with(prefix) {
+                    (k, v)
+                } else {
+                    (format!("{prefix}{k}"), v)
+                }
+            })
+            .collect();
+        self
+    }
+
+    /// Whether a tensor of this name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The tensor `name` as f32 with shape `shape`; `None` if absent, an error naming the
+    /// tensor if its shape differs.
+    pub fn get(&self, name: &str, shape: &Shape) -> Result<Option<Tensor>> {
+        let Some(t) = self.tensors.get(name) else {
+            return Ok(None);
+        };
+        if t.shape() != shape {
+            candle_core::bail!(
+                "tensor `{name}` has shape {:?}, the model needs {:?}",
+                t.dims(),
+                shape.dims()
+            )
+        }
+        Ok(Some(t.to_dtype(DType::F32)?))
+    }
+}
+
+/// A cursor into a [`Params`] store with a name prefix.
+#[derive(Clone)]
+pub struct ParamBuilder {
+    params: Params,
+    prefix: String,
+    seed: u64,
+    loaded: Option<Arc<Loaded>>,
+}
+
+impl ParamBuilder {
+    /// A builder for the sub-module `name`.
+    pub fn pp(&self, name: impl std::fmt::Display) -> Self {
+        let mut b = self.clone();
+        b.prefix = if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        };
+        b
+    }
+
+    /// The store.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The full name of `name` under this prefix.
+    pub fn path(&self, name: &str) -> String {
+        if self.prefix.is_empty() {
+            name.into()
+        } else {
+            format!("{}.{name}", self.prefix)
+        }
+    }
+
+    /// A trainable parameter.
+    pub fn get(&self, shape: impl Into<Shape>, name: &str, init: Init) -> Result<Tensor> {
+        self.create(shape.into(), name, init, true)
+    }
+
+    /// A buffer: saved and loaded with the model, never trained.
+    pub fn buffer(&self, shape: impl Into<Shape>, name: &str, init: Init) -> Result<Tensor> {
+        self.create(shape.into(), name, init, false)
+    }
+
+    fn create(&self, shape: Shape, name: &str, init: Init, trainable: bool) -> Result<Tensor> {
+        let full = self.path(name);
+        let from_file = match &self.loaded {
+            Some(l) => l
+                .get(&full, &shape)
+                .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", l.origin)))?,
+            None => None,
+        };
+        let despite_file = self.loaded.is_some() && from_file.is_none();
+        let value = match from_file {
+            Some(t) => t,
+            None => initialise(&shape, init, self.seed, &full)?,
+        };
+        self.params.insert(
+            Param {
+                name: full,
+                var: Var::from_tensor(&value)?,
+                trainable,
+            },
+            despite_file,
+        )
+    }
+}
+
+fn name_hash(name: &str) -> u64 {
+    // FNV-1a: stable across runs and platforms (std's hasher is randomly keyed).
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn initialise(shape: &Shape, init: Init, seed: u64, name: &str) -> Result<Tensor> {
+    let n = shape.elem_count();
+    let mut rng = SplitMix64::from_parts(&[seed, name_hash(name)]);
+    let v: Vec<f32> = match init {
+        Init::Zeros => vec![0.0; n],
+        Init::Ones => vec![1.0; n],
+        Init::Uniform(b) => (0..n).map(|_| (rng.next_f32() * 2.0 - 1.0) * b).collect(),
+        Init::Normal(std) => (0..n)
+            .map(|_| {
+                // Box-Muller; 1 - u keeps the logarithm finite.
+                let (u1, u2) = (1.0 - rng.next_f32(), rng.next_f32());
+                (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos() * std
+            })
+            .collect(),
+    };
+    Tensor::from_vec(v, shape.clone(), &Device::Cpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_initialisation_is_reproducible_and_per_name() {
+        let build = |seed| {
+            let p = Params::new();
+            let b = p.builder(seed, None);
+            let a = b.pp("a").get((3, 4), "weight", Init::Normal(0.02)).unwrap();
+            let c = b.pp("c").get((3, 4), "weight", Init::Normal(0.02)).unwrap();
+            (
+                a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                c.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            )
+        };
+        let (a1, c1) = build(1);
+        let (a2, _) = build(1);
+        let (a3, _) = build(2);
+        assert_eq!(a1, a2);
+        assert_ne!(a1, c1);
+        assert_ne!(a1, a3);
+    }
+
+    #[test]
+    fn loading_checks_shapes_and_reports_initialised_names() {
+        let mut m = HashMap::new();
+        m.insert(
+            "enc.weight".to_string(),
+            Tensor::ones((2, 2), DType::F32, &Device::Cpu).unwrap(),
+        );
+        let p = Params::new();
+        let b = p.builder(0, Some(Loaded::from_tensors(m.clone(), "x.safetensors")));
+        let w = b.get((2, 2), "enc.weight", Init::Zeros).unwrap();
+        assert_eq!(w.sum_all().unwrap().to_scalar::<f32>().unwrap(), 4.0);
+        b.get(3, "head.bias", Init::Zeros).unwrap();
+        assert_eq!(p.initialised_names(), ["head.bias"]);
+        let err = Params::new()
+            .builder(0, Some(Loaded::from_tensors(m, "x.safetensors")))
+            .get((3, 2), "enc.weight", Init::Zeros)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("x.safetensors: tensor `enc.weight` has shape [2, 2]"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,169 @@
+//! PNG plots of a run: loss and accuracy curves per epoch, and confusion matrices.
+//! Each file is drawn to a temporary name and renamed, so a reader never sees half a plot.
+
+use crate::metrics::ConfusionMatrix;
+use crate::trainer::{EpochRecord, TrainError};
+use plotters::prelude::*;
+use std::path::Path;
+
+fn draw_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::Invalid(format!("{}: drawing failed: {e}", path.display()))
+}
+
+fn publish(tmp: &Path, path: &Path) -> Result<(), TrainError> {
+    std::fs::rename(tmp, path).map_err(|source| TrainError::Io {
+        path: path.into(),
+        source,
+    })
+}
+
+/// `loss.png` (train and validation loss) and `accuracy.png` in `dir`.
+pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let series = |f: &dyn Fn(&EpochRecord) -> Option<f64>| -> Vec<(f64, f64)> {
+        records
+            .iter()
+            .filter_map(|r| f(r).map(|v| ((r.epoch + 1) as f64, v)))
+            .collect()
+    };
+    line_chart(
+        &dir.join("loss.png"),
+        "loss",
+        &[
+            ("train", series(&|r| Some(r.train_loss))),
+            ("validation", series(&|r| r.val_loss)),
+        ],
+    )?;
+    line_chart(
+        &dir.join("accuracy.png"),
+        "accuracy",
+        &[
+            ("train", series(&|r| Some(r.train_accuracy))),
+            ("validation", series(&|r| r.val_accuracy)),
+            ("validation macro-F1", series(&|r| r.val_macro_f1)),
+        ],
+    )
+}
+
+fn line_chart(path: &Path, y_label: &str, lines: &[(&str, Vec<(f64, f64)>)]) -> Result<(), TrainError> {
+    let tmp = path.with_extension("tmp.png");
+    {
+        let root = BitMapBackend::new(&tmp, (800, 500)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
+        let points = lines.iter().flat_map(|(_, s)| s.iter());
+        let (mut x_max, mut y_min, mut y_max) = (1f64, f64::INFINITY, f64::NEG_INFINITY);
+        for &(x, y) in points {
+            x_max = x_max.max(x);
+            y_min = y_min.min(y);
+            y_max = y_max.max(y);
+        }
+        if !y_min.is_finite() {
+            (y_min, y_max) = (0.0, 1.0);
+        }
+        let pad = ((y_max - y_min) * 0.1).max(1e-3);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(format!("{y_label} per epoch"), ("sans-serif", 24))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.5f64..x_max + 0.5, (y_min - pad)..(y_max + pad))
+            .map_err(|e| draw_err(path, e))?;
+        chart
+            .configure_mesh()
+            .x_desc("epoch")
+            .y_desc(y_label)
+            .draw()
+            .map_err(|e| draw_err(path, e))?;
+        let colors = [BLUE, RED, GREEN, MAGENTA];
+        for (i, (name, s)) in lines.iter().enumerate().filter(|(_, (_, s))| !s.is_empty()) {
+            let color = colors[i % colors.len()];
+            chart
+                .draw_series(LineSeries::new(s.iter().copied(), color.stroke_width(2)))
+                .map_err(|e| draw_err(path, e))?
+                .label(*name)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart
+                .draw_series(s.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(|e| draw_err(path, e))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| draw_err(path, e))?;
+        root.present().map_err(|e| draw_err(path, e))?;
+    }
+    publish(&tmp, path)
+}
+
+/// A confusion matrix as a heat map with counts, rows = truth, columns = prediction.
+pub fn confusion_matrix(path: &Path, m: &ConfusionMatrix, classes: &[String]) -> Result<(), TrainError> {
+    let n = m.classes();
+    let tmp = path.with_extension("tmp.png");
+    {
+        let cell = 60u32;
+        let size = (cell * n as u32 + 220, cell * n as u32 + 200);
+        let root = BitMapBackend::new(&tmp, size).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
+        let max = (0..n)
+            .flat_map(|t| (0..n).map(move |p| (t, p)))
+            .map(|(t, p)| m.count(t, p))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let (x0, y0) = (160i32, 60i32);
+        root.draw(&Text::new(
+            "confusion matrix (rows: truth, columns: predicted)",
+            (10, 15),
+            ("sans-serif", 18),
+        ))
+        .map_err(|e| draw_err(path, e))?;
+        for t in 0..n {
+            for p in 0..n {
+                let v = m.count(t, p);
+                let shade = 1.0 - v as f64 / max as f64;
+                let c = RGBColor((255.0 * shade) as u8, (255.0 * shade) as u8, 255);
+                let (x, y) = (x0 + (p as i32) * cell as i32, y0 + (t as i32) * cell as i32);
+                root.draw(&Rectangle::new(
+                    [(x, y), (x + cell as i32, y + cell as i32)],
+                    c.filled(),
+                ))
+                .map_err(|e| draw_err(path, e))?;
+                let text_color = if shade < 0.5 { WHITE } else { BLACK };
+                root.draw(&Text::new(
+                    v.to_string(),
+                    (x + 8, y + cell as i32 / 2 - 8),
+                    ("sans-serif", 16).into_font().color(&text_color),
+                ))
+                .map_err(|e| draw_err(path, e))?;
+            }
+            let name: String = classes
+                .get(t)
+                .map(String::as_str)
+                .unwrap_or("?")
+                .chars()
+                .take(14)
+                .collect();
+            root.draw(&Text::new(
+                name.clone(),
+                (5, y0 + (t as i32) * cell as i32 + cell as i32 / 2 - 8),
+                ("sans-serif", 15),
+            ))
+            .map_err(|e| draw_err(path, e))?;
+            root.draw(&Text::new(
+                name,
+                (
+                    x0 + (t as i32) * cell as i32 + 2,
+                    y0 + (n as i32) * cell as i32 + 8,
+                ),
+                ("sans-serif", 13).into_font().transform(FontTransform::Rotate90),
+            ))
+            .map_err(|e| draw_err(path, e))?;
+        }
+        root.present().map_err(|e| draw_err(path, e))?;
+    }
+    publish(&tmp, path)
+}

@@ -1,0 +1,623 @@
+//! The training loop: a [`TrainStep`] (batch → loss and logits) driven by a [`Trainer`]
+//! over epochs, with gradient accumulation, clipping, a learning-rate schedule, evaluation
+//! every epoch, early stopping, best/last checkpoints, `metrics.jsonl`, TensorBoard scalars,
+//! plots and a progress bar.
+//!
+//! Everything random is derived from the run seed (data order per epoch, augmentation per
+//! (epoch, index), dropout per micro-step), and the checkpoint records the data position,
+//! so a run interrupted after any optimizer step and resumed reaches bit-identical weights.
+
+use crate::checkpoint::{self, TrainerState};
+use crate::metrics::ClassificationReport;
+use crate::optim::{clip_grad_norm, Decay, Optimizer, OptimizerConfig, Schedule};
+use crate::plot;
+use crate::tensorboard::EventWriter;
+use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use trident_data::{DataLoader, Dataset};
+use trident_nn::{Ctx, Params};
+
+/// What one forward pass returns.
+#[derive(Debug, Clone)]
+pub struct StepOutput {
+    /// Scalar loss to minimise (mean over the batch).
+    pub loss: Tensor,
+    /// `[batch, classes]` logits.
+    pub logits: Tensor,
+    /// True class per example.
+    pub labels: Vec<usize>,
+}
+
+/// A model and its loss: what the trainer drives. Distillation, data parallelism and
+/// custom models implement this; the trainer owns only the loop.
+pub trait TrainStep {
+    /// The batch type the data loader's collate function builds.
+    type Batch: Send + 'static;
+    /// Forward pass (training when `ctx.train`).
+    fn forward(&self, batch: &Self::Batch, ctx: &Ctx) -> candle_core::Result<StepOutput>;
+    /// The parameters the optimizer updates (trainable ones) and checkpoints save (all).
+    fn params(&self) -> &Params;
+}
+
+/// Early stopping and best-checkpoint selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Monitor {
+    /// Validation accuracy (higher is better).
+    #[default]
+    ValAccuracy,
+    /// Validation macro-F1 (higher is better).
+    ValMacroF1,
+    /// Validation loss (lower is better).
+    ValLoss,
+}
+
+impl Monitor {
+    fn better(self, new: f64, old: f64) -> bool {
+        match self {
+            Monitor::ValLoss => new < old,
+            _ => new > old,
+        }
+    }
+}
+
+/// How to train.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Passes over the training set.
+    pub epochs: u64,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Warm-up optimizer steps.
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// Decay after warm-up.
+    #[serde(default)]
+    pub decay: Decay,
+    /// The optimizer.
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+    /// Clip the global gradient norm to this.
+    #[serde(default)]
+    pub max_grad_norm: Option<f64>,
+    /// Micro-batches per optimizer step.
+    #[serde(default = "one")]
+    pub grad_accum: u64,
+    /// Stop after this many epochs without improvement of `monitor`.
+    #[serde(default)]
+    pub early_stopping_patience: Option<u64>,
+    /// The metric for early stopping and the best checkpoint.
+    #[serde(default)]
+    pub monitor: Monitor,
+    /// Also write the `last` checkpoint every this many optimizer steps (0: per epoch only).
+    #[serde(default)]
+    pub checkpoint_every: u64,
+    /// Log the training loss to TensorBoard every this many optimizer steps.
+    #[serde(default = "ten")]
+    pub log_every: u64,
+    /// Seed of dropout (data order and augmentation have the loader's seed).
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+fn ten() -> u64 {
+    10
+}
+
+/// Why training stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A tensor operation failed.
+    #[error("{0}")]
+    Tensor(#[from] candle_core::Error),
+    /// Data could not be loaded.
+    #[error("{0}")]
+    Data(#[from] trident_data::DataError),
+    /// A checkpoint could not be written or read.
+    #[error("{0}")]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    /// Any other I/O failure, naming the path.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The run cannot go on as asked.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.into(),
+        source,
+    }
+}
+
+/// One epoch's line in `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// Epoch (0-based).
+    pub epoch: u64,
+    /// Optimizer steps so far.
+    pub step: u64,
+    /// Mean training loss of the epoch's micro-batches.
+    pub train_loss: f64,
+    /// Training accuracy (dropout on).
+    pub train_accuracy: f64,
+    /// Validation loss.
+    pub val_loss: Option<f64>,
+    /// Validation accuracy.
+    pub val_accuracy: Option<f64>,
+    /// Validation macro-F1.
+    pub val_macro_f1: Option<f64>,
+    /// Learning rate at the end of the epoch.
+    pub lr: f64,
+    /// Wall time of the epoch's training part, seconds.
+    pub epoch_seconds: f64,
+    /// Training examples per second.
+    pub examples_per_second: f64,
+}
+
+/// How a fit ended.
+#[derive(Debug, Clone)]
+pub struct FitSummary {
+    /// Per-epoch records (including those before a resume).
+    pub records: Vec<EpochRecord>,
+    /// Stopped by a signal before finishing; `last` holds where it stopped.
+    pub interrupted: bool,
+    /// Stopped early for lack of improvement.
+    pub early_stopped: bool,
+    /// Final trainer state.
+    pub state: TrainerState,
+}
+
+/// Evaluation of a model on a loader.
+#[derive(Debug, Clone)]
+pub struct Evaluation {
+    /// Mean loss over batches.
+    pub loss: f64,
+    /// Metrics.
+    pub report: ClassificationReport,
+    /// Softmax probabilities, row-major.
+    pub probs: Vec<f32>,
+    /// Labels.
+    pub labels: Vec<usize>,
+}
+
+/// Runs `step` in evaluation mode over every batch of `loader` (epoch 0 order).
+pub fn evaluate<S: TrainStep, D: Dataset + 'static>(
+    step: &S,
+    loader: &DataLoader<D, S::Batch>,
+    classes: usize,
+) -> Result<Evaluation, TrainError> {
+    let ctx = Ctx::eval();
+    let (mut loss, mut n) = (0f64, 0usize);
+    let mut probs = Vec::new();
+    let mut labels = Vec::new();
+    for batch in loader.epoch(0) {
+        let out = step.forward(&batch?, &ctx)?;
+        let b = out.labels.len();
+        loss += out.loss.to_scalar::<f32>()? as f64 * b as f64;
+        n += b;
+        let p = trident_nn::ops::softmax_last_dim(&out.logits.detach())?;
+        probs.extend(p.flatten_all()?.to_vec1::<f32>()?);
+        labels.extend(out.labels);
+    }
+    if n == 0 {
+        return Err(TrainError::Invalid("evaluation set is empty".into()));
+    }
+    let report = ClassificationReport::new(&probs, &labels, classes);
+    Ok(Evaluation {
+        loss: loss / n as f64,
+        report,
+        probs,
+        labels,
+    })
+}
+
+/// Gradients of every trainable parameter for one batch (`None` where the graph gave
+/// none): what the "every parameter learns" tests check.
+pub fn gradients<S: TrainStep>(
+    step: &S,
+    batch: &S::Batch,
+    ctx: &Ctx,
+) -> candle_core::Result<Vec<(String, Option<Vec<f32>>)>> {
+    let out = step.forward(batch, ctx)?;
+    let grads = out.loss.backward()?;
+    step.params()
+        .trainable()
+        .into_iter()
+        .map(|p| {
+            let g = grads
+                .get(p.var.as_tensor())
+                .map(|g| g.flatten_all()?.to_vec1::<f32>())
+                .transpose()?;
+            Ok((p.name, g))
+        })
+        .collect()
+}
+
+/// Drives training of one run directory.
+pub struct Trainer {
+    /// The configuration.
+    pub config: TrainConfig,
+    /// Class names (for reports and plots).
+    pub classes: Vec<String>,
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Files written into every checkpoint (e.g. the model description).
+    pub checkpoint_files: Vec<(String, Vec<u8>)>,
+    /// Set (by a signal handler) to stop after the current optimizer step, checkpointing.
+    pub stop: Arc<AtomicBool>,
+    /// Show a progress bar (on a terminal).
+    pub progress: bool,
+    /// Stop after this many optimizer steps in this process (tests simulate interruption).
+    pub stop_after_steps: Option<u64>,
+}
+
+impl Trainer {
+    /// A trainer writing into `run_dir`.
+    pub fn new(config: TrainConfig, classes: Vec<String>, run_dir: &Path) -> Self {
+        Trainer {
+            config,
+            classes,
+            run_dir: run_dir.into(),
+            checkpoint_files: Vec::new(),
+            stop: Arc::new(AtomicBool::new(false)),
+            progress: true,
+            stop_after_steps: None,
+        }
+    }
+
+    /// Hash of the configuration: a resumed run must have the same.
+    pub fn config_hash(&self, extra: &str) -> String {
+        let text = format!(
+            "{}|{extra}",
+            serde_json::to_string(&self.config).expect("config serialises")
+        );
+        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        format!("{h:016x}")
+    }
+
+    /// Trains `step` on `train`, evaluating on `val` after each epoch. With `resume`, continues
+    /// from `run_dir/last`. `data_hash` identifies data and model settings outside
+    /// [`TrainConfig`] (it joins the config hash).
+    pub fn fit<S, D, V>(
+        &self,
+        step: &S,
+        train: &DataLoader<D, S::Batch>,
+        val: Option<&DataLoader<V, S::Batch>>,
+        resume: bool,
+        data_hash: &str,
+    ) -> Result<FitSummary, TrainError>
+    where
+        S: TrainStep,
+        D: Dataset + 'static,
+        V: Dataset + 'static,
+    {
+        let c = &self.config;
+        if c.grad_accum == 0 || c.epochs == 0 {
+            return Err(TrainError::Invalid(
+                "epochs and grad_accum must be at least 1".into(),
+            ));
+        }
+        std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
+        let params = step.params().trainable();
+        if params.is_empty() {
+            return Err(TrainError::Invalid(
+                "the model has no trainable parameters".into(),
+            ));
+        }
+        let per_epoch = train.batches_per_epoch() as u64;
+        if per_epoch == 0 {
+            return Err(TrainError::Invalid("the training set gives no batch".into()));
+        }
+        let steps_per_epoch = per_epoch.div_ceil(c.grad_accum);
+        let schedule = Schedule {
+            lr: c.lr,
+            warmup: c.warmup_steps,
+            total: steps_per_epoch * c.epochs,
+            decay: c.decay,
+        };
+        let mut optimizer = Optimizer::new(c.optimizer.clone());
+        let hash = self.config_hash(data_hash);
+        let last = self.run_dir.join("last");
+        let best = self.run_dir.join("best");
+        let metrics_path = self.run_dir.join("metrics.jsonl");
+
+        let mut state = TrainerState {
+            epoch: 0,
+            batch_in_epoch: 0,
+            micro_step: 0,
+            optimizer_step: 0,
+            best_metric: None,
+            best_epoch: None,
+            epochs_without_improvement: 0,
+            finished: false,
+            config_hash: hash.clone(),
+        };
+        let mut records: Vec<EpochRecord> = Vec::new();
+        if resume {
+            if !last.join("state.json").exists() {
+                return Err(TrainError::Invalid(format!(
+                    "--resume: {} holds no checkpoint to resume from",
+                    last.display()
+                )));
+            }
+            state = checkpoint::load(&last, step.params(), &mut optimizer)?;
+            if state.config_hash != hash {
+                return Err(TrainError::Invalid(format!(
+                    "--resume: {} was written with another configuration (hash {} vs {hash}); \
+                     resume with the run's own config.toml",
+                    last.display(),
+                    state.config_hash
+                )));
+            }
+            // Keep only the epochs the checkpoint has completed.
+            records = read_records(&metrics_path)?
+                .into_iter()
+                .filter(|r| r.epoch < state.epoch)
+                .collect();
+        } else if last.exists() {
+            return Err(TrainError::Invalid(format!(
+                "{} already holds a run: pass --resume to continue it, or choose another run directory",
+                self.run_dir.display()
+            )));
+        }
+        rewrite_records(&metrics_path, &records)?;
+        let mut tb = EventWriter::create(&self.run_dir.join("tensorboard")).map_err(io_err(&self.run_dir))?;
+        let mut summary = FitSummary {
+            records: Vec::new(),
+            interrupted: false,
+            early_stopped: false,
+            state: state.clone(),
+        };
+        if state.finished {
+            summary.records = records;
+            return Ok(summary);
+        }
+        let mut steps_this_process = 0u64;
+        let save_last = |state: &TrainerState, optimizer: &Optimizer| {
+            checkpoint::save(&last, step.params(), optimizer, state, &self.checkpoint_files)
+        };
+
+        'epochs: while state.epoch < c.epochs {
+            let epoch = state.epoch;
+            let bar = self.progress_bar(per_epoch, epoch);
+            bar.set_position(state.batch_in_epoch);
+            let started = Instant::now();
+            let (mut loss_sum, mut loss_n, mut correct, mut seen) = (0f64, 0u64, 0u64, 0u64);
+            let mut acc: Vec<Vec<f32>> = params.iter().map(|p| vec![0f32; p.var.elem_count()]).collect();
+            let mut in_group = 0u64;
+            let mut batches = train.epoch_from(epoch, state.batch_in_epoch as usize);
+            let mut i = state.batch_in_epoch;
+            while i < per_epoch {
+                let batch = batches
+                    .next()
+                    .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
+                let ctx = Ctx::train(c.seed, state.micro_step);
+                let out = step.forward(&batch, &ctx)?;
+                let grads = out.loss.backward()?;
+                for (a, p) in acc.iter_mut().zip(&params) {
+                    if let Some(g) = grads.get(p.var.as_tensor()) {
+                        let g = g.flatten_all()?.to_vec1::<f32>()?;
+                        a.iter_mut().zip(&g).for_each(|(a, g)| *a += g);
+                    }
+                }
+                let loss = out.loss.to_scalar::<f32>()? as f64;
+                if !loss.is_finite() {
+                    return Err(TrainError::Invalid(format!(
+                        "loss became {loss} at epoch {epoch}, batch {i}: lower the learning rate or clip gradients"
+                    )));
+                }
+                loss_sum += loss;
+                loss_n += 1;
+                let preds = trident_nn::ops::argmax_rows(&out.logits)?;
+                correct += preds.iter().zip(&out.labels).filter(|(p, l)| p == l).count() as u64;
+                seen += out.labels.len() as u64;
+                state.micro_step += 1;
+                in_group += 1;
+                i += 1;
+                bar.inc(1);
+                if in_group == c.grad_accum || i == per_epoch {
+                    let scale = 1.0 / in_group as f32;
+                    acc.iter_mut()
+                        .for_each(|a| a.iter_mut().for_each(|v| *v *= scale));
+                    if let Some(max) = c.max_grad_norm {
+                        clip_grad_norm(&mut acc, max);
+                    }
+                    let lr = schedule.lr(state.optimizer_step);
+                    optimizer.step(&params, &acc, lr)?;
+                    acc.iter_mut().for_each(|a| a.iter_mut().for_each(|v| *v = 0.0));
+                    in_group = 0;
+                    state.optimizer_step += 1;
+                    state.batch_in_epoch = i;
+                    steps_this_process += 1;
+                    let rate = seen as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                    bar.set_message(format!("loss {:.4}  {rate:.1} ex/s", loss_sum / loss_n as f64));
+                    if state.optimizer_step % c.log_every.max(1) == 0 {
+                        tb.scalar("train/loss", state.optimizer_step as i64, loss as f32)
+                            .map_err(io_err(tb.path()))?;
+                        tb.scalar("train/lr", state.optimizer_step as i64, lr as f32)
+                            .map_err(io_err(tb.path()))?;
+                    }
+                    let stop_now = self.stop.load(Ordering::SeqCst)
+                        || self.stop_after_steps.is_some_and(|n| steps_this_process >= n);
+                    let periodic = c.checkpoint_every > 0 && state.optimizer_step % c.checkpoint_every == 0;
+                    if (stop_now || periodic) && i < per_epoch {
+                        save_last(&state, &optimizer)?;
+                    }
+                    if stop_now && i < per_epoch {
+                        bar.abandon_with_message("interrupted: checkpoint written");
+                        summary.interrupted = true;
+                        break 'epochs;
+                    }
+                }
+            }
+            bar.finish_and_clear();
+            let seconds = started.elapsed().as_secs_f64();
+            let val_eval = match val {
+                Some(v) => Some(evaluate(step, v, self.classes.len())?),
+                None => None,
+            };
+            let record = EpochRecord {
+                epoch,
+                step: state.optimizer_step,
+                train_loss: loss_sum / loss_n.max(1) as f64,
+                train_accuracy: correct as f64 / seen.max(1) as f64,
+                val_loss: val_eval.as_ref().map(|e| e.loss),
+                val_accuracy: val_eval.as_ref().map(|e| e.report.accuracy),
+                val_macro_f1: val_eval.as_ref().map(|e| e.report.macro_f1),
+                lr: schedule.lr(state.optimizer_step.saturating_sub(1)),
+                epoch_seconds: seconds,
+                examples_per_second: seen as f64 / seconds.max(1e-9),
+            };
+            self.log_epoch(&mut tb, &record)?;
+            records.push(record.clone());
+            rewrite_records(&metrics_path, &records)?;
+            if self.progress {
+                eprintln!("{}", describe(&record));
+            }
+            // Best checkpoint and early stopping on the monitored metric.
+            let metric = match (c.monitor, &val_eval) {
+                (Monitor::ValAccuracy, Some(e)) => Some(e.report.accuracy),
+                (Monitor::ValMacroF1, Some(e)) => Some(e.report.macro_f1),
+                (Monitor::ValLoss, Some(e)) => Some(e.loss),
+                (_, None) => None,
+            };
+            state.epoch += 1;
+            state.batch_in_epoch = 0;
+            let improved = match (metric, state.best_metric) {
+                (Some(m), Some(b)) => c.monitor.better(m, b),
+                (Some(_), None) => true,
+                (None, _) => true, // no validation: the latest is the best
+            };
+            if improved {
+                state.best_metric = metric;
+                state.best_epoch = Some(epoch);
+                state.epochs_without_improvement = 0;
+            } else {
+                state.epochs_without_improvement += 1;
+            }
+            let early = c
+                .early_stopping_patience
+                .is_some_and(|p| state.epochs_without_improvement >= p);
+            state.finished = state.epoch >= c.epochs || early;
+            if improved {
+                checkpoint::save(&best, step.params(), &optimizer, &state, &self.checkpoint_files)?;
+            }
+            save_last(&state, &optimizer)?;
+            plot::training_curves(&self.run_dir, &records)?;
+            if early {
+                summary.early_stopped = true;
+                if self.progress {
+                    eprintln!(
+                        "early stop: {:?} has not improved for {} epochs (best {:.4} at epoch {})",
+                        c.monitor,
+                        state.epochs_without_improvement,
+                        state.best_metric.unwrap_or(f64::NAN),
+                        state.best_epoch.unwrap_or(0)
+                    );
+                }
+                break;
+            }
+            let stop_now = self.stop.load(Ordering::SeqCst)
+                || self.stop_after_steps.is_some_and(|n| steps_this_process >= n);
+            if stop_now && !state.finished {
+                summary.interrupted = true;
+                break;
+            }
+        }
+        summary.records = records;
+        summary.state = state;
+        Ok(summary)
+    }
+
+    fn progress_bar(&self, len: u64, epoch: u64) -> indicatif::ProgressBar {
+        if !self.progress {
+            return indicatif::ProgressBar::hidden();
+        }
+        let bar = indicatif::ProgressBar::new(len);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "epoch {prefix} [{bar:30}] {pos}/{len} batches  {msg}  eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{}/{}", epoch + 1, self.config.epochs));
+        bar
+    }
+
+    fn log_epoch(&self, tb: &mut EventWriter, r: &EpochRecord) -> Result<(), TrainError> {
+        let step = r.step as i64;
+        let mut scalars = vec![
+            ("epoch/train_loss", r.train_loss),
+            ("epoch/train_accuracy", r.train_accuracy),
+        ];
+        if let (Some(l), Some(a), Some(f)) = (r.val_loss, r.val_accuracy, r.val_macro_f1) {
+            scalars.extend([("val/loss", l), ("val/accuracy", a), ("val/macro_f1", f)]);
+        }
+        for (tag, v) in scalars {
+            tb.scalar(tag, step, v as f32).map_err(io_err(tb.path()))?;
+        }
+        Ok(())
+    }
+}
+
+fn describe(r: &EpochRecord) -> String {
+    let mut s = format!(
+        "epoch {}  train loss {:.4}  acc {:.4}",
+        r.epoch + 1,
+        r.train_loss,
+        r.train_accuracy
+    );
+    if let (Some(l), Some(a), Some(f)) = (r.val_loss, r.val_accuracy, r.val_macro_f1) {
+        s += &format!("  |  val loss {l:.4}  acc {a:.4}  macro-F1 {f:.4}");
+    }
+    s + &format!("  |  {:.1}s, {:.1} ex/s", r.epoch_seconds, r.examples_per_second)
+}
+
+fn read_records(path: &Path) -> Result<Vec<EpochRecord>, TrainError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .enumerate()
+            .map(|(i, l)| {
+                serde_json::from_str(l)
+                    .map_err(|e| TrainError::Invalid(format!("{}:{}: {e}", path.display(), i + 1)))
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(TrainError::Io {
+            path: path.into(),
+            source: e,
+        }),
+    }
+}
+
+/// Writes all records to `metrics.jsonl` atomically (temporary file, then rename).
+fn rewrite_records(path: &Path, records: &[EpochRecord]) -> Result<(), TrainError> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    for r in records {
+        writeln!(f, "{}", serde_json::to_string(r).expect("record serialises")).map_err(io_err(&tmp))?;
+    }
+    f.sync_all().map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
