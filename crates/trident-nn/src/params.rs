@@ -220,6 +220,26 @@ impl Loaded {
         self
     }
 
+    /// Drops the tensors under `prefix` (e.g. a pretrained classification head for another
+    /// number of classes); returns their names.
+    pub fn drop_prefix(&mut self, prefix: &str) -> Vec<String> {
+        let names: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect();
+        for n in &names {
+            self.tensors.remove(n);
+        }
+        names
+    }
+
+    /// The shape of tensor `name`, if present.
+    pub fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors.get(name).map(|t| t.dims().to_vec())
+    }
+
     /// Whether a tensor of this name exists.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)

@@ -33,6 +33,10 @@ pub struct TrainerState {
     pub epochs_without_improvement: u64,
     /// The run has finished (all epochs or early stop).
     pub finished: bool,
+    /// Running sums of the epoch in progress (loss, micro-batches, correct, examples), so
+    /// a resumed epoch reports the same training loss and accuracy as an uninterrupted one.
+    #[serde(default)]
+    pub epoch_sums: (f64, u64, u64, u64),
     /// Hash of the training configuration: resuming with another configuration is refused.
     pub config_hash: String,
 }
@@ -182,6 +186,7 @@ mod tests {
             best_epoch: Some(0),
             epochs_without_improvement: 0,
             finished: false,
+            epoch_sums: (1.5, 2, 3, 4),
             config_hash: "abc".into(),
         };
         save(&ck, &params, &opt, &state, &[("note.txt".into(), b"hi".to_vec())]).unwrap();

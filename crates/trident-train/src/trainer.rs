@@ -348,6 +348,7 @@ impl Trainer {
             best_epoch: None,
             epochs_without_improvement: 0,
             finished: false,
+            epoch_sums: (0.0, 0, 0, 0),
             config_hash: hash.clone(),
         };
         let mut records: Vec<EpochRecord> = Vec::new();
@@ -400,7 +401,8 @@ impl Trainer {
             let bar = self.progress_bar(per_epoch, epoch);
             bar.set_position(state.batch_in_epoch);
             let started = Instant::now();
-            let (mut loss_sum, mut loss_n, mut correct, mut seen) = (0f64, 0u64, 0u64, 0u64);
+            let (mut loss_sum, mut loss_n, mut correct, mut seen) = state.epoch_sums;
+            let seen_before = seen;
             let mut acc: Vec<Vec<f32>> = params.iter().map(|p| vec![0f32; p.var.elem_count()]).collect();
             let mut in_group = 0u64;
             let mut batches = train.epoch_from(epoch, state.batch_in_epoch as usize);
@@ -446,8 +448,9 @@ impl Trainer {
                     in_group = 0;
                     state.optimizer_step += 1;
                     state.batch_in_epoch = i;
+                    state.epoch_sums = (loss_sum, loss_n, correct, seen);
                     steps_this_process += 1;
-                    let rate = seen as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                    let rate = (seen - seen_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
                     bar.set_message(format!("loss {:.4}  {rate:.1} ex/s", loss_sum / loss_n as f64));
                     if state.optimizer_step % c.log_every.max(1) == 0 {
                         tb.scalar("train/loss", state.optimizer_step as i64, loss as f32)
@@ -484,7 +487,7 @@ impl Trainer {
                 val_macro_f1: val_eval.as_ref().map(|e| e.report.macro_f1),
                 lr: schedule.lr(state.optimizer_step.saturating_sub(1)),
                 epoch_seconds: seconds,
-                examples_per_second: seen as f64 / seconds.max(1e-9),
+                examples_per_second: (seen - seen_before) as f64 / seconds.max(1e-9),
             };
             self.log_epoch(&mut tb, &record)?;
             records.push(record.clone());
@@ -501,6 +504,7 @@ impl Trainer {
             };
             state.epoch += 1;
             state.batch_in_epoch = 0;
+            state.epoch_sums = (0.0, 0, 0, 0);
             let improved = match (metric, state.best_metric) {
                 (Some(m), Some(b)) => c.monitor.better(m, b),
                 (Some(_), None) => true,

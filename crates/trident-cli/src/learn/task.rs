@@ -140,7 +140,20 @@ impl Model {
                 let config = BertConfig::read(&dir.join("config.json"))?;
                 let loaded = match weights_dir {
                     Some(_) => None,
-                    None => Some(load_bert_weights(&dir)?),
+                    None => {
+                        let mut l = load_bert_weights(&dir)?;
+                        // A pretrained head for another label set is replaced by a new one.
+                        if l.dims("classifier.weight")
+                            .is_some_and(|d| d.first() != Some(&classes))
+                        {
+                            let dropped = l.drop_prefix("classifier.");
+                            eprintln!(
+                                "{}: its classifier has another class count; new head instead of {dropped:?}",
+                                dir.display()
+                            );
+                        }
+                        Some(l)
+                    }
                 };
                 let pb = params.builder(seed, loaded);
                 let m = BertClassifier::new(&pb, &config, classes, *pooling)?;

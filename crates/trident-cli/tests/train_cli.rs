@@ -1,0 +1,377 @@
+//! `trident train / eval / predict` end to end on tiny data made here: the tiny random BERT
+//! fixture of trident-nn on a two-word-class text set, and a small CNN on generated IDX
+//! images. Checks the run directory, exact resume, and the errors for bad input.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn trident(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trident"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run trident")
+}
+
+fn ok(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "trident failed: {}\n{err}", out.status);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn failed(out: &Output) -> String {
+    assert!(!out.status.success(), "trident should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn tiny_bert() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trident-nn/tests/fixtures/tiny_bert")
+}
+
+/// 80 short reviews: "good/great/love/fine" ones are positive, "bad/awful/hate/poor" negative.
+fn write_texts(dir: &Path) -> PathBuf {
+    let pos = ["good", "great", "love", "fine"];
+    let neg = ["bad", "awful", "hate", "poor"];
+    let mut text = String::new();
+    for i in 0..80 {
+        let (w, label) = if i % 2 == 0 {
+            (pos[i / 2 % 4], "positive")
+        } else {
+            (neg[i / 2 % 4], "negative")
+        };
+        let filler = ["the movie was", "it is a", "the plot is very", "film and"][i % 4];
+        text += &format!("{filler} {w}\t{label}\n");
+    }
+    let f = dir.join("reviews.tsv");
+    std::fs::write(&f, text).unwrap();
+    f
+}
+
+fn text_config(dir: &Path, data: &Path, run: &str, extra_data: &str) -> PathBuf {
+    let cfg = format!(
+        r#"
+[run]
+dir = "{run}"
+seed = 3
+
+[data]
+kind = "text"
+files = ["{data}"]
+format = "tsv"
+text_field = "0"
+label_field = "1"
+max_len = 16
+{extra_data}
+
+[loader]
+batch_size = 8
+num_workers = 1
+
+[model]
+kind = "bert"
+pretrained = "{bert}"
+pooling = "cls"
+
+[train]
+epochs = 3
+lr = 3e-3
+warmup_steps = 2
+decay = "linear"
+max_grad_norm = 1.0
+grad_accum = 2
+log_every = 1
+"#,
+        data = data.display(),
+        bert = tiny_bert().display(),
+    );
+    let f = dir.join(format!("{run}.toml"));
+    std::fs::write(&f, cfg).unwrap();
+    f
+}
+
+#[test]
+fn train_eval_predict_and_the_run_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let cfg = text_config(d, &write_texts(d), "run", "");
+    ok(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    let run = d.join("run");
+    for f in [
+        "config.toml",
+        "metrics.jsonl",
+        "loss.png",
+        "accuracy.png",
+        "test/metrics.json",
+        "test/confusion.png",
+    ] {
+        assert!(run.join(f).is_file(), "{f} missing");
+    }
+    for ck in ["best", "last"] {
+        for f in [
+            "model.safetensors",
+            "optimizer.safetensors",
+            "state.json",
+            "trident.json",
+            "tokenizer.json",
+            "config.json",
+            "run.toml",
+        ] {
+            assert!(run.join(ck).join(f).is_file(), "{ck}/{f} missing");
+        }
+    }
+    let events: Vec<_> = std::fs::read_dir(run.join("tensorboard")).unwrap().collect();
+    assert_eq!(events.len(), 1);
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    let loss = |i: usize| lines[i]["train_loss"].as_f64().unwrap();
+    assert!(
+        loss(2) < loss(0),
+        "training lowers the loss: {} → {}",
+        loss(0),
+        loss(2)
+    );
+
+    let out = ok(&trident(
+        &["eval", "--model", run.join("best").to_str().unwrap()],
+        d,
+    ));
+    assert!(
+        out.contains("accuracy") && out.contains("negative") && out.contains("positive"),
+        "{out}"
+    );
+    assert!(run.join("best/eval-test/confusion.png").is_file());
+
+    let out = ok(&trident(
+        &[
+            "predict",
+            "--model",
+            run.join("best").to_str().unwrap(),
+            "the movie was great",
+            "awful",
+        ],
+        d,
+    ));
+    let preds: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(preds.len(), 2);
+    for p in &preds {
+        let scores = p["scores"].as_object().unwrap();
+        let sum: f64 = scores.values().map(|v| v.as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-3, "{p}");
+        assert!(scores.contains_key(p["label"].as_str().unwrap()));
+    }
+
+    // A second train into the same directory is refused (nothing is overwritten).
+    let err = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    assert!(
+        err.contains("already holds a run") && err.contains("--resume"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_interrupted_and_resumed_run_equals_an_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let data = write_texts(d);
+    let whole = text_config(d, &data, "whole", "");
+    ok(&trident(&["train", "--config", whole.to_str().unwrap()], d));
+    // 64 training texts / batch 8 = 8 micro-batches = 4 optimizer steps per epoch: stop
+    // mid-epoch (step 3), then at an epoch boundary (step 4 = end of epoch 2), then finish.
+    let parts = text_config(d, &data, "parts", "");
+    let p = parts.to_str().unwrap();
+    ok(&trident(&["train", "--config", p, "--stop-after-steps", "3"], d));
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("parts/last/state.json")).unwrap()).unwrap();
+    assert_eq!(
+        (state["epoch"].as_u64(), state["batch_in_epoch"].as_u64()),
+        (Some(0), Some(6))
+    );
+    ok(&trident(
+        &["train", "--config", p, "--resume", "--stop-after-steps", "5"],
+        d,
+    ));
+    ok(&trident(&["train", "--config", p, "--resume"], d));
+    for f in [
+        "last/model.safetensors",
+        "last/optimizer.safetensors",
+        "best/model.safetensors",
+    ] {
+        let a = std::fs::read(d.join("whole").join(f)).unwrap();
+        let b = std::fs::read(d.join("parts").join(f)).unwrap();
+        assert!(
+            a == b,
+            "{f} differs between the uninterrupted and the resumed run"
+        );
+    }
+    let losses = |run: &str| -> Vec<f64> {
+        std::fs::read_to_string(d.join(run).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["train_loss"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(losses("whole"), losses("parts"));
+    // Resuming with another configuration is refused.
+    let changed = std::fs::read_to_string(&parts)
+        .unwrap()
+        .replace("lr = 3e-3", "lr = 1e-3");
+    std::fs::write(&parts, changed).unwrap();
+    let err = failed(&trident(&["train", "--config", p, "--resume"], d));
+    assert!(err.contains("another configuration"), "{err}");
+}
+
+#[test]
+fn bad_input_is_refused_before_training_with_file_line_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let data = write_texts(d);
+    let run_cfg = |name: &str, extra: &str| text_config(d, &data, name, extra);
+
+    let cfg = run_cfg("typo", "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("epochs = 3", "epochs = 3\nlearning_rate = 1");
+    std::fs::write(&cfg, &text).unwrap();
+    let err = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    let at = format!("line {}", line_of(&text, "learning_rate"));
+    assert!(
+        err.contains("typo.toml") && err.contains(&at) && err.contains("unknown field `learning_rate`"),
+        "{err}"
+    );
+
+    let cfg = run_cfg("types", "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("batch_size = 8", "batch_size = \"eight\"");
+    std::fs::write(&cfg, &text).unwrap();
+    let err = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    let at = format!("line {}", line_of(&text, "batch_size"));
+    assert!(err.contains(&at) && err.contains("invalid type"), "{err}");
+
+    let cfg = text_config(d, &d.join("nope.tsv"), "missing", "");
+    let err = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    assert!(err.contains("nope.tsv") && err.contains("No such file"), "{err}");
+
+    let mut f = std::fs::OpenOptions::new().append(true).open(&data).unwrap();
+    writeln!(f, "the movie was fine\tmeh").unwrap();
+    let cfg = run_cfg("label", "classes = [\"negative\", \"positive\"]");
+    let err = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    assert!(err.contains("reviews.tsv:81") && err.contains("'meh'"), "{err}");
+
+    std::fs::write(
+        &data,
+        "good\tpositive\nthe movie was very very very very very good and fine\tpositive\nbad\tnegative\n",
+    )
+    .unwrap();
+    let cfg = run_cfg("long", "max_len = 6").to_str().unwrap().to_string();
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("max_len = 16\n", "");
+    std::fs::write(&cfg, text).unwrap();
+    let err = failed(&trident(&["train", "--config", &cfg], d));
+    assert!(
+        err.contains("reviews.tsv:2") && err.contains("longer than data.max_len = 6"),
+        "{err}"
+    );
+
+    for run in ["typo", "types", "missing", "label", "long"] {
+        assert!(
+            !d.join(run).exists(),
+            "{run}: nothing is written when the input is refused"
+        );
+    }
+}
+
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines()
+        .position(|l| l.contains(needle))
+        .expect("needle in text")
+        + 1
+}
+
+fn write_idx(path: &Path, dims: &[u32], data: &[u8]) {
+    let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
+    for d in dims {
+        bytes.extend(d.to_be_bytes());
+    }
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_cnn_trains_on_idx_images() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // Class 0: bright top half; class 1: bright bottom half; with noise.
+    let make = |n: usize, seed: u64| {
+        let mut px = Vec::new();
+        let mut labels = Vec::new();
+        let mut s = seed;
+        for i in 0..n {
+            let label = (i % 2) as u8;
+            for r in 0..8 {
+                for _ in 0..8 {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let noise = (s >> 59) as u8;
+                    let bright = (r < 4) == (label == 0);
+                    px.push(if bright { 200 + noise } else { noise });
+                }
+            }
+            labels.push(label);
+        }
+        (px, labels)
+    };
+    let (px, lab) = make(96, 1);
+    write_idx(&d.join("train-images"), &[96, 8, 8], &px);
+    write_idx(&d.join("train-labels"), &[96], &lab);
+    let (px, lab) = make(32, 2);
+    write_idx(&d.join("test-images"), &[32, 8, 8], &px);
+    write_idx(&d.join("test-labels"), &[32], &lab);
+    let cfg = d.join("cnn.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+[run]
+dir = "cnn"
+[data]
+kind = "idx"
+train_images = "train-images"
+train_labels = "train-labels"
+test_images = "test-images"
+test_labels = "test-labels"
+classes = ["top", "bottom"]
+mean = 0.4
+std = 0.4
+[loader]
+batch_size = 16
+[model]
+kind = "cnn"
+width = 4
+[train]
+epochs = 2
+lr = 1e-2
+"#,
+    )
+    .unwrap();
+    ok(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("cnn/test/metrics.json")).unwrap()).unwrap();
+    let acc = m["report"]["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.9, "a trivially separable set is learnt: accuracy {acc}");
+    let out = ok(&trident(
+        &["eval", "--model", d.join("cnn/best").to_str().unwrap()],
+        d,
+    ));
+    assert!(out.contains("top") && out.contains("bottom"), "{out}");
+}
