@@ -353,6 +353,7 @@ test_labels = "test-labels"
 classes = ["top", "bottom"]
 mean = 0.4
 std = 0.4
+augment = true
 [loader]
 batch_size = 16
 [model]

@@ -32,6 +32,12 @@ pub trait Dataset: Send + Sync {
     }
     /// Example `index` (`index < len()`).
     fn get(&self, index: usize) -> Result<Self::Item, DataError>;
+    /// Example `index` as seen in `epoch`: datasets with random augmentation override this
+    /// to draw from (seed, epoch, index); the loader calls it. Defaults to [`get`](Self::get).
+    fn get_in_epoch(&self, index: usize, epoch: u64) -> Result<Self::Item, DataError> {
+        let _ = epoch;
+        self.get(index)
+    }
 }
 
 /// Why data could not be read. Messages name the file and, where it applies, the line.

@@ -95,7 +95,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         let workers = self.config.num_workers;
         if workers == 0 {
             let (dataset, collate, plan) = (self.dataset.clone(), self.collate.clone(), plan.clone());
-            let inline = Box::new(move |i: usize| build(&*dataset, &*collate, plan.batch(i)));
+            let inline = Box::new(move |i: usize| build(&*dataset, &*collate, plan.batch(i), epoch));
             return Batches {
                 next: start,
                 total,
@@ -112,7 +112,10 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
                 .spawn(move || {
                     let mut i = start + w;
                     while i < total {
-                        if tx.send(build(&*dataset, &*collate, plan.batch(i))).is_err() {
+                        if tx
+                            .send(build(&*dataset, &*collate, plan.batch(i), epoch))
+                            .is_err()
+                        {
                             return;
                         }
                         i += workers;
@@ -138,10 +141,11 @@ fn build<D: Dataset, B>(
     dataset: &D,
     collate: &Collate<D::Item, B>,
     indices: &[usize],
+    epoch: u64,
 ) -> Result<B, DataError> {
     let items = indices
         .iter()
-        .map(|&i| dataset.get(i))
+        .map(|&i| dataset.get_in_epoch(i, epoch))
         .collect::<Result<Vec<_>, _>>()?;
     collate(items)
 }

@@ -119,6 +119,9 @@ impl<D: crate::Dataset> crate::Dataset for Subset<D> {
     fn get(&self, index: usize) -> Result<D::Item, crate::DataError> {
         self.inner.get(self.indices[index])
     }
+    fn get_in_epoch(&self, index: usize, epoch: u64) -> Result<D::Item, crate::DataError> {
+        self.inner.get_in_epoch(self.indices[index], epoch)
+    }
 }
 
 #[cfg(test)]

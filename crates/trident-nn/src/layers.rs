@@ -199,7 +199,7 @@ impl Conv2d {
 
     /// Convolves `x`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.conv2d(&self.weight, self.padding, self.stride, 1, 1)?;
+        let y = ops::conv2d(x, &self.weight, self.stride, self.padding)?;
         match &self.bias {
             Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
             None => Ok(y),
@@ -242,25 +242,22 @@ impl BatchNorm2d {
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
         let c = x.dim(1)?;
         let shape = (1, c, 1, 1);
-        let (mean, var) = if ctx.train {
+        if ctx.train {
             let n = (x.elem_count() / c) as f64;
-            let mean = x.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
-            let centred = x.broadcast_sub(&mean)?;
-            let var = centred.sqr()?.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
+            let (y, mean, var) = ops::batch_norm_train(x, &self.weight, &self.bias, self.eps as f32)?;
             let m = self.momentum;
-            let unbiased = (var.detach().flatten_all()? * (n / (n - 1.0).max(1.0)))?;
-            self.running_mean.set(
-                &((self.running_mean.as_tensor() * (1.0 - m))? + (mean.detach().flatten_all()? * m)?)?,
-            )?;
+            let mean = Tensor::from_vec(mean, c, x.device())?;
+            let unbiased = (Tensor::from_vec(var, c, x.device())? * (n / (n - 1.0).max(1.0)))?;
+            self.running_mean
+                .set(&((self.running_mean.as_tensor() * (1.0 - m))? + (mean * m)?)?)?;
             self.running_var
                 .set(&((self.running_var.as_tensor() * (1.0 - m))? + (unbiased * m)?)?)?;
-            (mean, var)
-        } else {
-            (
-                self.running_mean.as_tensor().reshape(shape)?,
-                self.running_var.as_tensor().reshape(shape)?,
-            )
-        };
+            return Ok(y);
+        }
+        let (mean, var) = (
+            self.running_mean.as_tensor().reshape(shape)?,
+            self.running_var.as_tensor().reshape(shape)?,
+        );
         let xhat = x
             .broadcast_sub(&mean)?
             .broadcast_div(&(var + self.eps)?.sqrt()?)?;
@@ -279,6 +276,9 @@ pub fn avg_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
     x.avg_pool2d(k)
 }
 
+/// A user-defined activation: any closure of differentiable tensor operations.
+pub type CustomActivation = Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>;
+
 /// An activation function. `Custom` takes any closure built from differentiable tensor
 /// operations.
 #[derive(Clone)]
@@ -294,7 +294,7 @@ pub enum Activation {
     /// Softmax over the last dimension.
     Softmax,
     /// Anything else.
-    Custom(Arc<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>),
+    Custom(CustomActivation),
 }
 
 impl std::fmt::Debug for Activation {

@@ -50,7 +50,7 @@ pub struct EncoderLayer {
 impl EncoderLayer {
     /// Builds layer parameters under `pb`.
     pub fn new(pb: &ParamBuilder, c: &EncoderConfig) -> Result<Self> {
-        if c.heads == 0 || c.hidden % c.heads != 0 {
+        if c.heads == 0 || !c.hidden.is_multiple_of(c.heads) {
             candle_core::bail!(
                 "hidden size {} is not divisible by {} attention heads",
                 c.hidden,

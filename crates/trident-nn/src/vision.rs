@@ -53,7 +53,7 @@ pub struct Vit {
 impl Vit {
     /// A new ViT for `classes` classes.
     pub fn new(pb: &ParamBuilder, c: &VitConfig, classes: usize) -> Result<Self> {
-        if c.patch_size == 0 || c.image_size % c.patch_size != 0 {
+        if c.patch_size == 0 || !c.image_size.is_multiple_of(c.patch_size) {
             candle_core::bail!(
                 "vit: patch_size {} does not divide image_size {}",
                 c.patch_size,
@@ -136,7 +136,7 @@ impl Cnn {
         classes: usize,
         dropout: f32,
     ) -> Result<Self> {
-        if size % 4 != 0 {
+        if !size.is_multiple_of(4) {
             candle_core::bail!("cnn: image size {size} must be divisible by 4")
         }
         let flat = 2 * width * (size / 4) * (size / 4);

@@ -451,8 +451,13 @@ impl Trainer {
                     state.epoch_sums = (loss_sum, loss_n, correct, seen);
                     steps_this_process += 1;
                     let rate = (seen - seen_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                    bar.set_message(format!("loss {:.4}  {rate:.1} ex/s", loss_sum / loss_n as f64));
-                    if state.optimizer_step % c.log_every.max(1) == 0 {
+                    let msg = format!("loss {:.4}  {rate:.1} ex/s", loss_sum / (loss_n.max(1)) as f64);
+                    if self.progress && bar.is_hidden() && i % (per_epoch / 10).max(1) < c.grad_accum {
+                        // Not a terminal (a log file): a line per tenth of the epoch instead.
+                        eprintln!("epoch {}/{} batch {i}/{per_epoch}  {msg}", epoch + 1, c.epochs);
+                    }
+                    bar.set_message(msg);
+                    if state.optimizer_step.is_multiple_of(c.log_every.max(1)) {
                         tb.scalar("train/loss", state.optimizer_step as i64, loss as f32)
                             .map_err(io_err(tb.path()))?;
                         tb.scalar("train/lr", state.optimizer_step as i64, lr as f32)
@@ -460,7 +465,8 @@ impl Trainer {
                     }
                     let stop_now = self.stop.load(Ordering::SeqCst)
                         || self.stop_after_steps.is_some_and(|n| steps_this_process >= n);
-                    let periodic = c.checkpoint_every > 0 && state.optimizer_step % c.checkpoint_every == 0;
+                    let periodic =
+                        c.checkpoint_every > 0 && state.optimizer_step.is_multiple_of(c.checkpoint_every);
                     if (stop_now || periodic) && i < per_epoch {
                         save_last(&state, &optimizer)?;
                     }

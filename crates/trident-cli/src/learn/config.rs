@@ -120,6 +120,10 @@ pub enum DataConfig {
         /// Use only the first N training images (quick runs); the test set stays whole.
         #[serde(default)]
         max_train: Option<usize>,
+        /// Augment training images: random crop after 2 px zero padding, then a horizontal
+        /// flip with probability ½ (reproducible per seed, epoch and image).
+        #[serde(default)]
+        augment: bool,
     },
 }
 
@@ -286,19 +290,19 @@ lr = 5e-5
         let bad = GOOD.replace("epochs = 2", "epochs = 2\nepoch = 3");
         let e = RunConfig::parse(&bad).unwrap_err().to_string();
         assert!(
-            e.contains("line 18") && e.contains("unknown field `epoch`"),
+            e.contains("line 16") && e.contains("unknown field `epoch`"),
             "{e}"
         );
         let bad = GOOD.replace("lr = 5e-5", "lr = \"fast\"");
         let e = RunConfig::parse(&bad).unwrap_err().to_string();
-        assert!(e.contains("line 18") && e.contains("invalid type"), "{e}");
+        assert!(e.contains("line 16") && e.contains("invalid type"), "{e}");
         let bad = GOOD.replace(
             "pretrained = \"data/minilm\"",
             "pretrained = \"data/minilm\"\nlayers = 3",
         );
         let e = RunConfig::parse(&bad).unwrap_err().to_string();
         assert!(e.contains("unknown field `layers`"), "{e}");
-        let bad = GOOD.replace("kind = \"bert\"", "kind = \"cnn\"");
+        let bad = GOOD.replace("kind = \"bert\"\npretrained = \"data/minilm\"", "kind = \"cnn\"");
         let e = RunConfig::parse(&bad).unwrap_err().to_string();
         assert!(e.contains("text model"), "{e}");
     }

@@ -40,9 +40,12 @@ impl Dataset for TokenSet {
     }
 }
 
-/// Images, normalised at collate time.
+/// Images, normalised at collate time; training images optionally augmented (random
+/// crop after `pad` pixels of zero padding, then a horizontal flip with probability ½),
+/// drawn from (seed, epoch, index) so a resumed run sees the same views.
 pub struct ImageSet {
-    images: IdxImages,
+    images: Arc<IdxImages>,
+    augment: Option<(usize, u64)>,
 }
 
 impl Dataset for ImageSet {
@@ -52,6 +55,14 @@ impl Dataset for ImageSet {
     }
     fn get(&self, i: usize) -> Result<Self::Item, DataError> {
         self.images.get(i)
+    }
+    fn get_in_epoch(&self, i: usize, epoch: u64) -> Result<Self::Item, DataError> {
+        let mut im = self.images.get(i)?;
+        if let Some((pad, seed)) = self.augment {
+            let (h, w) = self.images.image_size();
+            im.pixels = trident_data::transform::augment(&im.pixels, h, w, pad, seed, epoch, i as u64);
+        }
+        Ok(im)
     }
 }
 
@@ -439,16 +450,25 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<(Splits<ImageSet>, usize, u
         mean,
         std,
         max_train,
+        augment,
         ..
     } = &c.data
     else {
         bail!("not image data")
     };
+    let images = Arc::new(IdxImages::open(train_images, train_labels)?);
+    // Validation images come from the same file but are never augmented.
+    let plain = Arc::new(ImageSet {
+        images: images.clone(),
+        augment: None,
+    });
     let train = Arc::new(ImageSet {
-        images: IdxImages::open(train_images, train_labels)?,
+        images,
+        augment: augment.then_some((2, c.run.seed)),
     });
     let test = Arc::new(ImageSet {
-        images: IdxImages::open(test_images, test_labels)?,
+        images: Arc::new(IdxImages::open(test_images, test_labels)?),
+        augment: None,
     });
     let (h, w) = train.images.image_size();
     if test.images.image_size() != (h, w) {
@@ -472,7 +492,7 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<(Splits<ImageSet>, usize, u
     };
     Ok((
         Splits {
-            val: (!va.is_empty()).then(|| mk(&train, va, false)),
+            val: (!va.is_empty()).then(|| mk(&plain, va, false)),
             test: mk(&test, (0..test.len()).collect(), false),
             train: mk(&train, tr, true),
             sizes,

@@ -1,0 +1,88 @@
+//! One MiniLM + classification-head training step at batch 16 × sequence 64, timed per phase
+//! (forward, backward, optimizer). The PyTorch peer is `benches/peers/torch_minilm_step.py`;
+//! both use the same weights, token ids and labels. Not a test: run it on a quiet machine.
+//!
+//!     cargo run --release -p trident-train --example minilm_step -- data/minilm 10
+
+use candle_core::{Device, Tensor};
+use std::time::Instant;
+use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, Pooling, TextBatch};
+use trident_nn::{ops, Ctx, Params};
+use trident_train::optim::{Optimizer, OptimizerConfig};
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let dir = std::path::PathBuf::from(args.get(1).map(String::as_str).unwrap_or("data/minilm"));
+    let steps: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(10);
+    let (batch, seq) = (16usize, 64usize);
+    let config = BertConfig::read(&dir.join("config.json"))?;
+    let params = Params::new();
+    let model = BertClassifier::new(
+        &params.builder(0, Some(load_bert_weights(&dir)?)),
+        &config,
+        3,
+        Pooling::Cls,
+    )?;
+    // The same ids and labels as the PyTorch script.
+    let ids: Vec<u32> = (0..batch * seq)
+        .map(|k| ((k / seq) * 131 + (k % seq) * 17) as u32 % 28000 + 1000)
+        .collect();
+    let b = TextBatch::new(ids, vec![0; batch * seq], vec![1; batch * seq], batch, seq)?;
+    let labels = Tensor::from_iter((0..batch as u32).map(|i| i % 3), &Device::Cpu)?;
+    let trainable = params.trainable();
+    let mut opt = Optimizer::new(OptimizerConfig::Adamw {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    });
+    let (mut fw, mut bw, mut op) = (Vec::new(), Vec::new(), Vec::new());
+    for step in 0..steps + 1 {
+        let t0 = Instant::now();
+        let logits = model.forward(&b, &Ctx::eval())?;
+        let loss = ops::cross_entropy(&logits, &labels)?;
+        let t1 = Instant::now();
+        let grads = loss.backward()?;
+        let g: Vec<Vec<f32>> = trainable
+            .iter()
+            .map(|p| {
+                grads
+                    .get(p.var.as_tensor())
+                    .map(|g| g.flatten_all()?.to_vec1::<f32>())
+                    .transpose()
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?
+            .into_iter()
+            .zip(&trainable)
+            .map(|(g, p)| g.unwrap_or_else(|| vec![0.0; p.var.elem_count()]))
+            .collect();
+        let t2 = Instant::now();
+        opt.step(&trainable, &g, 2e-5)?;
+        let t3 = Instant::now();
+        eprintln!(
+            "step {step}: loss {:.6}  forward {:.0} ms  backward {:.0} ms  optimizer {:.0} ms",
+            loss.to_scalar::<f32>()?,
+            ms(t1 - t0),
+            ms(t2 - t1),
+            ms(t3 - t2)
+        );
+        if step > 0 {
+            // step 0 warms caches and allocators
+            fw.push(ms(t1 - t0));
+            bw.push(ms(t2 - t1));
+            op.push(ms(t3 - t2));
+        }
+    }
+    let (f, b_, o) = (median(&mut fw), median(&mut bw), median(&mut op));
+    println!("trident median over {steps} steps: forward {f:.0} ms  backward {b_:.0} ms  optimizer {o:.0} ms  step {:.0} ms", f + b_ + o);
+    Ok(())
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
