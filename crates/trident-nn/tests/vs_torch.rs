@@ -286,3 +286,39 @@ fn vit_patch_embedding_equals_a_strided_convolution_by_hand() {
         }
     }
 }
+
+/// The real all-MiniLM-L6-v2 (needs `scripts/fetch-data.sh minilm`): our tokenizer's ids and
+/// our encoder's last hidden state against transformers on a padded batch of two sentences.
+#[test]
+#[ignore = "needs data/minilm (scripts/fetch-data.sh minilm)"]
+fn real_minilm_matches_transformers() {
+    use trident_nn::bert::{load_bert_weights, Bert, Tokenizer};
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/minilm");
+    let r = load("minilm_reference.safetensors");
+    let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    let texts = [
+        "Covid cases are increasing fast!",
+        "I loved this movie; the plot was wonderful.",
+    ];
+    let seqs: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t).unwrap()).collect();
+    let batch = tok.batch(&seqs).unwrap();
+    assert_eq!(vals(&batch.ids), vals(&r["input_ids"]), "token ids");
+    assert_eq!(vals(&batch.mask), vals(&r["attention_mask"]), "attention mask");
+    let config = BertConfig::read(&dir.join("config.json")).unwrap();
+    let params = Params::new();
+    let bert = Bert::new(
+        &params
+            .builder(0, Some(load_bert_weights(&dir).unwrap()))
+            .pp("bert"),
+        &config,
+    )
+    .unwrap();
+    let fresh: Vec<_> = params
+        .initialised_names()
+        .into_iter()
+        .filter(|n| !n.contains("pooler"))
+        .collect();
+    assert!(fresh.is_empty(), "{fresh:?}");
+    let h = bert.forward(&batch, &Ctx::eval()).unwrap();
+    assert_close("last hidden state", &h, &r["last_hidden_state"], 1e-4);
+}
