@@ -376,3 +376,75 @@ lr = 1e-2
     ));
     assert!(out.contains("top") && out.contains("bottom"), "{out}");
 }
+
+#[test]
+fn a_vit_trains_on_an_rgb_image_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // "red" images are reddish, "blue" ones bluish, with noise; 6x6 PNGs resized to 8x8.
+    let mut s = 7u64;
+    for (split, n) in [("train", 40), ("test", 12)] {
+        for (class, base) in [("blue", [20u8, 40, 200]), ("red", [200u8, 40, 20])] {
+            let dir = d.join(split).join(class);
+            std::fs::create_dir_all(&dir).unwrap();
+            for i in 0..n {
+                let img = image::RgbImage::from_fn(6, 6, |_, _| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let noise = (s >> 59) as u8;
+                    image::Rgb([base[0] + noise, base[1] + noise, base[2] + noise])
+                });
+                img.save(dir.join(format!("{i}.png"))).unwrap();
+            }
+        }
+    }
+    let cfg = d.join("vit.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+[run]
+dir = "vit"
+[data]
+kind = "folder"
+train_dir = "train"
+test_dir = "test"
+channels = 3
+height = 8
+width = 8
+mean = 0.4
+std = 0.3
+augment = true
+[loader]
+batch_size = 8
+num_workers = 2
+[model]
+kind = "vit"
+image_size = 8
+channels = 3
+patch_size = 4
+hidden = 16
+layers = 1
+heads = 2
+mlp = 32
+[train]
+epochs = 3
+lr = 5e-3
+"#,
+    )
+    .unwrap();
+    ok(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("vit/test/metrics.json")).unwrap()).unwrap();
+    assert_eq!(m["classes"], serde_json::json!(["blue", "red"]));
+    let acc = m["report"]["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.9, "colour is learnt: accuracy {acc}");
+    // A model whose size does not match the images is refused before training.
+    let bad = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("image_size = 8", "image_size = 12")
+        .replace("dir = \"vit\"", "dir = \"vit2\"");
+    std::fs::write(&cfg, bad).unwrap();
+    let err = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    assert!(err.contains("do not match the 3x8x8 images"), "{err}");
+}

@@ -9,6 +9,7 @@
 //! resumed run sees exactly the batches an uninterrupted one would.
 #![warn(missing_docs)]
 
+pub mod folder;
 pub mod idx;
 pub mod loader;
 pub mod rng;

@@ -125,6 +125,35 @@ pub enum DataConfig {
         #[serde(default)]
         augment: bool,
     },
+    /// Images in class folders (`<dir>/<class>/*.png|jpg`), as torchvision's ImageFolder:
+    /// the train folder is split into train/val, the test folder is the test set.
+    Folder {
+        train_dir: PathBuf,
+        test_dir: PathBuf,
+        /// 1 (grey) or 3 (RGB).
+        #[serde(default = "one_f")]
+        channels: usize,
+        /// Images are resized to height × width.
+        height: usize,
+        width: usize,
+        #[serde(default = "tenth")]
+        val_fraction: f64,
+        /// Class folder names in index order (default: sorted folder names).
+        #[serde(default)]
+        classes: Option<Vec<String>>,
+        #[serde(default)]
+        mean: f32,
+        #[serde(default = "unit")]
+        std: f32,
+        #[serde(default)]
+        max_train: Option<usize>,
+        #[serde(default)]
+        augment: bool,
+    },
+}
+
+fn one_f() -> usize {
+    1
 }
 
 fn unit() -> f32 {
@@ -240,7 +269,26 @@ impl RunConfig {
             }
             DataConfig::Idx {
                 val_fraction, std, ..
+            }
+            | DataConfig::Folder {
+                val_fraction, std, ..
             } => {
+                if let DataConfig::Folder {
+                    channels,
+                    height,
+                    width,
+                    ..
+                } = &self.data
+                {
+                    anyhow::ensure!(
+                        matches!(channels, 1 | 3),
+                        "data.channels must be 1 or 3, not {channels}"
+                    );
+                    anyhow::ensure!(
+                        *height > 0 && *width > 0,
+                        "data.height and data.width must be positive"
+                    );
+                }
                 anyhow::ensure!(
                     (0.0..1.0).contains(val_fraction),
                     "data.val_fraction must be in [0, 1)"
@@ -248,7 +296,7 @@ impl RunConfig {
                 anyhow::ensure!(*std > 0.0, "data.std must be positive");
                 anyhow::ensure!(
                     matches!(self.model, ModelConfig::Vit(_) | ModelConfig::Cnn { .. }),
-                    "model.kind must be an image model (vit, cnn) for idx data"
+                    "model.kind must be an image model (vit, cnn) for image data"
                 );
             }
         }

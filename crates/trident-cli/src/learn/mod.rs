@@ -58,7 +58,7 @@ pub struct PredictArgs {
     texts: Vec<String>,
 }
 
-fn card_for(c: &RunConfig, classes: Vec<String>, image: Option<(usize, usize)>) -> ModelCard {
+fn card_for(c: &RunConfig, classes: Vec<String>, image: Option<(usize, usize, usize)>) -> ModelCard {
     let input = match (&c.data, image) {
         (
             DataConfig::Text {
@@ -69,13 +69,16 @@ fn card_for(c: &RunConfig, classes: Vec<String>, image: Option<(usize, usize)>) 
             max_len: *max_len,
             truncate: *truncate,
         },
-        (DataConfig::Idx { mean, std, .. }, Some((h, w))) => InputSpec::Image {
-            height: h,
-            width: w,
-            mean: *mean,
-            std: *std,
-        },
-        (DataConfig::Idx { .. }, None) => unreachable!("image size known for idx data"),
+        (DataConfig::Idx { mean, std, .. } | DataConfig::Folder { mean, std, .. }, Some((ch, h, w))) => {
+            InputSpec::Image {
+                channels: ch,
+                height: h,
+                width: w,
+                mean: *mean,
+                std: *std,
+            }
+        }
+        (_, None) => unreachable!("image shape is known for image data"),
     };
     ModelCard {
         model: c.model.clone(),
@@ -118,12 +121,9 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
                 splits,
             )
         }
-        DataConfig::Idx { classes, .. } => {
-            let (splits, h, w) = image_splits(&c)?;
-            let classes = classes
-                .clone()
-                .unwrap_or_else(|| (0..10).map(|i| i.to_string()).collect());
-            let card = card_for(&c, classes, Some((h, w)));
+        DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
+            let (splits, classes, shape) = image_splits(&c)?;
+            let card = card_for(&c, classes, Some(shape));
             let model = Model::build(&card, c.run.seed, None)?;
             run(
                 &c,
@@ -253,7 +253,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
                 *files = vec![f.clone()];
                 (*val_fraction, *test_fraction) = (0.0, 0.0);
             }
-            DataConfig::Idx { .. } => {
+            DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
                 bail!("--data takes a text file; image runs evaluate their configured test set")
             }
         }
@@ -270,7 +270,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
             let s = text_splits(&c, &model, &set)?;
             evaluate(&model, &pick(args.data.is_some(), &args.split, s)?, classes.len())?
         }
-        DataConfig::Idx { .. } => {
+        DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
             let (s, _, _) = image_splits(&c)?;
             evaluate(&model, &pick(false, &args.split, s)?, classes.len())?
         }

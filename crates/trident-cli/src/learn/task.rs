@@ -6,6 +6,7 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use trident_data::folder::ImageFolder;
 use trident_data::idx::IdxImages;
 use trident_data::sampler::{split_indices, Subset};
 use trident_data::text::{ScoreBins, TextClassification, TextFormat, TextSpec};
@@ -40,27 +41,63 @@ impl Dataset for TokenSet {
     }
 }
 
+/// Where images come from.
+pub enum ImageSource {
+    /// IDX files.
+    Idx(Arc<IdxImages>),
+    /// A class-per-folder tree of PNG/JPEG files.
+    Folder(Arc<ImageFolder>),
+}
+
 /// Images, normalised at collate time; training images optionally augmented (random
-/// crop after `pad` pixels of zero padding, then a horizontal flip with probability ½),
-/// drawn from (seed, epoch, index) so a resumed run sees the same views.
+/// crop after `pad` pixels of zero padding, then a horizontal flip with probability ½, the
+/// same for every channel), drawn from (seed, epoch, index) so a resumed run sees the same
+/// views.
 pub struct ImageSet {
-    images: Arc<IdxImages>,
+    source: ImageSource,
+    shape: (usize, usize, usize),
     augment: Option<(usize, u64)>,
+}
+
+impl ImageSet {
+    fn with_augment(&self, augment: Option<(usize, u64)>) -> Self {
+        let source = match &self.source {
+            ImageSource::Idx(i) => ImageSource::Idx(i.clone()),
+            ImageSource::Folder(f) => ImageSource::Folder(f.clone()),
+        };
+        ImageSet {
+            source,
+            shape: self.shape,
+            augment,
+        }
+    }
 }
 
 impl Dataset for ImageSet {
     type Item = trident_data::idx::Image;
     fn len(&self) -> usize {
-        self.images.len()
+        match &self.source {
+            ImageSource::Idx(i) => i.len(),
+            ImageSource::Folder(f) => f.len(),
+        }
     }
     fn get(&self, i: usize) -> Result<Self::Item, DataError> {
-        self.images.get(i)
+        match &self.source {
+            ImageSource::Idx(s) => s.get(i),
+            ImageSource::Folder(f) => f.get(i),
+        }
     }
     fn get_in_epoch(&self, i: usize, epoch: u64) -> Result<Self::Item, DataError> {
-        let mut im = self.images.get(i)?;
+        let mut im = self.get(i)?;
         if let Some((pad, seed)) = self.augment {
-            let (h, w) = self.images.image_size();
-            im.pixels = trident_data::transform::augment(&im.pixels, h, w, pad, seed, epoch, i as u64);
+            let (c, h, w) = self.shape;
+            let mut out = Vec::with_capacity(im.pixels.len());
+            for plane in im.pixels.chunks(h * w).take(c) {
+                out.extend(trident_data::transform::augment(
+                    plane, h, w, pad, seed, epoch, i as u64,
+                ));
+            }
+            im.pixels = out;
         }
         Ok(im)
     }
@@ -82,6 +119,8 @@ pub enum InputSpec {
         truncate: bool,
     },
     Image {
+        #[serde(default = "one_channel")]
+        channels: usize,
         height: usize,
         width: usize,
         mean: f32,
@@ -192,14 +231,45 @@ impl Model {
                 (Net::Bert(m), Some(Arc::new(tok)))
             }
             ModelConfig::Vit(c) => {
+                if let InputSpec::Image {
+                    channels,
+                    height,
+                    width,
+                    ..
+                } = card.input
+                {
+                    if (c.channels, c.image_size, c.image_size) != (channels, height, width) {
+                        bail!(
+                            "vit: model.image_size = {} and model.channels = {} do not match the {channels}x{height}x{width} images",
+                            c.image_size,
+                            c.channels
+                        );
+                    }
+                }
                 let m = Vit::new(&params.builder(seed, None), c, classes)?;
                 (Net::Vit(m), None)
             }
             ModelConfig::Cnn { width, dropout } => {
-                let InputSpec::Image { height, .. } = card.input else {
+                let InputSpec::Image {
+                    channels,
+                    height,
+                    width: w,
+                    ..
+                } = card.input
+                else {
                     bail!("cnn needs image input")
                 };
-                let m = Cnn::new(&params.builder(seed, None), 1, height, *width, classes, *dropout)?;
+                if height != w {
+                    bail!("cnn: images must be square, these are {height}x{w}");
+                }
+                let m = Cnn::new(
+                    &params.builder(seed, None),
+                    channels,
+                    height,
+                    *width,
+                    classes,
+                    *dropout,
+                )?;
                 (Net::Cnn(m), None)
             }
             ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {
@@ -386,14 +456,13 @@ fn text_collate(
 }
 
 fn image_collate(
-    h: usize,
-    w: usize,
+    (c, h, w): (usize, usize, usize),
     mean: f32,
     std: f32,
 ) -> impl Fn(Vec<trident_data::idx::Image>) -> Result<Batch, DataError> + Send + Sync + 'static {
     move |items| {
         let n = items.len();
-        let mut px = Vec::with_capacity(n * h * w);
+        let mut px = Vec::with_capacity(n * c * h * w);
         let mut labels = Vec::with_capacity(n);
         for mut im in items {
             trident_data::transform::normalize(&mut im.pixels, mean, std);
@@ -401,7 +470,7 @@ fn image_collate(
             labels.push(im.label);
         }
         let x =
-            Tensor::from_vec(px, (n, 1, h, w), &Device::Cpu).map_err(|e| DataError::Batch(e.to_string()))?;
+            Tensor::from_vec(px, (n, c, h, w), &Device::Cpu).map_err(|e| DataError::Batch(e.to_string()))?;
         Ok(Batch::Image(x, labels))
     }
 }
@@ -439,46 +508,100 @@ pub fn text_splits(
     })
 }
 
-/// Image splits: train file → train/val (seeded), test file → test.
-pub fn image_splits(c: &RunConfig) -> anyhow::Result<(Splits<ImageSet>, usize, usize)> {
-    let DataConfig::Idx {
-        train_images,
-        train_labels,
-        test_images,
-        test_labels,
-        val_fraction,
-        mean,
-        std,
-        max_train,
-        augment,
-        ..
-    } = &c.data
-    else {
-        bail!("not image data")
+/// The images of a run: train set → train/val (seeded), test set → test. Returns the
+/// loaders, the class names and the (channels, height, width) of every image.
+pub fn image_splits(c: &RunConfig) -> anyhow::Result<(Splits<ImageSet>, Vec<String>, (usize, usize, usize))> {
+    let (train, test, classes, val_fraction, mean, std, max_train, augment) = match &c.data {
+        DataConfig::Idx {
+            train_images,
+            train_labels,
+            test_images,
+            test_labels,
+            val_fraction,
+            mean,
+            std,
+            max_train,
+            augment,
+            classes,
+        } => {
+            let train = Arc::new(IdxImages::open(train_images, train_labels)?);
+            let test = Arc::new(IdxImages::open(test_images, test_labels)?);
+            let (h, w) = train.image_size();
+            if test.image_size() != (h, w) {
+                bail!(
+                    "{}: images are {:?}, the training images {:?}",
+                    test_images.display(),
+                    test.image_size(),
+                    (h, w)
+                );
+            }
+            let shape = (1, h, w);
+            let classes = classes
+                .clone()
+                .unwrap_or_else(|| (0..10).map(|i| i.to_string()).collect());
+            (
+                ImageSet {
+                    source: ImageSource::Idx(train),
+                    shape,
+                    augment: None,
+                },
+                ImageSet {
+                    source: ImageSource::Idx(test),
+                    shape,
+                    augment: None,
+                },
+                classes,
+                val_fraction,
+                mean,
+                std,
+                max_train,
+                augment,
+            )
+        }
+        DataConfig::Folder {
+            train_dir,
+            test_dir,
+            channels,
+            height,
+            width,
+            val_fraction,
+            mean,
+            std,
+            max_train,
+            augment,
+            classes,
+        } => {
+            let size = (*height, *width);
+            let train = ImageFolder::open(train_dir, *channels, size, classes.as_deref())?;
+            let classes = train.classes().to_vec();
+            let test = ImageFolder::open(test_dir, *channels, size, Some(&classes))?;
+            let shape = (*channels, *height, *width);
+            (
+                ImageSet {
+                    source: ImageSource::Folder(Arc::new(train)),
+                    shape,
+                    augment: None,
+                },
+                ImageSet {
+                    source: ImageSource::Folder(Arc::new(test)),
+                    shape,
+                    augment: None,
+                },
+                classes,
+                val_fraction,
+                mean,
+                std,
+                max_train,
+                augment,
+            )
+        }
+        DataConfig::Text { .. } => bail!("not image data"),
     };
-    let images = Arc::new(IdxImages::open(train_images, train_labels)?);
-    // Validation images come from the same file but are never augmented.
-    let plain = Arc::new(ImageSet {
-        images: images.clone(),
-        augment: None,
-    });
-    let train = Arc::new(ImageSet {
-        images,
-        augment: augment.then_some((2, c.run.seed)),
-    });
-    let test = Arc::new(ImageSet {
-        images: Arc::new(IdxImages::open(test_images, test_labels)?),
-        augment: None,
-    });
-    let (h, w) = train.images.image_size();
-    if test.images.image_size() != (h, w) {
-        bail!(
-            "{}: images are {:?}, the training images {:?}",
-            test_images.display(),
-            test.images.image_size(),
-            (h, w)
-        );
-    }
+    let shape = train.shape;
+    // Validation images come from the training set but are never augmented.
+    let plain = Arc::new(train.with_augment(None));
+    let train = Arc::new(train.with_augment(augment.then_some((2, c.run.seed))));
+    let test = Arc::new(test);
     let n = max_train.map_or(train.len(), |m| m.min(train.len()));
     let (mut tr, va, _) = split_indices(n, *val_fraction, 0.0, c.run.seed);
     tr.sort_unstable(); // the loader shuffles per epoch; keep the split itself ordered
@@ -487,7 +610,7 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<(Splits<ImageSet>, usize, u
         DataLoader::new(
             Arc::new(Subset::new(d.clone(), idx)),
             loader_config(c, train),
-            image_collate(h, w, *mean, *std),
+            image_collate(shape, *mean, *std),
         )
     };
     Ok((
@@ -497,7 +620,11 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<(Splits<ImageSet>, usize, u
             train: mk(&train, tr, true),
             sizes,
         },
-        h,
-        w,
+        classes,
+        shape,
     ))
+}
+
+fn one_channel() -> usize {
+    1
 }
