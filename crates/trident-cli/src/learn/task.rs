@@ -508,9 +508,12 @@ pub fn text_splits(
     })
 }
 
+/// Image loaders, class names and (channels, height, width).
+pub type ImageSplits = (Splits<ImageSet>, Vec<String>, (usize, usize, usize));
+
 /// The images of a run: train set → train/val (seeded), test set → test. Returns the
 /// loaders, the class names and the (channels, height, width) of every image.
-pub fn image_splits(c: &RunConfig) -> anyhow::Result<(Splits<ImageSet>, Vec<String>, (usize, usize, usize))> {
+pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
     let (train, test, classes, val_fraction, mean, std, max_train, augment) = match &c.data {
         DataConfig::Idx {
             train_images,
