@@ -333,7 +333,13 @@ pub fn batch_norm_train(
     let (b, c, h, w) = x.dims4()?;
     let v = x.detach().flatten_all()?.to_vec1::<f32>()?;
     let (mean, var) = channel_stats(&v, b, c, h * w);
-    let y = x.apply_op3(gamma, beta, BatchNorm { eps })?;
+    // The op reuses these statistics forward and backward (x does not change in between).
+    let op = BatchNorm {
+        eps,
+        mean: mean.clone(),
+        var: var.clone(),
+    };
+    let y = x.apply_op3(gamma, beta, op)?;
     Ok((y, mean, var))
 }
 
@@ -357,6 +363,9 @@ fn channel_stats(x: &[f32], b: usize, c: usize, hw: usize) -> (Vec<f32>, Vec<f32
 
 struct BatchNorm {
     eps: f32,
+    /// Batch mean and biased variance per channel of the op's input.
+    mean: Vec<f32>,
+    var: Vec<f32>,
 }
 
 impl CustomOp3 for BatchNorm {
@@ -380,7 +389,13 @@ impl CustomOp3 for BatchNorm {
             bail!("batch_norm: expected [b, c, h, w], got {:?}", l1.dims())
         };
         let hw = h * w;
-        let (mean, var) = channel_stats(x, b, c, hw);
+        if self.mean.len() != c || x.len() != b * c * hw {
+            bail!(
+                "batch_norm: statistics for {} channels, input has {c}",
+                self.mean.len()
+            )
+        }
+        let (mean, var) = (&self.mean, &self.var);
         let mut out = vec![0f32; x.len()];
         out.par_chunks_mut(hw).enumerate().for_each(|(plane, o)| {
             let ch = plane % c;
@@ -406,7 +421,7 @@ impl CustomOp3 for BatchNorm {
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
         let gs = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let gamma_v = gamma.to_vec1::<f32>()?;
-        let (mean, var) = channel_stats(&xs, b, c, hw);
+        let (mean, var) = (&self.mean, &self.var);
         let n = (b * hw) as f32;
         // Per channel: sum(g) and sum(g * xhat).
         let sums: Vec<(f32, f32)> = (0..c)
@@ -603,12 +618,10 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<usize>> {
         .collect())
 }
 
-/// SplitMix64's output function: a strong 64-bit mix of a counter.
-pub fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// A strong 64-bit mix of a counter: the first output of trident-data's SplitMix64
+/// seeded with it (the generator the data order and augmentation use).
+pub fn splitmix(z: u64) -> u64 {
+    trident_data::rng::SplitMix64::new(z).next_u64()
 }
 
 #[cfg(test)]

@@ -331,8 +331,8 @@ impl ParamBuilder {
     }
 }
 
-fn name_hash(name: &str) -> u64 {
-    // FNV-1a: stable across runs and platforms (std's hasher is randomly keyed).
+/// FNV-1a of a string: stable across runs and platforms (std's hasher is randomly keyed).
+pub fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     })

@@ -287,10 +287,7 @@ impl Trainer {
             "{}|{extra}",
             serde_json::to_string(&self.config).expect("config serialises")
         );
-        let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        format!("{h:016x}")
+        format!("{:016x}", trident_nn::params::name_hash(&text))
     }
 
     /// Trains `step` on `train`, evaluating on `val` after each epoch. With `resume`, continues
@@ -463,8 +460,7 @@ impl Trainer {
                         tb.scalar("train/lr", state.optimizer_step as i64, lr as f32)
                             .map_err(io_err(tb.path()))?;
                     }
-                    let stop_now = self.stop.load(Ordering::SeqCst)
-                        || self.stop_after_steps.is_some_and(|n| steps_this_process >= n);
+                    let stop_now = self.should_stop(steps_this_process);
                     let periodic =
                         c.checkpoint_every > 0 && state.optimizer_step.is_multiple_of(c.checkpoint_every);
                     if (stop_now || periodic) && i < per_epoch {
@@ -545,8 +541,7 @@ impl Trainer {
                 }
                 break;
             }
-            let stop_now = self.stop.load(Ordering::SeqCst)
-                || self.stop_after_steps.is_some_and(|n| steps_this_process >= n);
+            let stop_now = self.should_stop(steps_this_process);
             if stop_now && !state.finished {
                 summary.interrupted = true;
                 break;
@@ -555,6 +550,11 @@ impl Trainer {
         summary.records = records;
         summary.state = state;
         Ok(summary)
+    }
+
+    /// A signal arrived, or this process has taken its allotted optimizer steps.
+    fn should_stop(&self, steps_this_process: u64) -> bool {
+        self.stop.load(Ordering::SeqCst) || self.stop_after_steps.is_some_and(|n| steps_this_process >= n)
     }
 
     fn progress_bar(&self, len: u64, epoch: u64) -> indicatif::ProgressBar {
