@@ -212,6 +212,46 @@ fn embed() -> usize {
     128
 }
 
+/// The options the image data kinds share.
+pub struct ImageOptions {
+    pub val_fraction: f64,
+    pub mean: f32,
+    pub std: f32,
+    pub max_train: Option<usize>,
+    pub augment: bool,
+}
+
+impl DataConfig {
+    /// The shared image options, for the image kinds.
+    pub fn image_options(&self) -> Option<ImageOptions> {
+        match self {
+            DataConfig::Idx {
+                val_fraction,
+                mean,
+                std,
+                max_train,
+                augment,
+                ..
+            }
+            | DataConfig::Folder {
+                val_fraction,
+                mean,
+                std,
+                max_train,
+                augment,
+                ..
+            } => Some(ImageOptions {
+                val_fraction: *val_fraction,
+                mean: *mean,
+                std: *std,
+                max_train: *max_train,
+                augment: *augment,
+            }),
+            DataConfig::Text { .. } => None,
+        }
+    }
+}
+
 impl RunConfig {
     /// Parses `file`; errors name the file, the line and column, and the key.
     pub fn read(file: &Path) -> anyhow::Result<Self> {

@@ -514,18 +514,15 @@ pub type ImageSplits = (Splits<ImageSet>, Vec<String>, (usize, usize, usize));
 /// The images of a run: train set → train/val (seeded), test set → test. Returns the
 /// loaders, the class names and the (channels, height, width) of every image.
 pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
-    let (train, test, classes, val_fraction, mean, std, max_train, augment) = match &c.data {
+    let opts = c.data.image_options().context("not image data")?;
+    let (train, test, classes, shape) = match &c.data {
         DataConfig::Idx {
             train_images,
             train_labels,
             test_images,
             test_labels,
-            val_fraction,
-            mean,
-            std,
-            max_train,
-            augment,
             classes,
+            ..
         } => {
             let train = Arc::new(IdxImages::open(train_images, train_labels)?);
             let test = Arc::new(IdxImages::open(test_images, test_labels)?);
@@ -538,27 +535,14 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
                     (h, w)
                 );
             }
-            let shape = (1, h, w);
             let classes = classes
                 .clone()
                 .unwrap_or_else(|| (0..10).map(|i| i.to_string()).collect());
             (
-                ImageSet {
-                    source: ImageSource::Idx(train),
-                    shape,
-                    augment: None,
-                },
-                ImageSet {
-                    source: ImageSource::Idx(test),
-                    shape,
-                    augment: None,
-                },
+                ImageSource::Idx(train),
+                ImageSource::Idx(test),
                 classes,
-                val_fraction,
-                mean,
-                std,
-                max_train,
-                augment,
+                (1, h, w),
             )
         }
         DataConfig::Folder {
@@ -567,12 +551,8 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
             channels,
             height,
             width,
-            val_fraction,
-            mean,
-            std,
-            max_train,
-            augment,
             classes,
+            ..
         } => {
             let size = (*height, *width);
             let train = ImageFolder::open(train_dir, *channels, size, classes.as_deref())?;
@@ -580,40 +560,39 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
             let test = ImageFolder::open(test_dir, *channels, size, Some(&classes))?;
             let shape = (*channels, *height, *width);
             (
-                ImageSet {
-                    source: ImageSource::Folder(Arc::new(train)),
-                    shape,
-                    augment: None,
-                },
-                ImageSet {
-                    source: ImageSource::Folder(Arc::new(test)),
-                    shape,
-                    augment: None,
-                },
+                ImageSource::Folder(Arc::new(train)),
+                ImageSource::Folder(Arc::new(test)),
                 classes,
-                val_fraction,
-                mean,
-                std,
-                max_train,
-                augment,
+                shape,
             )
         }
         DataConfig::Text { .. } => bail!("not image data"),
     };
-    let shape = train.shape;
+    let (train, test) = (
+        ImageSet {
+            source: train,
+            shape,
+            augment: None,
+        },
+        ImageSet {
+            source: test,
+            shape,
+            augment: None,
+        },
+    );
     // Validation images come from the training set but are never augmented.
     let plain = Arc::new(train.with_augment(None));
-    let train = Arc::new(train.with_augment(augment.then_some((2, c.run.seed))));
+    let train = Arc::new(train.with_augment(opts.augment.then_some((2, c.run.seed))));
     let test = Arc::new(test);
-    let n = max_train.map_or(train.len(), |m| m.min(train.len()));
-    let (mut tr, va, _) = split_indices(n, *val_fraction, 0.0, c.run.seed);
+    let n = opts.max_train.map_or(train.len(), |m| m.min(train.len()));
+    let (mut tr, va, _) = split_indices(n, opts.val_fraction, 0.0, c.run.seed);
     tr.sort_unstable(); // the loader shuffles per epoch; keep the split itself ordered
     let sizes = (tr.len(), va.len(), test.len());
     let mk = |d: &Arc<ImageSet>, idx: Vec<usize>, train: bool| {
         DataLoader::new(
             Arc::new(Subset::new(d.clone(), idx)),
             loader_config(c, train),
-            image_collate(shape, *mean, *std),
+            image_collate(shape, opts.mean, opts.std),
         )
     };
     Ok((
