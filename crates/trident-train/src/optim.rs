@@ -106,7 +106,8 @@ impl Optimizer {
                     w.len()
                 )
             }
-            let m = self.m.entry(p.name.clone()).or_insert_with(|| vec![0.0; w.len()]);
+            let n = w.len();
+            let m = || vec![0f32; n];
             match self.config {
                 OptimizerConfig::Adamw {
                     beta1,
@@ -114,7 +115,8 @@ impl Optimizer {
                     eps,
                     weight_decay,
                 } => {
-                    let v = self.v.entry(p.name.clone()).or_insert_with(|| vec![0.0; w.len()]);
+                    let m = self.m.entry(p.name.clone()).or_insert_with(m);
+                    let v = self.v.entry(p.name.clone()).or_insert_with(|| vec![0.0; n]);
                     let (b1, b2) = (beta1 as f32, beta2 as f32);
                     let bc1 = 1.0 - beta1.powi(t);
                     let bc2_sqrt = (1.0 - beta2.powi(t)).sqrt();
@@ -134,12 +136,12 @@ impl Optimizer {
                     nesterov,
                 } => {
                     let (mu, wd, lr) = (momentum as f32, weight_decay as f32, lr as f32);
+                    // Without momentum there is no state to keep (or to checkpoint).
+                    let mut buf = (momentum > 0.0).then(|| self.m.entry(p.name.clone()).or_insert_with(m));
                     let first = t == 1;
-                    let mut dummy = vec![0f32; 0];
-                    let v = if momentum > 0.0 { m } else { &mut dummy };
-                    for i in 0..w.len() {
+                    for i in 0..n {
                         let mut d = g[i] + wd * w[i];
-                        if momentum > 0.0 {
+                        if let Some(v) = buf.as_deref_mut() {
                             v[i] = if first { d } else { mu * v[i] + d };
                             d = if nesterov { d + mu * v[i] } else { v[i] };
                         }
