@@ -52,3 +52,9 @@ if has fashion; then
   ln -sfn /usr/share/datasets/fashion-mnist data/fashion-mnist
   echo "fashion: $(ls data/fashion-mnist/ | tr '\n' ' ')"
 fi
+
+# Not data, but what training runs fast on: OpenBLAS (Debian), which the dense layers load at
+# run time for their GEMM (≈4x the gemm crate's speed here; see docs/PERFORMANCE.md).
+if ! ldconfig -p 2>/dev/null | grep -q libopenblas.so.0; then
+  apt-get install -y -q libopenblas0-pthread >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q libopenblas0-pthread >/dev/null; } || echo "note: OpenBLAS not installed; training falls back to the slower gemm crate"
+fi

@@ -66,17 +66,7 @@ impl Linear {
 
     /// Applies the layer to `[..., in]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let inp = *dims.last().expect("linear: scalar input");
-        let rows = x.elem_count() / inp;
-        let y = x.reshape((rows, inp))?.matmul(&self.weight.t()?)?;
-        let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        };
-        let mut out = dims;
-        *out.last_mut().unwrap() = self.weight.dim(0)?;
-        y.reshape(out)
+        crate::dense::linear(x, &self.weight, self.bias.as_ref())
     }
 }
 
@@ -152,11 +142,12 @@ impl Dropout {
         if !ctx.train || self.p == 0.0 {
             return Ok(x.clone());
         }
-        ops::dropout(
-            x,
-            self.p,
-            ops::splitmix(ctx.seed ^ self.id.wrapping_mul(0xD134_2543_DE82_EF95)),
-        )
+        ops::dropout(x, self.p, self.seed(ctx))
+    }
+
+    /// The seed of this layer's mask in the step of `ctx`.
+    pub fn seed(&self, ctx: &Ctx) -> u64 {
+        ops::splitmix(ctx.seed ^ self.id.wrapping_mul(0xD134_2543_DE82_EF95))
     }
 }
 
@@ -328,7 +319,7 @@ impl Activation {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Activation::Relu => x.relu(),
-            Activation::Gelu => x.gelu_erf(),
+            Activation::Gelu => crate::dense::gelu(x),
             Activation::Sigmoid => sigmoid(x),
             Activation::Tanh => x.tanh(),
             Activation::Softmax => ops::softmax_last_dim(x),

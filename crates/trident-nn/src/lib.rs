@@ -8,10 +8,14 @@
 #![warn(missing_docs)]
 
 pub mod bert;
+pub mod blas;
+pub mod dense;
 pub mod layers;
+pub mod math;
 pub mod ops;
 pub mod params;
 pub mod rnn;
+pub mod runtime;
 pub mod transformer;
 pub mod vision;
 

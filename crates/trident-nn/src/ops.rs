@@ -12,9 +12,9 @@ use candle_core::{
 use rayon::prelude::*;
 
 /// Rows below this many elements in total are not worth splitting across threads.
-const PAR_MIN: usize = 1 << 14;
+pub(crate) const PAR_MIN: usize = 1 << 14;
 
-fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
+pub(crate) fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
     let CpuStorage::F32(v) = s else {
         bail!("{op}: only f32 tensors are supported, got {:?}", s.dtype())
     };
@@ -22,6 +22,47 @@ fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
         Some((a, b)) => Ok(&v[a..b]),
         None => bail!("{op}: input must be contiguous"),
     }
+}
+
+/// The f32 elements of a contiguous tensor's storage, borrowed (no copy).
+pub(crate) fn cpu_slice<'a>(s: &'a candle_core::Storage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    match s {
+        candle_core::Storage::Cpu(c) => f32_slice(c, l, what),
+        _ => bail!("{what}: only the CPU device is supported"),
+    }
+}
+
+/// Runs `f` on the f32 elements of `t` (made contiguous first), borrowed from its storage
+/// without a copy.
+pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (s, l) = t.storage_and_layout();
+    Ok(f(cpu_slice(&s, l, "with_f32")?))
+}
+
+/// Runs `f` on the f32 elements of the contiguous tensor `t`, in place: every tensor that
+/// shares the storage (a model's clone of a parameter, say) sees the change, as with
+/// `Var::set`, but nothing is allocated or copied.
+pub fn update_f32(t: &Tensor, f: impl FnOnce(&mut [f32])) -> Result<()> {
+    struct Update<F>(std::cell::RefCell<Option<F>>);
+    impl<F: FnOnce(&mut [f32])> candle_core::InplaceOp1 for Update<F> {
+        fn name(&self) -> &'static str {
+            "trident-update-f32"
+        }
+        fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+            let CpuStorage::F32(v) = s else {
+                bail!("update_f32: only f32 tensors are supported")
+            };
+            let Some((a, b)) = l.contiguous_offsets() else {
+                bail!("update_f32: the tensor must be contiguous")
+            };
+            if let Some(f) = self.0.borrow_mut().take() {
+                f(&mut v[a..b]);
+            }
+            Ok(())
+        }
+    }
+    t.inplace_op1(&Update(std::cell::RefCell::new(Some(f))))
 }
 
 fn last_dim(l: &Layout, op: &str) -> Result<usize> {
@@ -103,9 +144,13 @@ impl CustomOp3 for LayerNorm {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let d = x.dim(candle_core::D::Minus1)?;
-        let xs = x.flatten_all()?.to_vec1::<f32>()?;
-        let gs = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let gamma_v = gamma.flatten_all()?.to_vec1::<f32>()?;
+        let grad = grad.contiguous()?;
+        let (sx, lx) = x.storage_and_layout();
+        let (sg, lg) = grad.storage_and_layout();
+        let (sgm, lgm) = gamma.storage_and_layout();
+        let xs = cpu_slice(&sx, lx, "layer_norm backward")?;
+        let gs = cpu_slice(&sg, lg, "layer_norm backward")?;
+        let gamma_v = cpu_slice(&sgm, lgm, "layer_norm backward")?;
         let rows = xs.len() / d;
         let mut dx = vec![0f32; xs.len()];
         // Per-row dx, and per-chunk partial sums of dgamma/dbeta reduced afterwards.
@@ -165,13 +210,10 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 
 struct Softmax;
 
-fn softmax_row(x: &[f32], o: &mut [f32]) {
+pub(crate) fn softmax_row(x: &[f32], o: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for (o, &v) in o.iter_mut().zip(x) {
-        *o = (v - max).exp();
-        sum += *o;
-    }
+    o.copy_from_slice(x);
+    let sum = crate::math::exp_shifted_sum(o, max);
     let inv = 1.0 / sum;
     o.iter_mut().for_each(|v| *v *= inv);
 }
@@ -299,22 +341,6 @@ impl CustomOp2 for CrossEntropy {
         });
         Ok((Some(Tensor::from_vec(dx, logits.shape(), logits.device())?), None))
     }
-}
-
-// ---------------------------------------------------------------- attention
-
-/// Scaled dot-product attention over `[batch, heads, seq, head_dim]` tensors, with an
-/// additive `bias` broadcast to the scores (`[batch, 1, 1, seq]`: 0 for tokens, a large
-/// negative number for padding). Gradients flow to q, k and v through candle's matmul and
-/// the fused softmax above.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let scale = 1.0 / (q.dim(candle_core::D::Minus1)? as f64).sqrt();
-    let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
-    let scores = match bias {
-        Some(b) => scores.broadcast_add(b)?,
-        None => scores,
-    };
-    softmax_last_dim(&scores)?.matmul(v)
 }
 
 // ---------------------------------------------------------------- batch norm
@@ -484,9 +510,12 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Res
     let oh = (h + 2 * padding - k) / stride + 1;
     let ow = (w + 2 * padding - k) / stride + 1;
     let cols = x.contiguous()?.apply_op1(Unfold { k, stride, padding })?; // [b, oh*ow, c*k*k]
-    let y = cols
-        .reshape((b * oh * ow, c * k * k))?
-        .matmul(&weight.reshape((o, c * k * k))?.t()?)?;
+    let y = crate::dense::matmul_t(
+        &cols.reshape((b * oh * ow, c * k * k))?,
+        &weight.reshape((o, c * k * k))?,
+        false,
+        true,
+    )?;
     y.reshape((b, oh * ow, o))?
         .transpose(1, 2)?
         .contiguous()?
@@ -586,12 +615,15 @@ pub fn dropout(x: &Tensor, p: f32, seed: u64) -> Result<Tensor> {
     }
     let n = x.elem_count();
     let keep = 1.0 / (1.0 - p);
-    let threshold = (p as f64 * (1u64 << 32) as f64) as u64;
+    let threshold = dropout_threshold(p);
     let mut mask = vec![0f32; n];
     let fill = |start: usize, m: &mut [f32]| {
         for (j, v) in m.iter_mut().enumerate() {
-            let r = splitmix(seed ^ ((start + j) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 32;
-            *v = if r >= threshold { keep } else { 0.0 };
+            *v = if dropout_keeps(seed, start + j, threshold) {
+                keep
+            } else {
+                0.0
+            };
         }
     };
     if n >= PAR_MIN {
@@ -603,6 +635,18 @@ pub fn dropout(x: &Tensor, p: f32, seed: u64) -> Result<Tensor> {
     }
     let mask = Tensor::from_vec(mask, x.shape(), x.device())?;
     x * mask
+}
+
+/// The 32-bit draw below which [`dropout_keeps`] drops, for probability `p`.
+pub(crate) fn dropout_threshold(p: f32) -> u64 {
+    (p as f64 * (1u64 << 32) as f64) as u64
+}
+
+/// Whether element `index` survives dropout drawn from `seed`: one draw per element, so
+/// fused kernels (attention) drop exactly what [`dropout`] would on the same tensor.
+#[inline]
+pub(crate) fn dropout_keeps(seed: u64, index: usize, threshold: u64) -> bool {
+    splitmix(seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 32 >= threshold
 }
 
 /// The index of the largest value of each row of `[n, classes]` logits.

@@ -95,11 +95,8 @@ impl Rnn {
     fn run_direction(&self, d: &Direction, x: &Tensor, mask: &Tensor, reverse: bool) -> Result<Tensor> {
         let (b, s, inp) = x.dims3()?;
         let h = self.hidden;
-        let xw = x
-            .reshape((b * s, inp))?
-            .matmul(&d.w_ih.t()?)?
-            .broadcast_add(&d.b_ih)?
-            .reshape((b, s, ()))?;
+        let xw =
+            crate::dense::linear(&x.reshape((b * s, inp))?, &d.w_ih, Some(&d.b_ih))?.reshape((b, s, ()))?;
         let mut state = Tensor::zeros((b, h), DType::F32, x.device())?;
         let mut cell = state.clone();
         let mut outs = vec![None; s];
@@ -110,7 +107,7 @@ impl Rnn {
         };
         for t in order {
             let xt = xw.narrow(1, t, 1)?.squeeze(1)?;
-            let hw = state.matmul(&d.w_hh.t()?)?.broadcast_add(&d.b_hh)?;
+            let hw = crate::dense::linear(&state, &d.w_hh, Some(&d.b_hh))?;
             let m = mask.narrow(1, t, 1)?; // [b, 1]
             let (new_h, new_c) = match self.kind {
                 CellKind::Lstm => {

@@ -2,8 +2,8 @@
 //! follow Hugging Face's BERT (`attention.self.query`, `attention.output.LayerNorm`, …), so
 //! BERT-family checkpoints load by name.
 
+use crate::dense;
 use crate::layers::{Activation, Ctx, Dropout, LayerNorm, Linear};
-use crate::ops;
 use crate::params::ParamBuilder;
 use candle_core::{Result, Tensor};
 
@@ -76,26 +76,12 @@ impl EncoderLayer {
     }
 
     fn self_attention(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
-        let (b, s, h) = x.dims3()?;
-        let hd = h / self.heads;
-        let split = |t: Tensor| t.reshape((b, s, self.heads, hd))?.transpose(1, 2)?.contiguous();
-        let q = split(self.query.forward(x)?)?;
-        let k = split(self.key.forward(x)?)?;
-        let v = split(self.value.forward(x)?)?;
-        let ctx_v = if ctx.train && self.attn_drop.p > 0.0 {
-            // Dropout acts on the probabilities, so attention is spelt out here.
-            let scale = 1.0 / (hd as f64).sqrt();
-            let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
-            let scores = match bias {
-                Some(bi) => scores.broadcast_add(bi)?,
-                None => scores,
-            };
-            let probs = self.attn_drop.forward(&ops::softmax_last_dim(&scores)?, ctx)?;
-            probs.matmul(&v)?
-        } else {
-            ops::attention(&q, &k, &v, bias)?
-        };
-        let merged = ctx_v.transpose(1, 2)?.contiguous()?.reshape((b, s, h))?;
+        let q = self.query.forward(x)?;
+        let k = self.key.forward(x)?;
+        let v = self.value.forward(x)?;
+        let dropout =
+            (ctx.train && self.attn_drop.p > 0.0).then(|| (self.attn_drop.p, self.attn_drop.seed(ctx)));
+        let merged = dense::attention(&q, &k, &v, bias, self.heads, dropout)?;
         self.attn_out.forward(&merged)
     }
 

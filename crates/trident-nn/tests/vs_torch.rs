@@ -92,7 +92,21 @@ fn cross_entropy_and_attention_match_torch() {
 
     let (q, k, v) = (var(&r["att.q"]), var(&r["att.k"]), var(&r["att.v"]));
     let bias = trident_nn::transformer::mask_bias(&r["att.mask"].to_dtype(DType::U32).unwrap()).unwrap();
-    let y = ops::attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&bias)).unwrap();
+    // The fixture is [batch, heads, seq, head_dim]; the fused kernel takes [batch, seq, width].
+    let (b, h, s, d) = q.as_tensor().dims4().unwrap();
+    let merge = |t: &Var| {
+        t.as_tensor()
+            .transpose(1, 2)
+            .unwrap()
+            .reshape((b, s, h * d))
+            .unwrap()
+    };
+    let y = trident_nn::dense::attention(&merge(&q), &merge(&k), &merge(&v), Some(&bias), h, None)
+        .unwrap()
+        .reshape((b, s, h, d))
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap();
     assert_close("attention", &y, &r["att.y"], 1e-5);
     let g = (y * &r["att.probe"])
         .unwrap()

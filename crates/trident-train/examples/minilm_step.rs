@@ -20,6 +20,8 @@ fn main() -> anyhow::Result<()> {
     let dir = std::path::PathBuf::from(args.get(1).map(String::as_str).unwrap_or("data/minilm"));
     let steps: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(10);
     let (batch, seq) = (16usize, 64usize);
+    trident_nn::runtime::keep_freed_memory();
+    eprintln!("GEMM: {}", trident_nn::blas::backend());
     let config = BertConfig::read(&dir.join("config.json"))?;
     let params = Params::new();
     let model = BertClassifier::new(
@@ -53,7 +55,7 @@ fn main() -> anyhow::Result<()> {
             .map(|p| {
                 grads
                     .get(p.var.as_tensor())
-                    .map(|g| g.flatten_all()?.to_vec1::<f32>())
+                    .map(|g| trident_nn::ops::with_f32(g, <[f32]>::to_vec))
                     .transpose()
             })
             .collect::<candle_core::Result<Vec<_>>>()?

@@ -97,16 +97,14 @@ impl Optimizer {
         self.steps += 1;
         let t = self.steps as i32;
         for (p, g) in params.iter().zip(grads) {
-            let mut w = p.var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
-            if w.len() != g.len() {
+            let n = p.var.elem_count();
+            if n != g.len() {
                 candle_core::bail!(
-                    "optimizer: gradient of `{}` has {} values, the weight {}",
+                    "optimizer: gradient of `{}` has {} values, the weight {n}",
                     p.name,
                     g.len(),
-                    w.len()
                 )
             }
-            let n = w.len();
             let m = || vec![0f32; n];
             match self.config {
                 OptimizerConfig::Adamw {
@@ -123,12 +121,15 @@ impl Optimizer {
                     let step_size = (lr / bc1) as f32;
                     let decay = (1.0 - lr * weight_decay) as f32;
                     let (bc2_sqrt, eps) = (bc2_sqrt as f32, eps as f32);
-                    par_zip4(&mut w, m, v, g, |w, m, v, &g| {
-                        *w *= decay;
-                        *m = b1 * *m + (1.0 - b1) * g;
-                        *v = b2 * *v + (1.0 - b2) * g * g;
-                        *w -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
-                    });
+                    // One pass over each buffer, updating the weight where it lives.
+                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
+                        par_zip4(w, m, v, g, |w, m, v, &g| {
+                            *w *= decay;
+                            *m = b1 * *m + (1.0 - b1) * g;
+                            *v = b2 * *v + (1.0 - b2) * g * g;
+                            *w -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
+                        })
+                    })?;
                 }
                 OptimizerConfig::Sgd {
                     momentum,
@@ -139,17 +140,18 @@ impl Optimizer {
                     // Without momentum there is no state to keep (or to checkpoint).
                     let mut buf = (momentum > 0.0).then(|| self.m.entry(p.name.clone()).or_insert_with(m));
                     let first = t == 1;
-                    for i in 0..n {
-                        let mut d = g[i] + wd * w[i];
-                        if let Some(v) = buf.as_deref_mut() {
-                            v[i] = if first { d } else { mu * v[i] + d };
-                            d = if nesterov { d + mu * v[i] } else { v[i] };
+                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
+                        for i in 0..n {
+                            let mut d = g[i] + wd * w[i];
+                            if let Some(v) = buf.as_deref_mut() {
+                                v[i] = if first { d } else { mu * v[i] + d };
+                                d = if nesterov { d + mu * v[i] } else { v[i] };
+                            }
+                            w[i] -= lr * d;
                         }
-                        w[i] -= lr * d;
-                    }
+                    })?;
                 }
             }
-            p.var.set(&Tensor::from_vec(w, p.var.shape(), &Device::Cpu)?)?;
         }
         Ok(())
     }

@@ -313,6 +313,7 @@ impl Trainer {
             ));
         }
         std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
+        trident_nn::runtime::keep_freed_memory();
         let params = step.params().trainable();
         if params.is_empty() {
             return Err(TrainError::Invalid(
@@ -411,10 +412,15 @@ impl Trainer {
                 let ctx = Ctx::train(c.seed, state.micro_step);
                 let out = step.forward(&batch, &ctx)?;
                 let grads = out.loss.backward()?;
+                // The first micro-batch of a group overwrites the sums, later ones add.
                 for (a, p) in acc.iter_mut().zip(&params) {
-                    if let Some(g) = grads.get(p.var.as_tensor()) {
-                        let g = g.flatten_all()?.to_vec1::<f32>()?;
-                        a.iter_mut().zip(&g).for_each(|(a, g)| *a += g);
+                    match grads.get(p.var.as_tensor()) {
+                        Some(g) if in_group == 0 => trident_nn::ops::with_f32(g, |g| a.copy_from_slice(g))?,
+                        Some(g) => {
+                            trident_nn::ops::with_f32(g, |g| a.iter_mut().zip(g).for_each(|(a, g)| *a += g))?
+                        }
+                        None if in_group == 0 => a.fill(0.0),
+                        None => {}
                     }
                 }
                 let loss = out.loss.to_scalar::<f32>()? as f64;
@@ -433,15 +439,16 @@ impl Trainer {
                 i += 1;
                 bar.inc(1);
                 if in_group == c.grad_accum || i == per_epoch {
-                    let scale = 1.0 / in_group as f32;
-                    acc.iter_mut()
-                        .for_each(|a| a.iter_mut().for_each(|v| *v *= scale));
+                    if in_group > 1 {
+                        let scale = 1.0 / in_group as f32;
+                        acc.iter_mut()
+                            .for_each(|a| a.iter_mut().for_each(|v| *v *= scale));
+                    }
                     if let Some(max) = c.max_grad_norm {
                         clip_grad_norm(&mut acc, max);
                     }
                     let lr = schedule.lr(state.optimizer_step);
                     optimizer.step(&params, &acc, lr)?;
-                    acc.iter_mut().for_each(|a| a.iter_mut().for_each(|v| *v = 0.0));
                     in_group = 0;
                     state.optimizer_step += 1;
                     state.batch_in_epoch = i;

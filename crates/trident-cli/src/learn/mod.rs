@@ -159,6 +159,7 @@ fn run<D: Dataset + 'static>(
             .map(|p| p.var.elem_count())
             .sum::<usize>(),
     );
+    eprintln!("matrix products: {}", trident_nn::blas::backend());
     let mut trainer = Trainer::new(c.train.clone(), classes.clone(), dir);
     trainer.checkpoint_files = model.checkpoint_files()?;
     let resolved = toml::to_string_pretty(c)?;

@@ -1,0 +1,408 @@
+//! Single-precision GEMM for the dense layers: OpenBLAS when the machine has it, the `gemm`
+//! crate (candle's own kernel) otherwise.
+//!
+//! Why not candle's matmul: measured here on the MiniLM feed-forward shape
+//! (1024 × 384 · 384 × 1536, 2 threads) candle 0.11's matmul reaches 40 GFLOP/s, Debian's
+//! OpenBLAS 0.3.21 175–190 GFLOP/s and PyTorch 195 (`examples/gemm_layouts.rs`,
+//! `docs/PERFORMANCE.md`). Training time is mostly GEMM, so this is the first lever.
+//!
+//! OpenBLAS is loaded at run time (`libloading`) rather than linked, for two reasons:
+//! - OpenBLAS picks its kernels in a library constructor from the CPU model, and on virtual
+//!   machines that hide the model (this one reports "Intel Xeon Processor") it falls back to
+//!   its generic "Prescott" kernels at 57 GFLOP/s. Loading it ourselves lets us set
+//!   `OPENBLAS_CORETYPE` from the instruction sets the CPU actually reports first (unless
+//!   the user already set it).
+//! - A machine without OpenBLAS still runs, on the `gemm` crate.
+//!
+//! OpenBLAS runs single-threaded here; [`gemm`] splits the rows of the output across
+//! rayon's pool instead, so the process has one thread pool (the rest of our kernels and
+//! candle's use rayon) and two pools never spin against each other on few cores.
+//!
+//! `TRIDENT_BLAS=off` forces the `gemm` crate; `TRIDENT_BLAS=/path/libopenblas.so` picks a
+//! library.
+
+use rayon::prelude::*;
+use std::sync::OnceLock;
+
+type SgemmFn = unsafe extern "C" fn(
+    order: i32,
+    ta: i32,
+    tb: i32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    a: *const f32,
+    lda: i32,
+    b: *const f32,
+    ldb: i32,
+    beta: f32,
+    c: *mut f32,
+    ldc: i32,
+);
+
+const ROW_MAJOR: i32 = 101;
+const NO_TRANS: i32 = 111;
+const TRANS: i32 = 112;
+
+struct OpenBlas {
+    sgemm: SgemmFn,
+    description: String,
+    // Keeps the library mapped for the life of the process.
+    _lib: libloading::Library,
+}
+
+static BLAS: OnceLock<Option<OpenBlas>> = OnceLock::new();
+
+/// OpenBLAS's kernel family for this CPU, from the instruction sets it reports.
+fn core_type() -> Option<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+        {
+            return Some("SkylakeX");
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return Some("Haswell");
+        }
+    }
+    None
+}
+
+fn load() -> Option<OpenBlas> {
+    let choice = std::env::var("TRIDENT_BLAS").unwrap_or_default();
+    if choice.eq_ignore_ascii_case("off") {
+        return None;
+    }
+    if std::env::var_os("OPENBLAS_CORETYPE").is_none() {
+        if let Some(core) = core_type() {
+            // Read by OpenBLAS's constructor when the library is loaded below. This runs
+            // once, before any OpenBLAS code exists in the process.
+            std::env::set_var("OPENBLAS_CORETYPE", core);
+        }
+    }
+    let candidates: Vec<String> = if choice.is_empty() {
+        vec![
+            "libopenblas.so.0".into(),
+            "libopenblas.so".into(),
+            "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0".into(),
+            "libopenblas.dylib".into(),
+        ]
+    } else {
+        vec![choice]
+    };
+    for name in candidates {
+        // SAFETY: loading OpenBLAS runs its constructor, which only sets up its kernels and
+        // buffers; the symbols below have the C signatures declared in OpenBLAS's cblas.h.
+        let Ok(lib) = (unsafe { libloading::Library::new(&name) }) else {
+            continue;
+        };
+        let sgemm = match unsafe { lib.get::<SgemmFn>(b"cblas_sgemm\0") } {
+            Ok(f) => *f,
+            Err(_) => continue,
+        };
+        let core = unsafe {
+            if let Ok(set_threads) = lib.get::<unsafe extern "C" fn(i32)>(b"openblas_set_num_threads\0") {
+                set_threads(1);
+            }
+            match lib.get::<unsafe extern "C" fn() -> *const std::os::raw::c_char>(b"openblas_get_corename\0")
+            {
+                Ok(f) => {
+                    let p = f();
+                    if p.is_null() {
+                        String::from("?")
+                    } else {
+                        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+                    }
+                }
+                Err(_) => String::from("?"),
+            }
+        };
+        return Some(OpenBlas {
+            sgemm,
+            description: format!("OpenBLAS ({name}, {core} kernels)"),
+            _lib: lib,
+        });
+    }
+    None
+}
+
+fn blas() -> Option<&'static OpenBlas> {
+    BLAS.get_or_init(load).as_ref()
+}
+
+/// Which GEMM the dense layers use, for logs and benchmark reports.
+pub fn backend() -> String {
+    match blas() {
+        Some(b) => b.description.clone(),
+        None => "gemm crate (OpenBLAS not found or TRIDENT_BLAS=off)".into(),
+    }
+}
+
+/// One operand of a GEMM: a row-major matrix in `data` with leading dimension `ld`, used
+/// transposed when `trans`.
+#[derive(Clone, Copy)]
+pub struct Mat<'a> {
+    /// The elements, row-major.
+    pub data: &'a [f32],
+    /// Distance between the starts of consecutive stored rows.
+    pub ld: usize,
+    /// Use the stored matrix transposed.
+    pub trans: bool,
+}
+
+impl<'a> Mat<'a> {
+    /// A contiguous `rows × cols` matrix (as stored), used as is.
+    pub fn new(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            ld: cols,
+            trans: false,
+        }
+    }
+
+    /// The same storage used transposed.
+    pub fn t(self) -> Self {
+        Mat {
+            trans: !self.trans,
+            ..self
+        }
+    }
+
+    /// Elements needed for op(self) of shape `rows × cols`.
+    fn need(&self, rows: usize, cols: usize) -> usize {
+        let (r, c) = if self.trans { (cols, rows) } else { (rows, cols) };
+        if r == 0 || c == 0 {
+            0
+        } else {
+            (r - 1) * self.ld + c
+        }
+    }
+
+    /// op(self) restricted to rows `r0..` (of op(self)).
+    fn rows_from(self, r0: usize) -> Self {
+        let off = if self.trans { r0 } else { r0 * self.ld };
+        Mat {
+            data: &self.data[off.min(self.data.len())..],
+            ..self
+        }
+    }
+}
+
+/// `c = alpha · op(a) · op(b) + beta · c` for `c` of shape `m × n` (row-major, leading
+/// dimension `n`), `op(a)`: `m × k`, `op(b)`: `k × n`, on the calling thread.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_serial(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: &mut [f32]) {
+    gemm_serial_ld(m, n, k, alpha, a, b, beta, c, n)
+}
+
+/// [`gemm_serial`] into rows of `c` that are `ldc` apart (a column block of a wider matrix).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_serial_ld(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    assert!(a.data.len() >= a.need(m, k), "gemm: lhs too short");
+    assert!(b.data.len() >= b.need(k, n), "gemm: rhs too short");
+    assert!(ldc >= n, "gemm: output rows overlap");
+    assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: output too short");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.chunks_mut(ldc)
+            .take(m)
+            .for_each(|r| r[..n].iter_mut().for_each(|v| *v *= beta));
+        return;
+    }
+    if let Some(blas) = blas() {
+        let dim = |v: usize| i32::try_from(v).expect("gemm: dimension exceeds i32");
+        // SAFETY: the asserts above check every operand covers the extent OpenBLAS reads
+        // or writes for these dimensions and leading dimensions.
+        unsafe {
+            (blas.sgemm)(
+                ROW_MAJOR,
+                if a.trans { TRANS } else { NO_TRANS },
+                if b.trans { TRANS } else { NO_TRANS },
+                dim(m),
+                dim(n),
+                dim(k),
+                alpha,
+                a.data.as_ptr(),
+                dim(a.ld.max(1)),
+                b.data.as_ptr(),
+                dim(b.ld.max(1)),
+                beta,
+                c.as_mut_ptr(),
+                dim(ldc),
+            )
+        }
+        return;
+    }
+    gemm_crate(m, n, k, alpha, a, b, beta, c, ldc, gemm::Parallelism::None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_crate(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    par: gemm::Parallelism,
+) {
+    // (row stride, column stride) of op(x) in elements.
+    let strides = |x: &Mat| {
+        if x.trans {
+            (1isize, x.ld as isize)
+        } else {
+            (x.ld as isize, 1isize)
+        }
+    };
+    let (a_rs, a_cs) = strides(&a);
+    let (b_rs, b_cs) = strides(&b);
+    // SAFETY: the caller checked the operand extents; `gemm` computes
+    // dst = alpha_gemm · dst + beta_gemm · lhs · rhs, so our (alpha, beta) swap places.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            beta != 0.0,
+            a.data.as_ptr(),
+            a_cs,
+            a_rs,
+            b.data.as_ptr(),
+            b_cs,
+            b_rs,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// Work below this many multiply-adds runs on one thread.
+const PAR_MIN_FLOP: usize = 1 << 18;
+
+/// [`gemm_serial`] with the rows of `c` split across rayon's threads.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: &mut [f32]) {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || m * n * k < PAR_MIN_FLOP || m < 2 {
+        return gemm_serial(m, n, k, alpha, a, b, beta, c);
+    }
+    if blas().is_none() {
+        assert!(a.data.len() >= a.need(m, k), "gemm: lhs too short");
+        assert!(b.data.len() >= b.need(k, n), "gemm: rhs too short");
+        assert!(c.len() >= m * n, "gemm: output too short");
+        return gemm_crate(
+            m,
+            n,
+            k,
+            alpha,
+            a,
+            b,
+            beta,
+            c,
+            n,
+            gemm::Parallelism::Rayon(threads),
+        );
+    }
+    // Blocks of rows, a multiple of 8 so the kernels' row panels stay whole.
+    let block = m.div_ceil(threads).div_ceil(8) * 8;
+    c[..m * n]
+        .par_chunks_mut(block * n)
+        .enumerate()
+        .for_each(|(i, cb)| {
+            let rows = cb.len() / n;
+            gemm_serial(rows, n, k, alpha, a.rows_from(i * block), b, beta, cb);
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(m: usize, n: usize, k: usize, a: Mat, b: Mat) -> Vec<f32> {
+        let at = |x: &Mat, r: usize, c: usize| {
+            if x.trans {
+                x.data[c * x.ld + r]
+            } else {
+                x.data[r * x.ld + c]
+            }
+        };
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k).map(|p| at(&a, i, p) * at(&b, p, j)).sum();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_transpose_combination_matches_a_naive_product() {
+        let (m, n, k) = (131, 70, 40); // above PAR_MIN_FLOP: the row-split path runs
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 104729) % 89) as f32 / 89.0 - 0.5)
+            .collect();
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let am = Mat {
+                data: &a,
+                ld: if ta { m } else { k },
+                trans: ta,
+            };
+            let bm = Mat {
+                data: &b,
+                ld: if tb { k } else { n },
+                trans: tb,
+            };
+            let want = naive(m, n, k, am, bm);
+            let mut got = vec![1f32; m * n];
+            gemm(m, n, k, 1.0, am, bm, 0.0, &mut got);
+            let err = want
+                .iter()
+                .zip(&got)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-4, "ta={ta} tb={tb}: max error {err}");
+            // The fallback kernel, whichever backend this machine uses.
+            let mut fallback = vec![1f32; m * n];
+            gemm_crate(m, n, k, 1.0, am, bm, 0.0, &mut fallback, n, gemm::Parallelism::Rayon(2));
+            let err = want.iter().zip(&fallback).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-4, "gemm crate ta={ta} tb={tb}: max error {err}");
+            // beta = 1 accumulates.
+            gemm(m, n, k, 1.0, am, bm, 1.0, &mut got);
+            let err = want
+                .iter()
+                .zip(&got)
+                .map(|(x, y)| (2.0 * x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-4, "ta={ta} tb={tb} accumulate: max error {err}");
+        }
+    }
+}

@@ -1,0 +1,731 @@
+//! Dense operations on [`crate::blas`]: matrix products with either operand transposed in
+//! place (no copies for `x · wᵀ`), a linear layer with its bias fused into the GEMM, and
+//! GELU; each a candle custom op whose backward pass is again a few GEMMs or one
+//! element-wise pass. Checked against PyTorch in `tests/vs_torch.rs` and against candle's
+//! own matmul in this module's tests.
+
+use crate::blas::{self, Mat};
+use crate::ops::{cpu_slice, f32_slice, PAR_MIN};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// `op(a) · op(b)` over the last two dimensions, where `op` transposes when asked; leading
+/// (batch) dimensions must be equal. Transposing is free: the GEMM reads the operand
+/// transposed, nothing is copied.
+pub fn matmul_t(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
+    a.contiguous()?.apply_op2(&b.contiguous()?, MatMul { ta, tb })
+}
+
+fn matmul_nb(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
+    a.contiguous()?
+        .apply_op2_no_bwd(&b.contiguous()?, &MatMul { ta, tb })
+}
+
+struct MatMul {
+    ta: bool,
+    tb: bool,
+}
+
+/// (batch, m, k, n) of `op(a) · op(b)`, or an error naming the shapes.
+fn product_dims(
+    la: &Layout,
+    lb: &Layout,
+    ta: bool,
+    tb: bool,
+) -> Result<(usize, usize, usize, usize, Vec<usize>)> {
+    let (da, db) = (la.dims(), lb.dims());
+    if da.len() < 2 || da.len() != db.len() || da[..da.len() - 2] != db[..db.len() - 2] {
+        bail!("matmul: shapes {da:?} and {db:?} need rank ≥ 2 and equal leading dimensions")
+    }
+    let r = da.len();
+    let (m, k) = if ta {
+        (da[r - 1], da[r - 2])
+    } else {
+        (da[r - 2], da[r - 1])
+    };
+    let (kb, n) = if tb {
+        (db[r - 1], db[r - 2])
+    } else {
+        (db[r - 2], db[r - 1])
+    };
+    if k != kb {
+        bail!(
+            "matmul: inner dimensions differ: {da:?}{} · {db:?}{}",
+            if ta { "ᵀ" } else { "" },
+            if tb { "ᵀ" } else { "" }
+        )
+    }
+    let batch = da[..r - 2].iter().product();
+    let mut out = da[..r - 2].to_vec();
+    out.extend([m, n]);
+    Ok((batch, m, k, n, out))
+}
+
+impl CustomOp2 for MatMul {
+    fn name(&self) -> &'static str {
+        "trident-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (batch, m, k, n, out_dims) = product_dims(l1, l2, self.ta, self.tb)?;
+        let a = f32_slice(s1, l1, "matmul")?;
+        let b = f32_slice(s2, l2, "matmul")?;
+        let (ta, tb) = (self.ta, self.tb);
+        let lda = if ta { m } else { k };
+        let ldb = if tb { k } else { n };
+        let mut out = vec![0f32; batch * m * n];
+        let one = |i: usize, c: &mut [f32], serial: bool| {
+            let am = Mat {
+                data: &a[i * m * k..(i + 1) * m * k],
+                ld: lda,
+                trans: ta,
+            };
+            let bm = Mat {
+                data: &b[i * k * n..(i + 1) * k * n],
+                ld: ldb,
+                trans: tb,
+            };
+            if serial {
+                blas::gemm_serial(m, n, k, 1.0, am, bm, 0.0, c)
+            } else {
+                blas::gemm(m, n, k, 1.0, am, bm, 0.0, c)
+            }
+        };
+        if batch >= rayon::current_num_threads() && batch > 1 {
+            // Many small products (attention heads): one per task.
+            out.par_chunks_mut((m * n).max(1))
+                .enumerate()
+                .for_each(|(i, c)| one(i, c, true));
+        } else {
+            out.chunks_mut((m * n).max(1))
+                .enumerate()
+                .for_each(|(i, c)| one(i, c, false));
+        }
+        Ok((CpuStorage::F32(out), Shape::from(out_dims)))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (ta, tb) = (self.ta, self.tb);
+        // C = op(A)·op(B): dop(A) = G·op(B)ᵀ and dop(B) = op(A)ᵀ·G, mapped back through op.
+        let da = if ta {
+            matmul_nb(b, g, tb, true)?
+        } else {
+            matmul_nb(g, b, false, !tb)?
+        };
+        let db = if tb {
+            matmul_nb(g, a, true, ta)?
+        } else {
+            matmul_nb(a, g, !ta, false)?
+        };
+        Ok((Some(da), Some(db)))
+    }
+}
+
+// ---------------------------------------------------------------- linear
+
+/// `x · wᵀ + b` for `x` of shape `[..., in]`, `w` `[out, in]` (PyTorch's layout) and `b`
+/// `[out]`: one GEMM that accumulates onto the broadcast bias; the backward pass is two
+/// GEMMs and a column sum.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let Some(&inp) = dims.last() else {
+        bail!("linear: input must have at least one dimension")
+    };
+    let rows = x.elem_count() / inp.max(1);
+    let x2 = x.reshape((rows, inp))?;
+    let y = match b {
+        Some(b) => x2
+            .contiguous()?
+            .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear)?,
+        None => matmul_t(&x2, w, false, true)?,
+    };
+    let mut out = dims;
+    *out.last_mut().expect("non-empty") = y.dim(1)?;
+    y.reshape(out)
+}
+
+struct Linear;
+
+impl CustomOp3 for Linear {
+    fn name(&self) -> &'static str {
+        "trident-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, m, k, n, out_dims) = product_dims(l1, l2, false, true)?;
+        let x = f32_slice(s1, l1, "linear")?;
+        let w = f32_slice(s2, l2, "linear weight")?;
+        let bias = f32_slice(s3, l3, "linear bias")?;
+        if bias.len() != n {
+            bail!(
+                "linear: bias has {} elements, the layer has {n} outputs",
+                bias.len()
+            )
+        }
+        let mut out = vec![0f32; m * n];
+        out.par_chunks_mut(n.max(1) * 64)
+            .for_each(|c| c.chunks_mut(n.max(1)).for_each(|r| r.copy_from_slice(bias)));
+        blas::gemm(m, n, k, 1.0, Mat::new(x, k), Mat::new(w, k).t(), 1.0, &mut out);
+        Ok((CpuStorage::F32(out), Shape::from(out_dims)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = g.contiguous()?;
+        let dx = matmul_nb(&g, w, false, false)?;
+        let dw = matmul_nb(&g, x, true, false)?;
+        let db = g.apply_op1_no_bwd(&ColumnSum)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// Sums a `[rows, cols]` matrix over its rows.
+struct ColumnSum;
+
+impl CustomOp1 for ColumnSum {
+    fn name(&self) -> &'static str {
+        "trident-column-sum"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = f32_slice(s, l, "column sum")?;
+        let (rows, cols) = l.shape().dims2()?;
+        let chunk = rows.div_ceil(rayon::current_num_threads().max(1)).max(1);
+        let partials: Vec<Vec<f32>> = g
+            .par_chunks((chunk * cols).max(1))
+            .map(|block| {
+                let mut acc = vec![0f32; cols];
+                for row in block.chunks(cols.max(1)) {
+                    acc.iter_mut().zip(row).for_each(|(a, v)| *a += v);
+                }
+                acc
+            })
+            .collect();
+        let mut out = vec![0f32; cols];
+        for p in partials {
+            out.iter_mut().zip(&p).for_each(|(a, v)| *a += v);
+        }
+        Ok((CpuStorage::F32(out), Shape::from(cols)))
+    }
+}
+
+// ---------------------------------------------------------------- attention
+
+/// Multi-head scaled dot-product attention, fused: `q`, `k`, `v` are `[batch, seq, heads ·
+/// head_dim]` exactly as the projections produce them, and so is the result, so no head is
+/// ever split out or merged back by a copy. `bias` is additive per key (`batch · seq`
+/// elements, e.g. [`crate::transformer::mask_bias`]: 0 for tokens, -1e9 for padding);
+/// `dropout` = (p, seed) drops attention probabilities exactly as [`crate::ops::dropout`]
+/// would on the `[batch, heads, seq, seq]` probability tensor.
+///
+/// Per (sequence, head) the forward pass is one GEMM for the scores, one pass for bias,
+/// softmax and dropout, one GEMM for the output; the probabilities are not kept: the
+/// backward pass recomputes them (one more small GEMM) and then needs four GEMMs and one
+/// pass for the softmax gradient.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<&Tensor>,
+    heads: usize,
+    dropout: Option<(f32, u64)>,
+) -> Result<Tensor> {
+    let (b, s, width) = q.dims3()?;
+    if k.dims() != q.dims() || v.dims() != q.dims() {
+        bail!(
+            "attention: q, k, v shapes differ: {:?} {:?} {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        )
+    }
+    if heads == 0 || !width.is_multiple_of(heads) {
+        bail!("attention: width {width} is not divisible by {heads} heads")
+    }
+    let bias = match bias {
+        Some(t) if t.elem_count() != b * s => {
+            bail!(
+                "attention: the key bias has shape {:?}, expected {b}·{s} elements",
+                t.dims()
+            )
+        }
+        Some(t) => Some(t.flatten_all()?.to_vec1::<f32>()?),
+        None => None,
+    };
+    let dropout = match dropout {
+        Some((p, _)) if !(0.0..1.0).contains(&p) => bail!("attention: dropout {p} is outside [0, 1)"),
+        Some((p, seed)) if p > 0.0 => Some((1.0 / (1.0 - p), crate::ops::dropout_threshold(p), seed)),
+        _ => None,
+    };
+    let op = Attention { heads, bias, dropout };
+    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+}
+
+struct Attention {
+    heads: usize,
+    /// `[batch · seq]` additive key bias.
+    bias: Option<Vec<f32>>,
+    /// (1 / (1 - p), threshold, seed).
+    dropout: Option<(f32, u64, u64)>,
+}
+
+/// Operands of one sequence: `[seq, width]` row blocks of q, k, v, and the geometry.
+struct Seq<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    /// Sequence length.
+    s: usize,
+    /// Head width.
+    d: usize,
+    /// Row width (heads · d).
+    width: usize,
+}
+
+impl Attention {
+    /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` into `p` (`[s, s]`)
+    /// and returns nothing; `scratch` layout is row-major.
+    fn probabilities(&self, x: &Seq, i: usize, h: usize, p: &mut [f32]) {
+        let (s, d, width) = (x.s, x.d, x.width);
+        let scale = 1.0 / (d as f32).sqrt();
+        let col = h * d;
+        blas::gemm_serial(
+            s,
+            s,
+            d,
+            scale,
+            Mat {
+                data: &x.q[col..],
+                ld: width,
+                trans: false,
+            },
+            Mat {
+                data: &x.k[col..],
+                ld: width,
+                trans: true,
+            },
+            0.0,
+            p,
+        );
+        let mut row = vec![0f32; s];
+        for r in p.chunks_mut(s) {
+            if let Some(bias) = &self.bias {
+                r.iter_mut()
+                    .zip(&bias[i * s..(i + 1) * s])
+                    .for_each(|(v, b)| *v += b);
+            }
+            row.copy_from_slice(r);
+            crate::ops::softmax_row(&row, r);
+        }
+    }
+
+    /// The dropout multiplier of each probability of (i, h) (`[s, s]`), or None without dropout.
+    fn dropout_scale(&self, i: usize, h: usize, s: usize, out: &mut [f32]) -> bool {
+        let Some((keep, threshold, seed)) = self.dropout else {
+            return false;
+        };
+        let base = (i * self.heads + h) * s * s;
+        for (j, m) in out.iter_mut().enumerate() {
+            *m = if crate::ops::dropout_keeps(seed, base + j, threshold) {
+                keep
+            } else {
+                0.0
+            };
+        }
+        true
+    }
+}
+
+/// The column block of one head in a `[seq, width]` matrix.
+fn head(t: &[f32], col: usize, width: usize) -> Mat<'_> {
+    Mat {
+        data: &t[col..],
+        ld: width,
+        trans: false,
+    }
+}
+
+impl CustomOp3 for Attention {
+    fn name(&self) -> &'static str {
+        "trident-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (b, s, width) = l1.shape().dims3()?;
+        let d = width / self.heads;
+        let (q, k, v) = (
+            f32_slice(s1, l1, "attention q")?,
+            f32_slice(s2, l2, "attention k")?,
+            f32_slice(s3, l3, "attention v")?,
+        );
+        let n = s * width;
+        let mut out = vec![0f32; b * n];
+        out.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, o)| {
+            let x = Seq {
+                q: &q[i * n..(i + 1) * n],
+                k: &k[i * n..(i + 1) * n],
+                v: &v[i * n..(i + 1) * n],
+                s,
+                d,
+                width,
+            };
+            let mut p = vec![0f32; s * s];
+            let mut mask = vec![0f32; s * s];
+            for h in 0..self.heads {
+                self.probabilities(&x, i, h, &mut p);
+                if self.dropout_scale(i, h, s, &mut mask) {
+                    p.iter_mut().zip(&mask).for_each(|(p, m)| *p *= m);
+                }
+                let col = h * d;
+                blas::gemm_serial_ld(
+                    s,
+                    d,
+                    s,
+                    1.0,
+                    Mat::new(&p, s),
+                    Mat {
+                        data: &x.v[col..],
+                        ld: width,
+                        trans: false,
+                    },
+                    0.0,
+                    &mut o[col..],
+                    width,
+                );
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (b, s, width) = q.dims3()?;
+        let d = width / self.heads;
+        let scale = 1.0 / (d as f32).sqrt();
+        let grad = grad.contiguous()?;
+        let n = s * width;
+        let (mut dq, mut dk, mut dv) = (vec![0f32; b * n], vec![0f32; b * n], vec![0f32; b * n]);
+        {
+            let (sq, lq) = q.storage_and_layout();
+            let (sk, lk) = k.storage_and_layout();
+            let (sv, lv) = v.storage_and_layout();
+            let (sg, lg) = grad.storage_and_layout();
+            let qs = cpu_slice(&sq, lq, "attention backward")?;
+            let ks = cpu_slice(&sk, lk, "attention backward")?;
+            let vs = cpu_slice(&sv, lv, "attention backward")?;
+            let gs = cpu_slice(&sg, lg, "attention backward")?;
+            dq.par_chunks_mut(n.max(1))
+                .zip(dk.par_chunks_mut(n.max(1)))
+                .zip(dv.par_chunks_mut(n.max(1)))
+                .enumerate()
+                .for_each(|(i, ((dq, dk), dv))| {
+                    let x = Seq {
+                        q: &qs[i * n..(i + 1) * n],
+                        k: &ks[i * n..(i + 1) * n],
+                        v: &vs[i * n..(i + 1) * n],
+                        s,
+                        d,
+                        width,
+                    };
+                    let g = &gs[i * n..(i + 1) * n];
+                    let mut p = vec![0f32; s * s];
+                    let mut pd = vec![0f32; s * s];
+                    let mut dp = vec![0f32; s * s];
+                    let mut mask = vec![0f32; s * s];
+                    for h in 0..self.heads {
+                        let col = h * d;
+                        let at = |t| head(t, col, width);
+                        self.probabilities(&x, i, h, &mut p);
+                        let dropped = self.dropout_scale(i, h, s, &mut mask);
+                        let used: &[f32] = if dropped {
+                            pd.iter_mut()
+                                .zip(p.iter().zip(&mask))
+                                .for_each(|(o, (p, m))| *o = p * m);
+                            &pd
+                        } else {
+                            &p
+                        };
+                        // dV = P_usedᵀ · dO
+                        blas::gemm_serial_ld(
+                            s,
+                            d,
+                            s,
+                            1.0,
+                            Mat::new(used, s).t(),
+                            at(g),
+                            0.0,
+                            &mut dv[col..],
+                            width,
+                        );
+                        // dP_used = dO · Vᵀ, then through dropout.
+                        blas::gemm_serial(s, s, d, 1.0, at(g), at(x.v).t(), 0.0, &mut dp);
+                        if dropped {
+                            dp.iter_mut().zip(&mask).for_each(|(g, m)| *g *= m);
+                        }
+                        // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale (the scale of the scores).
+                        for (gr, pr) in dp.chunks_mut(s).zip(p.chunks(s)) {
+                            let dot: f32 = gr.iter().zip(pr).map(|(a, b)| a * b).sum();
+                            gr.iter_mut()
+                                .zip(pr)
+                                .for_each(|(g, p)| *g = p * (*g - dot) * scale);
+                        }
+                        // dQ = dS · K, dK = dSᵀ · Q
+                        blas::gemm_serial_ld(
+                            s,
+                            d,
+                            s,
+                            1.0,
+                            Mat::new(&dp, s),
+                            at(x.k),
+                            0.0,
+                            &mut dq[col..],
+                            width,
+                        );
+                        blas::gemm_serial_ld(
+                            s,
+                            d,
+                            s,
+                            1.0,
+                            Mat::new(&dp, s).t(),
+                            at(x.q),
+                            0.0,
+                            &mut dk[col..],
+                            width,
+                        );
+                    }
+                });
+        }
+        let (shape, dev) = (q.shape(), q.device());
+        Ok((
+            Some(Tensor::from_vec(dq, shape, dev)?),
+            Some(Tensor::from_vec(dk, shape, dev)?),
+            Some(Tensor::from_vec(dv, shape, dev)?),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------- GELU
+
+/// Runs `f` over matching 4096-element chunks of `out`, in parallel when large.
+fn chunked(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    const CHUNK: usize = 4096;
+    if out.len() >= PAR_MIN {
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, ch)| f(c * CHUNK, ch));
+    } else {
+        out.chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, ch)| f(c * CHUNK, ch));
+    }
+}
+
+/// GELU in its exact form, `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))`, as BERT and
+/// `torch.nn.GELU()` use; the backward pass is one element-wise pass over the saved input.
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(Gelu)
+}
+
+struct Gelu;
+
+impl CustomOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "trident-gelu"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s, l, "gelu")?;
+        let mut out = vec![0f32; x.len()];
+        chunked(&mut out, |start, o| {
+            crate::math::gelu(&x[start..start + o.len()], o)
+        });
+        Ok((CpuStorage::F32(out), l.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &GeluGrad)?))
+    }
+}
+
+/// `dx = g · (Φ(x) + x · φ(x))`.
+struct GeluGrad;
+
+impl CustomOp2 for GeluGrad {
+    fn name(&self) -> &'static str {
+        "trident-gelu-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "gelu backward")?;
+        let g = f32_slice(s2, l2, "gelu backward")?;
+        if x.len() != g.len() {
+            bail!("gelu backward: {} inputs but {} gradients", x.len(), g.len())
+        }
+        let mut out = vec![0f32; x.len()];
+        chunked(&mut out, |start, o| {
+            let end = start + o.len();
+            crate::math::gelu_grad(&x[start..end], &g[start..end], o)
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn matmul_and_its_gradients_match_candle_for_every_transpose() -> Result<()> {
+        let dev = Device::Cpu;
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (m, k, n) = (37, 29, 41);
+            let a_shape = if ta { (3, k, m) } else { (3, m, k) };
+            let b_shape = if tb { (3, n, k) } else { (3, k, n) };
+            let a = Var::randn(0f32, 1.0, a_shape, &dev)?;
+            let b = Var::randn(0f32, 1.0, b_shape, &dev)?;
+            let w = Tensor::randn(0f32, 1.0, (3, m, n), &dev)?;
+            let op = |x: &Tensor, t: bool| if t { x.transpose(1, 2) } else { Ok(x.clone()) };
+            let want = op(a.as_tensor(), ta)?.matmul(&op(b.as_tensor(), tb)?)?;
+            let got = matmul_t(a.as_tensor(), b.as_tensor(), ta, tb)?;
+            assert!(max_diff(&want, &got) < 1e-4, "values ta={ta} tb={tb}");
+            let gw = (want * &w)?.sum_all()?.backward()?;
+            let gg = (got * &w)?.sum_all()?.backward()?;
+            for v in [&a, &b] {
+                let d = max_diff(gw.get(v).unwrap(), gg.get(v).unwrap());
+                assert!(d < 1e-4, "gradient ta={ta} tb={tb}: {d}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn linear_and_gelu_gradients_match_candle() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::randn(0f32, 1.0, (2, 70, 48), &dev)?;
+        let w = Var::randn(0f32, 0.2, (96, 48), &dev)?;
+        let b = Var::randn(0f32, 1.0, 96, &dev)?;
+        let r = Tensor::randn(0f32, 1.0, (2, 70, 96), &dev)?;
+        let want = x
+            .as_tensor()
+            .broadcast_matmul(&w.t()?)?
+            .broadcast_add(b.as_tensor())?
+            .gelu_erf()?;
+        let got = gelu(&linear(x.as_tensor(), w.as_tensor(), Some(b.as_tensor()))?)?;
+        assert!(max_diff(&want, &got) < 1e-4);
+        let gw = (want * &r)?.sum_all()?.backward()?;
+        let gg = (got * &r)?.sum_all()?.backward()?;
+        for v in [&x, &w, &b] {
+            let d = max_diff(gw.get(v).unwrap(), gg.get(v).unwrap());
+            assert!(d < 1e-3, "gradient differs by {d}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn fused_attention_with_dropout_equals_the_composed_ops() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, s, h, d) = (3, 7, 2, 4);
+        let q = Var::randn(0f32, 1.0, (b, s, h * d), &dev)?;
+        let k = Var::randn(0f32, 1.0, (b, s, h * d), &dev)?;
+        let v = Var::randn(0f32, 1.0, (b, s, h * d), &dev)?;
+        let mask = Tensor::new(
+            &[
+                [1u32, 1, 1, 1, 1, 1, 1],
+                [1, 1, 1, 0, 0, 0, 0],
+                [1, 1, 1, 1, 1, 0, 0],
+            ],
+            &dev,
+        )?;
+        let bias = crate::transformer::mask_bias(&mask)?;
+        let probe = Tensor::randn(0f32, 1.0, (b, s, h * d), &dev)?;
+        let (p, seed) = (0.3f32, 1234u64);
+        // The same computation from separate ops, heads split out.
+        let split = |t: &Var| t.as_tensor().reshape((b, s, h, d))?.transpose(1, 2)?.contiguous();
+        let scores = (split(&q)?.matmul(&split(&k)?.t()?)? / (d as f64).sqrt())?.broadcast_add(&bias)?;
+        let probs = crate::ops::dropout(&crate::ops::softmax_last_dim(&scores)?, p, seed)?;
+        let want = probs
+            .matmul(&split(&v)?)?
+            .transpose(1, 2)?
+            .reshape((b, s, h * d))?;
+        let got = attention(
+            q.as_tensor(),
+            k.as_tensor(),
+            v.as_tensor(),
+            Some(&bias),
+            h,
+            Some((p, seed)),
+        )?;
+        assert!(
+            max_diff(&want, &got) < 1e-5,
+            "values differ by {}",
+            max_diff(&want, &got)
+        );
+        let gw = (want * &probe)?.sum_all()?.backward()?;
+        let gg = (got * &probe)?.sum_all()?.backward()?;
+        for (name, t) in [("q", &q), ("k", &k), ("v", &v)] {
+            let diff = max_diff(gw.get(t).unwrap(), gg.get(t).unwrap());
+            assert!(diff < 1e-5, "d{name} differs by {diff}");
+        }
+        Ok(())
+    }
+}
