@@ -392,8 +392,23 @@ mod tests {
             assert!(err < 1e-4, "ta={ta} tb={tb}: max error {err}");
             // The fallback kernel, whichever backend this machine uses.
             let mut fallback = vec![1f32; m * n];
-            gemm_crate(m, n, k, 1.0, am, bm, 0.0, &mut fallback, n, gemm::Parallelism::Rayon(2));
-            let err = want.iter().zip(&fallback).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            gemm_crate(
+                m,
+                n,
+                k,
+                1.0,
+                am,
+                bm,
+                0.0,
+                &mut fallback,
+                n,
+                gemm::Parallelism::Rayon(2),
+            );
+            let err = want
+                .iter()
+                .zip(&fallback)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
             assert!(err < 1e-4, "gemm crate ta={ta} tb={tb}: max error {err}");
             // beta = 1 accumulates.
             gemm(m, n, k, 1.0, am, bm, 1.0, &mut got);

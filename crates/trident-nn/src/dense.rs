@@ -137,26 +137,120 @@ impl CustomOp2 for MatMul {
 
 /// `x · wᵀ + b` for `x` of shape `[..., in]`, `w` `[out, in]` (PyTorch's layout) and `b`
 /// `[out]`: one GEMM that accumulates onto the broadcast bias; the backward pass is two
-/// GEMMs and a column sum.
+/// GEMMs and a column sum. The leading dimensions are taken as rows in place, with no
+/// reshape nodes (each node in candle's graph costs a zero-filled gradient and an add in
+/// the backward pass).
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let dims = x.dims().to_vec();
-    let Some(&inp) = dims.last() else {
-        bail!("linear: input must have at least one dimension")
-    };
-    let rows = x.elem_count() / inp.max(1);
-    let x2 = x.reshape((rows, inp))?;
-    let y = match b {
-        Some(b) => x2
-            .contiguous()?
-            .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear)?,
-        None => matmul_t(&x2, w, false, true)?,
-    };
-    let mut out = dims;
-    *out.last_mut().expect("non-empty") = y.dim(1)?;
-    y.reshape(out)
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    match b {
+        Some(b) => x.apply_op3(&w, &b.contiguous()?, Linear),
+        None => x.apply_op2(&w, Linear),
+    }
 }
 
 struct Linear;
+
+/// (rows, in, out, output dims) of a linear layer, or an error naming the shapes.
+fn linear_dims(lx: &Layout, lw: &Layout) -> Result<(usize, usize, usize, Vec<usize>)> {
+    let (dx, dw) = (lx.dims(), lw.dims());
+    match (dx.last(), dw) {
+        (Some(&inp), &[out, win]) if inp == win => {
+            let mut dims = dx.to_vec();
+            *dims.last_mut().expect("non-empty") = out;
+            Ok((lx.shape().elem_count() / inp.max(1), inp, out, dims))
+        }
+        _ => bail!("linear: input {dx:?} does not match weight {dw:?} ([out, in])"),
+    }
+}
+
+impl Linear {
+    fn forward(
+        &self,
+        x: &[f32],
+        lx: &Layout,
+        w: &[f32],
+        lw: &Layout,
+        bias: Option<&[f32]>,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (m, k, n, dims) = linear_dims(lx, lw)?;
+        let mut out = vec![0f32; m * n];
+        let beta = match bias {
+            Some(bias) if bias.len() != n => {
+                bail!(
+                    "linear: bias has {} elements, the layer has {n} outputs",
+                    bias.len()
+                )
+            }
+            Some(bias) => {
+                out.par_chunks_mut(n.max(1) * 64)
+                    .for_each(|c| c.chunks_mut(n.max(1)).for_each(|r| r.copy_from_slice(bias)));
+                1.0
+            }
+            None => 0.0,
+        };
+        blas::gemm(m, n, k, 1.0, Mat::new(x, k), Mat::new(w, k).t(), beta, &mut out);
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+
+    /// (dx, dw, db) from the saved input and weight and the output gradient.
+    fn backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        g: &Tensor,
+        bias: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let g = g.contiguous()?;
+        let (m, k, n, _) = linear_dims(x.layout(), w.layout())?;
+        let (mut dx, mut dw) = (vec![0f32; m * k], vec![0f32; n * k]);
+        let db = {
+            let (sx, lx) = x.storage_and_layout();
+            let (sw, lw) = w.storage_and_layout();
+            let (sg, lg) = g.storage_and_layout();
+            let xs = cpu_slice(&sx, lx, "linear backward")?;
+            let ws = cpu_slice(&sw, lw, "linear backward")?;
+            let gs = cpu_slice(&sg, lg, "linear backward")?;
+            blas::gemm(m, k, n, 1.0, Mat::new(gs, n), Mat::new(ws, k), 0.0, &mut dx);
+            blas::gemm(n, k, m, 1.0, Mat::new(gs, n).t(), Mat::new(xs, k), 0.0, &mut dw);
+            bias.then(|| column_sums(gs, m, n))
+        };
+        let dev = x.device();
+        Ok((
+            Tensor::from_vec(dx, x.shape(), dev)?,
+            Tensor::from_vec(dw, w.shape(), dev)?,
+            db.map(|v| Tensor::from_vec(v, n, dev)).transpose()?,
+        ))
+    }
+}
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "trident-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "linear")?;
+        let w = f32_slice(s2, l2, "linear weight")?;
+        self.forward(x, l1, w, l2, None)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, _) = self.backward(x, w, g, false)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
 
 impl CustomOp3 for Linear {
     fn name(&self) -> &'static str {
@@ -172,21 +266,10 @@ impl CustomOp3 for Linear {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (_, m, k, n, out_dims) = product_dims(l1, l2, false, true)?;
         let x = f32_slice(s1, l1, "linear")?;
         let w = f32_slice(s2, l2, "linear weight")?;
         let bias = f32_slice(s3, l3, "linear bias")?;
-        if bias.len() != n {
-            bail!(
-                "linear: bias has {} elements, the layer has {n} outputs",
-                bias.len()
-            )
-        }
-        let mut out = vec![0f32; m * n];
-        out.par_chunks_mut(n.max(1) * 64)
-            .for_each(|c| c.chunks_mut(n.max(1)).for_each(|r| r.copy_from_slice(bias)));
-        blas::gemm(m, n, k, 1.0, Mat::new(x, k), Mat::new(w, k).t(), 1.0, &mut out);
-        Ok((CpuStorage::F32(out), Shape::from(out_dims)))
+        self.forward(x, l1, w, l2, Some(bias))
     }
 
     fn bwd(
@@ -197,42 +280,29 @@ impl CustomOp3 for Linear {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = g.contiguous()?;
-        let dx = matmul_nb(&g, w, false, false)?;
-        let dw = matmul_nb(&g, x, true, false)?;
-        let db = g.apply_op1_no_bwd(&ColumnSum)?;
-        Ok((Some(dx), Some(dw), Some(db)))
+        let (dx, dw, db) = self.backward(x, w, g, true)?;
+        Ok((Some(dx), Some(dw), db))
     }
 }
 
-/// Sums a `[rows, cols]` matrix over its rows.
-struct ColumnSum;
-
-impl CustomOp1 for ColumnSum {
-    fn name(&self) -> &'static str {
-        "trident-column-sum"
+/// Sums a row-major `[rows, cols]` matrix over its rows (a bias gradient).
+fn column_sums(g: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let chunk = rows.div_ceil(rayon::current_num_threads().max(1)).max(1);
+    let partials: Vec<Vec<f32>> = g[..rows * cols]
+        .par_chunks((chunk * cols).max(1))
+        .map(|block| {
+            let mut acc = vec![0f32; cols];
+            for row in block.chunks(cols.max(1)) {
+                acc.iter_mut().zip(row).for_each(|(a, v)| *a += v);
+            }
+            acc
+        })
+        .collect();
+    let mut out = vec![0f32; cols];
+    for p in partials {
+        out.iter_mut().zip(&p).for_each(|(a, v)| *a += v);
     }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let g = f32_slice(s, l, "column sum")?;
-        let (rows, cols) = l.shape().dims2()?;
-        let chunk = rows.div_ceil(rayon::current_num_threads().max(1)).max(1);
-        let partials: Vec<Vec<f32>> = g
-            .par_chunks((chunk * cols).max(1))
-            .map(|block| {
-                let mut acc = vec![0f32; cols];
-                for row in block.chunks(cols.max(1)) {
-                    acc.iter_mut().zip(row).for_each(|(a, v)| *a += v);
-                }
-                acc
-            })
-            .collect();
-        let mut out = vec![0f32; cols];
-        for p in partials {
-            out.iter_mut().zip(&p).for_each(|(a, v)| *a += v);
-        }
-        Ok((CpuStorage::F32(out), Shape::from(cols)))
-    }
+    out
 }
 
 // ---------------------------------------------------------------- attention

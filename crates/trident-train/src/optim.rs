@@ -200,8 +200,9 @@ fn par_zip4(
         .zip(v.par_chunks_mut(CHUNK))
         .zip(g.par_chunks(CHUNK))
         .for_each(|(((w, m), v), g)| {
-            for i in 0..w.len() {
-                f(&mut w[i], &mut m[i], &mut v[i], &g[i]);
+            // Zipped iterators, not indexing: no bounds checks, so the loop vectorises.
+            for (((w, m), v), g) in w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
+                f(w, m, v, g);
             }
         });
 }
