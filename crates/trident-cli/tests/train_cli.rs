@@ -439,6 +439,34 @@ lr = 5e-3
     assert_eq!(m["classes"], serde_json::json!(["blue", "red"]));
     let acc = m["report"]["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.9, "colour is learnt: accuracy {acc}");
+    // predict classifies image files with the training preprocessing (resize, normalise).
+    let out = ok(&trident(
+        &[
+            "predict",
+            "--model",
+            "vit/best",
+            "test/red/0.png",
+            "test/blue/3.png",
+        ],
+        d,
+    ));
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0]["file"], "test/red/0.png");
+    assert_eq!(lines[0]["label"], "red", "{out}");
+    assert_eq!(lines[1]["label"], "blue", "{out}");
+    let total: f64 = lines[0]["scores"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert!((total - 1.0).abs() < 1e-3, "{out}");
+    let err = failed(&trident(
+        &["predict", "--model", "vit/best", "test/red/missing.png"],
+        d,
+    ));
+    assert!(err.contains("missing.png"), "{err}");
     // A model whose size does not match the images is refused before training.
     let bad = std::fs::read_to_string(&cfg)
         .unwrap()

@@ -120,38 +120,44 @@ impl Dataset for ImageFolder {
     /// Channel-major pixels in `[0, 1]`.
     fn get(&self, index: usize) -> Result<Image, DataError> {
         let (file, label) = &self.files[index];
-        let img = image::open(file).map_err(|e| DataError::Format {
-            file: file.clone(),
-            line: 0,
-            message: e.to_string(),
-        })?;
-        let (h, w) = self.size;
-        let img = if img.height() as usize != h || img.width() as usize != w {
-            img.resize_exact(w as u32, h as u32, image::imageops::FilterType::Triangle)
-        } else {
-            img
-        };
-        let pixels = if self.channels == 1 {
-            img.to_luma8()
-                .into_raw()
-                .into_iter()
-                .map(|p| p as f32 / 255.0)
-                .collect()
-        } else {
-            let rgb = img.to_rgb8();
-            let mut out = vec![0f32; 3 * h * w];
-            for (i, px) in rgb.pixels().enumerate() {
-                for c in 0..3 {
-                    out[c * h * w + i] = px[c] as f32 / 255.0;
-                }
-            }
-            out
-        };
         Ok(Image {
-            pixels,
+            pixels: decode_image(file, self.channels, self.size)?,
             label: *label,
         })
     }
+}
+
+/// Decodes a PNG/JPEG file to channel-major pixels in `[0, 1]`, converted to `channels`
+/// (1: grey, 3: RGB) and resized to `size` (height, width) when it differs: what
+/// [`ImageFolder`] yields, for classifying single files with the same preprocessing.
+pub fn decode_image(file: &Path, channels: usize, size: (usize, usize)) -> Result<Vec<f32>, DataError> {
+    let img = image::open(file).map_err(|e| DataError::Format {
+        file: file.into(),
+        line: 0,
+        message: e.to_string(),
+    })?;
+    let (h, w) = size;
+    let img = if img.height() as usize != h || img.width() as usize != w {
+        img.resize_exact(w as u32, h as u32, image::imageops::FilterType::Triangle)
+    } else {
+        img
+    };
+    Ok(if channels == 1 {
+        img.to_luma8()
+            .into_raw()
+            .into_iter()
+            .map(|p| p as f32 / 255.0)
+            .collect()
+    } else {
+        let rgb = img.to_rgb8();
+        let mut out = vec![0f32; 3 * h * w];
+        for (i, px) in rgb.pixels().enumerate() {
+            for c in 0..3 {
+                out[c * h * w + i] = px[c] as f32 / 255.0;
+            }
+        }
+        out
+    })
 }
 
 #[cfg(test)]

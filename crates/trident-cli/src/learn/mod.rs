@@ -50,12 +50,13 @@ pub struct EvalArgs {
 
 #[derive(Debug, Args)]
 pub struct PredictArgs {
-    /// A checkpoint directory of a text model.
+    /// A checkpoint directory (`<run>/best` or `<run>/last`).
     #[arg(long)]
     model: PathBuf,
-    /// Texts to classify (one JSON line of output each).
-    #[arg(required = true)]
-    texts: Vec<String>,
+    /// Texts to classify for a text model, PNG/JPEG files for an image model (one JSON
+    /// line of output each).
+    #[arg(required = true, value_name = "TEXT_OR_IMAGE")]
+    inputs: Vec<String>,
 }
 
 fn card_for(c: &RunConfig, classes: Vec<String>, image: Option<(usize, usize, usize)>) -> ModelCard {
@@ -318,16 +319,37 @@ fn pick<D: Dataset>(
 
 pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
-    let tok = model
-        .tokenizer
-        .clone()
-        .context("predict takes text; this checkpoint is an image model")?;
     let classes = &model.card.classes;
-    for (i, text) in args.texts.iter().enumerate() {
-        let ids = model.tokenize(text, &|| format!("text {}", i + 1))?;
-        let batch = tok.batch(&[ids])?;
-        let labels = vec![0];
-        let out = model.forward(&task::Batch::Text(batch, labels), &Ctx::eval())?;
+    for (i, input) in args.inputs.iter().enumerate() {
+        let (key, batch) = match (&model.card.input, &model.tokenizer) {
+            (task::InputSpec::Text { .. }, Some(tok)) => {
+                let ids = model.tokenize(input, &|| format!("text {}", i + 1))?;
+                ("text", task::Batch::Text(tok.batch(&[ids])?, vec![0]))
+            }
+            (task::InputSpec::Text { .. }, None) => {
+                anyhow::bail!("{}: a text model without a tokenizer", args.model.display())
+            }
+            (
+                &task::InputSpec::Image {
+                    channels,
+                    height,
+                    width,
+                    mean,
+                    std,
+                },
+                _,
+            ) => {
+                let mut px = trident_data::folder::decode_image(Path::new(input), channels, (height, width))?;
+                trident_data::transform::normalize(&mut px, mean, std);
+                let x = candle_core::Tensor::from_vec(
+                    px,
+                    (1, channels, height, width),
+                    &candle_core::Device::Cpu,
+                )?;
+                ("file", task::Batch::Image(x, vec![0]))
+            }
+        };
+        let out = model.forward(&batch, &Ctx::eval())?;
         let probs = trident_nn::ops::softmax_last_dim(&out.logits)?
             .flatten_all()?
             .to_vec1::<f32>()?;
@@ -342,7 +364,7 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
             .collect();
         println!(
             "{}",
-            serde_json::json!({"text": text, "label": classes[best], "score": (probs[best] as f64 * 1e4).round() / 1e4, "scores": scores})
+            serde_json::json!({key: input, "label": classes[best], "score": (probs[best] as f64 * 1e4).round() / 1e4, "scores": scores})
         );
     }
     Ok(())
