@@ -180,12 +180,12 @@ impl Bert {
             )
         }
         let pos = Tensor::arange(0u32, seq as u32, &Device::Cpu)?;
-        let pos =
-            self.position
-                .forward(&pos)?
-                .unsqueeze(0)?
-                .broadcast_as((batch, seq, self.config.hidden_size))?;
-        let x = ((self.word.forward(&b.ids)? + self.token_type.forward(&b.type_ids)?)? + pos)?;
+        let pos = self.position.forward(&pos, ctx)?.unsqueeze(0)?.broadcast_as((
+            batch,
+            seq,
+            self.config.hidden_size,
+        ))?;
+        let x = ((self.word.forward(&b.ids, ctx)? + self.token_type.forward(&b.type_ids, ctx)?)? + pos)?;
         self.drop.forward(&self.norm.forward(&x)?, ctx)
     }
 

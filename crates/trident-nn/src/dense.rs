@@ -308,16 +308,11 @@ fn column_sums(g: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 // ---------------------------------------------------------------- attention
 
 /// Multi-head scaled dot-product attention, fused: `q`, `k`, `v` are `[batch, seq, heads ·
-/// head_dim]` exactly as the projections produce them, and so is the result, so no head is
-/// ever split out or merged back by a copy. `bias` is additive per key (`batch · seq`
-/// elements, e.g. [`crate::transformer::mask_bias`]: 0 for tokens, -1e9 for padding);
-/// `dropout` = (p, seed) drops attention probabilities exactly as [`crate::ops::dropout`]
-/// would on the `[batch, heads, seq, seq]` probability tensor.
-///
-/// Per (sequence, head) the forward pass is one GEMM for the scores, one pass for bias,
-/// softmax and dropout, one GEMM for the output; the probabilities are not kept: the
-/// backward pass recomputes them (one more small GEMM) and then needs four GEMMs and one
-/// pass for the softmax gradient.
+/// head_dim]`, and so is the result. `bias` is additive per key (`batch · seq` elements,
+/// e.g. [`crate::transformer::mask_bias`]: 0 for tokens, -1e9 for padding); `dropout` =
+/// (p, seed) drops attention probabilities exactly as [`crate::ops::dropout`] would on the
+/// `[batch, heads, seq, seq]` probability tensor. Concatenates q, k, v and calls
+/// [`attention_packed`].
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -326,7 +321,6 @@ pub fn attention(
     heads: usize,
     dropout: Option<(f32, u64)>,
 ) -> Result<Tensor> {
-    let (b, s, width) = q.dims3()?;
     if k.dims() != q.dims() || v.dims() != q.dims() {
         bail!(
             "attention: q, k, v shapes differ: {:?} {:?} {:?}",
@@ -335,6 +329,28 @@ pub fn attention(
             v.dims()
         )
     }
+    attention_packed(&Tensor::cat(&[q, k, v], 2)?, bias, heads, dropout)
+}
+
+/// [`attention`] on one `[batch, seq, 3 · width]` tensor holding q, k and v side by side, as
+/// a single projection to 3 · width produces them: no head is split out or merged back by a
+/// copy, and the backward pass returns one gradient for the whole projection.
+///
+/// Per (sequence, head) the forward pass is one GEMM for the scores, one pass for bias,
+/// softmax and dropout, one GEMM for the output; the probabilities are not kept: the
+/// backward pass recomputes them (one more small GEMM) and then needs four GEMMs and one
+/// pass for the softmax gradient.
+pub fn attention_packed(
+    qkv: &Tensor,
+    bias: Option<&Tensor>,
+    heads: usize,
+    dropout: Option<(f32, u64)>,
+) -> Result<Tensor> {
+    let (b, s, width3) = qkv.dims3()?;
+    if !width3.is_multiple_of(3) {
+        bail!("attention: the packed q/k/v width {width3} is not a multiple of 3")
+    }
+    let width = width3 / 3;
     if heads == 0 || !width.is_multiple_of(heads) {
         bail!("attention: width {width} is not divisible by {heads} heads")
     }
@@ -353,8 +369,7 @@ pub fn attention(
         Some((p, seed)) if p > 0.0 => Some((1.0 / (1.0 - p), crate::ops::dropout_threshold(p), seed)),
         _ => None,
     };
-    let op = Attention { heads, bias, dropout };
-    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+    qkv.contiguous()?.apply_op1(Attention { heads, bias, dropout })
 }
 
 struct Attention {
@@ -365,44 +380,34 @@ struct Attention {
     dropout: Option<(f32, u64, u64)>,
 }
 
-/// Operands of one sequence: `[seq, width]` row blocks of q, k, v, and the geometry.
+/// One sequence's packed `[seq, 3 · width]` block and the geometry.
 struct Seq<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    qkv: &'a [f32],
     /// Sequence length.
     s: usize,
     /// Head width.
     d: usize,
-    /// Row width (heads · d).
+    /// heads · d.
     width: usize,
 }
 
+impl Seq<'_> {
+    /// The columns of head `h` in part `part` (0: q, 1: k, 2: v), rows 3 · width apart.
+    fn head(&self, part: usize, h: usize) -> Mat<'_> {
+        Mat {
+            data: &self.qkv[part * self.width + h * self.d..],
+            ld: 3 * self.width,
+            trans: false,
+        }
+    }
+}
+
 impl Attention {
-    /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` into `p` (`[s, s]`)
-    /// and returns nothing; `scratch` layout is row-major.
+    /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` into `p` (`[s, s]`).
     fn probabilities(&self, x: &Seq, i: usize, h: usize, p: &mut [f32]) {
-        let (s, d, width) = (x.s, x.d, x.width);
-        let scale = 1.0 / (d as f32).sqrt();
-        let col = h * d;
-        blas::gemm_serial(
-            s,
-            s,
-            d,
-            scale,
-            Mat {
-                data: &x.q[col..],
-                ld: width,
-                trans: false,
-            },
-            Mat {
-                data: &x.k[col..],
-                ld: width,
-                trans: true,
-            },
-            0.0,
-            p,
-        );
+        let s = x.s;
+        let scale = 1.0 / (x.d as f32).sqrt();
+        blas::gemm_serial(s, s, x.d, scale, x.head(0, h), x.head(1, h).t(), 0.0, p);
         let mut row = vec![0f32; s];
         for r in p.chunks_mut(s) {
             if let Some(bias) = &self.bias {
@@ -415,7 +420,7 @@ impl Attention {
         }
     }
 
-    /// The dropout multiplier of each probability of (i, h) (`[s, s]`), or None without dropout.
+    /// The dropout multiplier of each probability of (i, h) (`[s, s]`); false without dropout.
     fn dropout_scale(&self, i: usize, h: usize, s: usize, out: &mut [f32]) -> bool {
         let Some((keep, threshold, seed)) = self.dropout else {
             return false;
@@ -432,43 +437,21 @@ impl Attention {
     }
 }
 
-/// The column block of one head in a `[seq, width]` matrix.
-fn head(t: &[f32], col: usize, width: usize) -> Mat<'_> {
-    Mat {
-        data: &t[col..],
-        ld: width,
-        trans: false,
-    }
-}
-
-impl CustomOp3 for Attention {
+impl CustomOp1 for Attention {
     fn name(&self) -> &'static str {
         "trident-attention"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (b, s, width) = l1.shape().dims3()?;
+    fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (b, s, width3) = l.shape().dims3()?;
+        let width = width3 / 3;
         let d = width / self.heads;
-        let (q, k, v) = (
-            f32_slice(s1, l1, "attention q")?,
-            f32_slice(s2, l2, "attention k")?,
-            f32_slice(s3, l3, "attention v")?,
-        );
-        let n = s * width;
+        let qkv = f32_slice(st, l, "attention")?;
+        let (n3, n) = (s * width3, s * width);
         let mut out = vec![0f32; b * n];
         out.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, o)| {
             let x = Seq {
-                q: &q[i * n..(i + 1) * n],
-                k: &k[i * n..(i + 1) * n],
-                v: &v[i * n..(i + 1) * n],
+                qkv: &qkv[i * n3..(i + 1) * n3],
                 s,
                 d,
                 width,
@@ -480,137 +463,115 @@ impl CustomOp3 for Attention {
                 if self.dropout_scale(i, h, s, &mut mask) {
                     p.iter_mut().zip(&mask).for_each(|(p, m)| *p *= m);
                 }
-                let col = h * d;
                 blas::gemm_serial_ld(
                     s,
                     d,
                     s,
                     1.0,
                     Mat::new(&p, s),
-                    Mat {
-                        data: &x.v[col..],
-                        ld: width,
-                        trans: false,
-                    },
+                    x.head(2, h),
                     0.0,
-                    &mut o[col..],
+                    &mut o[h * d..],
                     width,
                 );
             }
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        Ok((CpuStorage::F32(out), Shape::from((b, s, width))))
     }
 
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (b, s, width) = q.dims3()?;
+    fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let (b, s, width3) = qkv.dims3()?;
+        let width = width3 / 3;
         let d = width / self.heads;
         let scale = 1.0 / (d as f32).sqrt();
         let grad = grad.contiguous()?;
-        let n = s * width;
-        let (mut dq, mut dk, mut dv) = (vec![0f32; b * n], vec![0f32; b * n], vec![0f32; b * n]);
+        let (n3, n) = (s * width3, s * width);
+        let mut dqkv = vec![0f32; b * n3];
         {
-            let (sq, lq) = q.storage_and_layout();
-            let (sk, lk) = k.storage_and_layout();
-            let (sv, lv) = v.storage_and_layout();
+            let (sx, lx) = qkv.storage_and_layout();
             let (sg, lg) = grad.storage_and_layout();
-            let qs = cpu_slice(&sq, lq, "attention backward")?;
-            let ks = cpu_slice(&sk, lk, "attention backward")?;
-            let vs = cpu_slice(&sv, lv, "attention backward")?;
+            let xs = cpu_slice(&sx, lx, "attention backward")?;
             let gs = cpu_slice(&sg, lg, "attention backward")?;
-            dq.par_chunks_mut(n.max(1))
-                .zip(dk.par_chunks_mut(n.max(1)))
-                .zip(dv.par_chunks_mut(n.max(1)))
-                .enumerate()
-                .for_each(|(i, ((dq, dk), dv))| {
-                    let x = Seq {
-                        q: &qs[i * n..(i + 1) * n],
-                        k: &ks[i * n..(i + 1) * n],
-                        v: &vs[i * n..(i + 1) * n],
+            dqkv.par_chunks_mut(n3.max(1)).enumerate().for_each(|(i, dx)| {
+                let x = Seq {
+                    qkv: &xs[i * n3..(i + 1) * n3],
+                    s,
+                    d,
+                    width,
+                };
+                let g = &gs[i * n..(i + 1) * n];
+                let mut p = vec![0f32; s * s];
+                let mut pd = vec![0f32; s * s];
+                let mut dp = vec![0f32; s * s];
+                let mut mask = vec![0f32; s * s];
+                for h in 0..self.heads {
+                    let col = h * d;
+                    let g_h = Mat {
+                        data: &g[col..],
+                        ld: width,
+                        trans: false,
+                    };
+                    self.probabilities(&x, i, h, &mut p);
+                    let dropped = self.dropout_scale(i, h, s, &mut mask);
+                    let used: &[f32] = if dropped {
+                        pd.iter_mut()
+                            .zip(p.iter().zip(&mask))
+                            .for_each(|(o, (p, m))| *o = p * m);
+                        &pd
+                    } else {
+                        &p
+                    };
+                    // dV = P_usedᵀ · dO
+                    blas::gemm_serial_ld(
                         s,
                         d,
-                        width,
-                    };
-                    let g = &gs[i * n..(i + 1) * n];
-                    let mut p = vec![0f32; s * s];
-                    let mut pd = vec![0f32; s * s];
-                    let mut dp = vec![0f32; s * s];
-                    let mut mask = vec![0f32; s * s];
-                    for h in 0..self.heads {
-                        let col = h * d;
-                        let at = |t| head(t, col, width);
-                        self.probabilities(&x, i, h, &mut p);
-                        let dropped = self.dropout_scale(i, h, s, &mut mask);
-                        let used: &[f32] = if dropped {
-                            pd.iter_mut()
-                                .zip(p.iter().zip(&mask))
-                                .for_each(|(o, (p, m))| *o = p * m);
-                            &pd
-                        } else {
-                            &p
-                        };
-                        // dV = P_usedᵀ · dO
-                        blas::gemm_serial_ld(
-                            s,
-                            d,
-                            s,
-                            1.0,
-                            Mat::new(used, s).t(),
-                            at(g),
-                            0.0,
-                            &mut dv[col..],
-                            width,
-                        );
-                        // dP_used = dO · Vᵀ, then through dropout.
-                        blas::gemm_serial(s, s, d, 1.0, at(g), at(x.v).t(), 0.0, &mut dp);
-                        if dropped {
-                            dp.iter_mut().zip(&mask).for_each(|(g, m)| *g *= m);
-                        }
-                        // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale (the scale of the scores).
-                        for (gr, pr) in dp.chunks_mut(s).zip(p.chunks(s)) {
-                            let dot: f32 = gr.iter().zip(pr).map(|(a, b)| a * b).sum();
-                            gr.iter_mut()
-                                .zip(pr)
-                                .for_each(|(g, p)| *g = p * (*g - dot) * scale);
-                        }
-                        // dQ = dS · K, dK = dSᵀ · Q
-                        blas::gemm_serial_ld(
-                            s,
-                            d,
-                            s,
-                            1.0,
-                            Mat::new(&dp, s),
-                            at(x.k),
-                            0.0,
-                            &mut dq[col..],
-                            width,
-                        );
-                        blas::gemm_serial_ld(
-                            s,
-                            d,
-                            s,
-                            1.0,
-                            Mat::new(&dp, s).t(),
-                            at(x.q),
-                            0.0,
-                            &mut dk[col..],
-                            width,
-                        );
+                        s,
+                        1.0,
+                        Mat::new(used, s).t(),
+                        g_h,
+                        0.0,
+                        &mut dx[2 * width + col..],
+                        width3,
+                    );
+                    // dP_used = dO · Vᵀ, then through dropout.
+                    blas::gemm_serial(s, s, d, 1.0, g_h, x.head(2, h).t(), 0.0, &mut dp);
+                    if dropped {
+                        dp.iter_mut().zip(&mask).for_each(|(g, m)| *g *= m);
                     }
-                });
+                    // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale (the scale of the scores).
+                    for (gr, pr) in dp.chunks_mut(s).zip(p.chunks(s)) {
+                        let dot: f32 = gr.iter().zip(pr).map(|(a, b)| a * b).sum();
+                        gr.iter_mut()
+                            .zip(pr)
+                            .for_each(|(g, p)| *g = p * (*g - dot) * scale);
+                    }
+                    // dQ = dS · K, dK = dSᵀ · Q
+                    blas::gemm_serial_ld(
+                        s,
+                        d,
+                        s,
+                        1.0,
+                        Mat::new(&dp, s),
+                        x.head(1, h),
+                        0.0,
+                        &mut dx[col..],
+                        width3,
+                    );
+                    blas::gemm_serial_ld(
+                        s,
+                        d,
+                        s,
+                        1.0,
+                        Mat::new(&dp, s).t(),
+                        x.head(0, h),
+                        0.0,
+                        &mut dx[width + col..],
+                        width3,
+                    );
+                }
+            });
         }
-        let (shape, dev) = (q.shape(), q.device());
-        Ok((
-            Some(Tensor::from_vec(dq, shape, dev)?),
-            Some(Tensor::from_vec(dk, shape, dev)?),
-            Some(Tensor::from_vec(dv, shape, dev)?),
-        ))
+        Ok(Some(Tensor::from_vec(dqkv, qkv.shape(), qkv.device())?))
     }
 }
 

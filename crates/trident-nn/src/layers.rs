@@ -2,7 +2,7 @@
 //! activations. Every layer's parameters live in a [`Params`](crate::Params) store.
 
 use crate::ops;
-use crate::params::{Init, ParamBuilder};
+use crate::params::{Init, ParamBuilder, Params};
 use candle_core::{Result, Tensor, D};
 use std::sync::Arc;
 
@@ -75,6 +75,8 @@ impl Linear {
 pub struct Embedding {
     /// `[vocab, dim]`.
     pub weight: Tensor,
+    params: Params,
+    name: String,
 }
 
 impl Embedding {
@@ -82,11 +84,19 @@ impl Embedding {
     pub fn new(pb: &ParamBuilder, vocab: usize, dim: usize, std: f32) -> Result<Self> {
         Ok(Embedding {
             weight: pb.get((vocab, dim), "weight", Init::Normal(std))?,
+            params: pb.params().clone(),
+            name: pb.path("weight"),
         })
     }
 
-    /// Rows for integer `ids` of any shape: output is `ids.shape + [dim]`.
-    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+    /// Rows for integer `ids` of any shape: output is `ids.shape + [dim]`. In evaluation
+    /// the lookup is an ordinary graph node (a backward pass gives the table a dense
+    /// gradient); in training it goes through [`Params::gather_rows`], whose gradient is
+    /// sparse and collected with [`Params::gradient_into`].
+    pub fn forward(&self, ids: &Tensor, ctx: &Ctx) -> Result<Tensor> {
+        if ctx.train {
+            return self.params.gather_rows(&self.weight, &self.name, ids);
+        }
         let mut shape = ids.dims().to_vec();
         shape.push(self.weight.dim(1)?);
         self.weight.index_select(&ids.flatten_all()?, 0)?.reshape(shape)

@@ -32,6 +32,15 @@ struct Store {
     index: HashMap<String, usize>,
     /// Names that were initialised because the loaded file lacked them.
     initialised: Vec<String>,
+    /// Row lookups of the current training step ([`Params::gather_rows`]).
+    row_uses: Vec<RowUse>,
+}
+
+/// Rows of a table gathered in a training step, as a leaf of the graph.
+struct RowUse {
+    name: String,
+    rows: Var,
+    ids: Vec<u32>,
 }
 
 /// All the parameters of a model. Cloning shares the store.
@@ -129,6 +138,98 @@ impl Params {
     /// A fresh id (dropout layers use it to draw independent masks).
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Rows `ids` (u32, any shape) of the `[n, dim]` table parameter `name`, for a training
+    /// step: the rows become a fresh leaf of the graph and the lookup is recorded, so the
+    /// backward pass yields a gradient for the gathered rows only, which
+    /// [`gradient_into`](Self::gradient_into) scatters into the table's gradient. candle's
+    /// own `index_select` backward instead zero-fills a copy of the whole table and adds
+    /// into it (MiniLM's word table is 30522 × 384: 47 MB, twice, every step). Returns
+    /// `ids.shape + [dim]`. Frozen tables are looked up without a graph. Lookups are kept
+    /// until [`begin_step`](Self::begin_step).
+    pub fn gather_rows(&self, table: &Tensor, name: &str, ids: &Tensor) -> Result<Tensor> {
+        let mut shape = ids.dims().to_vec();
+        shape.push(table.dim(1)?);
+        let flat = ids.flatten_all()?;
+        let rows = table.detach().index_select(&flat, 0)?;
+        if !self.get(name).is_some_and(|p| p.trainable) {
+            return rows.reshape(shape);
+        }
+        let leaf = Var::from_tensor(&rows)?;
+        self.store.lock().unwrap().row_uses.push(RowUse {
+            name: name.into(),
+            rows: leaf.clone(),
+            ids: flat.to_dtype(DType::U32)?.to_vec1::<u32>()?,
+        });
+        leaf.as_tensor().reshape(shape)
+    }
+
+    /// Forgets the lookups recorded by [`gather_rows`](Self::gather_rows): call before each
+    /// training forward pass.
+    pub fn begin_step(&self) {
+        self.store.lock().unwrap().row_uses.clear();
+    }
+
+    /// Writes the gradient of `p` from `grads` into `out` (`p`'s element count), adding to
+    /// what is there when `accumulate`; a gradient through [`gather_rows`]
+    /// (Self::gather_rows) is scattered into its rows. Returns false when `p` got no
+    /// gradient (then `out` is zeroed unless `accumulate`).
+    pub fn gradient_into(
+        &self,
+        grads: &candle_core::backprop::GradStore,
+        p: &Param,
+        out: &mut [f32],
+        accumulate: bool,
+    ) -> Result<bool> {
+        use rayon::prelude::*;
+        if out.len() != p.var.elem_count() {
+            candle_core::bail!(
+                "gradient of `{}`: buffer of {} for {} values",
+                p.name,
+                out.len(),
+                p.var.elem_count()
+            )
+        }
+        let mut got = false;
+        if let Some(g) = grads.get(p.var.as_tensor()) {
+            crate::ops::with_f32(g, |g| {
+                out.par_chunks_mut(1 << 16)
+                    .zip(g.par_chunks(1 << 16))
+                    .for_each(|(o, g)| {
+                        if accumulate {
+                            o.iter_mut().zip(g).for_each(|(o, g)| *o += g)
+                        } else {
+                            o.copy_from_slice(g)
+                        }
+                    })
+            })?;
+            got = true;
+        }
+        let store = self.store.lock().unwrap();
+        for u in store.row_uses.iter().filter(|u| u.name == p.name) {
+            let Some(g) = grads.get(u.rows.as_tensor()) else {
+                continue;
+            };
+            if !got && !accumulate {
+                out.par_chunks_mut(1 << 16).for_each(|o| o.fill(0.0));
+            }
+            got = true;
+            let dim = p.var.dim(1)?;
+            crate::ops::with_f32(g, |g| {
+                for (row, &id) in g.chunks(dim).zip(&u.ids) {
+                    let id = id as usize;
+                    out[id * dim..(id + 1) * dim]
+                        .iter_mut()
+                        .zip(row)
+                        .for_each(|(o, g)| *o += g);
+                }
+            })?;
+        }
+        if !got && !accumulate {
+            out.par_chunks_mut(1 << 16).for_each(|o| o.fill(0.0));
+        }
+        Ok(got)
     }
 
     /// Every tensor by name (values, detached).
@@ -402,5 +503,60 @@ mod tests {
                 .contains("x.safetensors: tensor `enc.weight` has shape [2, 2]"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn sparse_row_gradients_equal_the_dense_lookup_gradient() {
+        let params = Params::new();
+        let pb = params.builder(3, None);
+        let table = pb.get((10, 4), "emb.weight", Init::Normal(1.0)).unwrap();
+        let p = params.get("emb.weight").unwrap();
+        // Repeated ids: their rows' gradients add up.
+        let ids = Tensor::new(&[[1u32, 7, 1], [0, 7, 7]], &Device::Cpu).unwrap();
+        let probe = Tensor::randn(0f32, 1.0, (2, 3, 4), &Device::Cpu).unwrap();
+        let dense_out = table
+            .index_select(&ids.flatten_all().unwrap(), 0)
+            .unwrap()
+            .reshape((2, 3, 4))
+            .unwrap();
+        let dense = (dense_out * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let want = dense
+            .get(&table)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        params.begin_step();
+        let sparse_out = params.gather_rows(&table, "emb.weight", &ids).unwrap();
+        let grads = (sparse_out * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert!(
+            grads.get(&table).is_none(),
+            "the table itself is not in the graph"
+        );
+        let mut got = vec![9f32; 40];
+        assert!(params.gradient_into(&grads, &p, &mut got, false).unwrap());
+        for (a, b) in want.iter().zip(&got) {
+            assert!((a - b).abs() < 1e-6, "{want:?} vs {got:?}");
+        }
+        // Accumulating adds; a frozen table records nothing.
+        params.gradient_into(&grads, &p, &mut got, true).unwrap();
+        assert!((got[4] - 2.0 * want[4]).abs() < 1e-5);
+        params.begin_step();
+        params.set_trainable("emb", false);
+        let out = params.gather_rows(&table, "emb.weight", &ids).unwrap();
+        let grads = out.sum_all().unwrap().backward().unwrap();
+        assert!(!params.gradient_into(&grads, &p, &mut got, false).unwrap());
+        assert!(got.iter().all(|v| *v == 0.0));
     }
 }

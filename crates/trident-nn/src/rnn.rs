@@ -190,7 +190,7 @@ impl RnnClassifier {
 
     /// Logits for `[batch, seq]` ids and mask.
     pub fn forward(&self, ids: &Tensor, mask: &Tensor, ctx: &Ctx) -> Result<Tensor> {
-        let x = self.drop.forward(&self.embed.forward(ids)?, ctx)?;
+        let x = self.drop.forward(&self.embed.forward(ids, ctx)?, ctx)?;
         let h = self.rnn.forward(&x, mask, ctx)?;
         let pooled = masked_mean(&h, &mask.to_dtype(DType::F32)?)?;
         self.head.forward(&self.drop.forward(&pooled, ctx)?)

@@ -76,12 +76,18 @@ impl EncoderLayer {
     }
 
     fn self_attention(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
-        let q = self.query.forward(x)?;
-        let k = self.key.forward(x)?;
-        let v = self.value.forward(x)?;
+        // One projection to [q | k | v]: one GEMM, and one gradient edge into x instead of
+        // three (each edge costs candle's backward a zero-filled tensor and an add).
+        let w = Tensor::cat(&[&self.query.weight, &self.key.weight, &self.value.weight], 0)?;
+        let bias_qkv = match (&self.query.bias, &self.key.bias, &self.value.bias) {
+            (Some(q), Some(k), Some(v)) => Some(Tensor::cat(&[q, k, v], 0)?),
+            (None, None, None) => None,
+            _ => candle_core::bail!("attention: query, key and value must all have a bias or none"),
+        };
+        let qkv = dense::linear(x, &w, bias_qkv.as_ref())?;
         let dropout =
             (ctx.train && self.attn_drop.p > 0.0).then(|| (self.attn_drop.p, self.attn_drop.seed(ctx)));
-        let merged = dense::attention(&q, &k, &v, bias, self.heads, dropout)?;
+        let merged = dense::attention_packed(&qkv, bias, self.heads, dropout)?;
         self.attn_out.forward(&merged)
     }
 

@@ -22,7 +22,10 @@ fn main() -> anyhow::Result<()> {
     let (batch, seq) = (16usize, 64usize);
     trident_nn::runtime::keep_freed_memory();
     eprintln!("GEMM: {}", trident_nn::blas::backend());
-    let config = BertConfig::read(&dir.join("config.json"))?;
+    let mut config = BertConfig::read(&dir.join("config.json"))?;
+    // A training step as the PyTorch script runs it: train mode, dropout off.
+    config.hidden_dropout_prob = 0.0;
+    config.attention_probs_dropout_prob = 0.0;
     let params = Params::new();
     let model = BertClassifier::new(
         &params.builder(0, Some(load_bert_weights(&dir)?)),
@@ -46,23 +49,18 @@ fn main() -> anyhow::Result<()> {
     let (mut fw, mut bw, mut op) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..steps + 1 {
         let t0 = Instant::now();
-        let logits = model.forward(&b, &Ctx::eval())?;
+        params.begin_step();
+        let logits = model.forward(&b, &Ctx::train(0, step as u64))?;
         let loss = ops::cross_entropy(&logits, &labels)?;
         let t1 = Instant::now();
         let grads = loss.backward()?;
         let g: Vec<Vec<f32>> = trainable
             .iter()
             .map(|p| {
-                grads
-                    .get(p.var.as_tensor())
-                    .map(|g| trident_nn::ops::with_f32(g, <[f32]>::to_vec))
-                    .transpose()
+                let mut g = vec![0f32; p.var.elem_count()];
+                params.gradient_into(&grads, p, &mut g, false).map(|_| g)
             })
-            .collect::<candle_core::Result<Vec<_>>>()?
-            .into_iter()
-            .zip(&trainable)
-            .map(|(g, p)| g.unwrap_or_else(|| vec![0.0; p.var.elem_count()]))
-            .collect();
+            .collect::<candle_core::Result<_>>()?;
         let t2 = Instant::now();
         opt.step(&trainable, &g, 2e-5)?;
         let t3 = Instant::now();

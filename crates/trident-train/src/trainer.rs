@@ -234,29 +234,19 @@ pub fn gradients<S: TrainStep>(
     batch: &S::Batch,
     ctx: &Ctx,
 ) -> candle_core::Result<Vec<(String, Option<Vec<f32>>)>> {
+    let store = step.params();
+    store.begin_step();
     let out = step.forward(batch, ctx)?;
     let grads = out.loss.backward()?;
-    step.params()
+    store
         .trainable()
         .into_iter()
         .map(|p| {
-            let g = grads
-                .get(p.var.as_tensor())
-                .map(|g| g.flatten_all()?.to_vec1::<f32>())
-                .transpose()?;
-            Ok((p.name, g))
+            let mut g = vec![0f32; p.var.elem_count()];
+            let got = store.gradient_into(&grads, &p, &mut g, false)?;
+            Ok((p.name, got.then_some(g)))
         })
         .collect()
-}
-
-/// `f(a[i], b[i])` for every element, split across rayon's threads for large buffers (the
-/// gradient copies of a 22M-parameter model are 90 MB per step).
-fn par_apply(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 16;
-    a.par_chunks_mut(CHUNK)
-        .zip(b.par_chunks(CHUNK))
-        .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, &b)| f(a, b)));
 }
 
 /// Drives training of one run directory.
@@ -420,18 +410,13 @@ impl Trainer {
                     .next()
                     .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
                 let ctx = Ctx::train(c.seed, state.micro_step);
+                let store = step.params();
+                store.begin_step();
                 let out = step.forward(&batch, &ctx)?;
                 let grads = out.loss.backward()?;
                 // The first micro-batch of a group overwrites the sums, later ones add.
                 for (a, p) in acc.iter_mut().zip(&params) {
-                    match grads.get(p.var.as_tensor()) {
-                        Some(g) if in_group == 0 => {
-                            trident_nn::ops::with_f32(g, |g| par_apply(a, g, |a, g| *a = g))?
-                        }
-                        Some(g) => trident_nn::ops::with_f32(g, |g| par_apply(a, g, |a, g| *a += g))?,
-                        None if in_group == 0 => a.fill(0.0),
-                        None => {}
-                    }
+                    store.gradient_into(&grads, p, a, in_group > 0)?;
                 }
                 let loss = out.loss.to_scalar::<f32>()? as f64;
                 if !loss.is_finite() {
