@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         weight_decay: 0.01,
     });
     let (mut fw, mut bw, mut op) = (Vec::new(), Vec::new(), Vec::new());
+    let mut g: Vec<Vec<f32>> = trainable.iter().map(|p| vec![0f32; p.var.elem_count()]).collect();
     for step in 0..steps + 1 {
         let t0 = Instant::now();
         params.begin_step();
@@ -54,13 +55,10 @@ fn main() -> anyhow::Result<()> {
         let loss = ops::cross_entropy(&logits, &labels)?;
         let t1 = Instant::now();
         let grads = loss.backward()?;
-        let g: Vec<Vec<f32>> = trainable
-            .iter()
-            .map(|p| {
-                let mut g = vec![0f32; p.var.elem_count()];
-                params.gradient_into(&grads, p, &mut g, false).map(|_| g)
-            })
-            .collect::<candle_core::Result<_>>()?;
+        // Into buffers kept across steps, as the trainer does.
+        for (g, p) in g.iter_mut().zip(&trainable) {
+            params.gradient_into(&grads, p, g, false)?;
+        }
         let t2 = Instant::now();
         opt.step(&trainable, &g, 2e-5)?;
         let t3 = Instant::now();
