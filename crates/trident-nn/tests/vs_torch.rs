@@ -201,6 +201,48 @@ fn tiny_bert_matches_transformers_including_every_weight_gradient() {
         checked += 1;
     }
     assert_eq!(checked, 41, "every weight of the 2-layer BERT with head");
+
+    // Training mode with dropout 0 is the same function, but the embedding lookups take
+    // the sparse-gradient path (Params::gather_rows / gradient_into): torch's gradients too.
+    let mut config0 = config.clone();
+    config0.hidden_dropout_prob = 0.0;
+    config0.attention_probs_dropout_prob = 0.0;
+    let params0 = Params::new();
+    let pb0 = params0.builder(0, Some(Loaded::read(&dir.join("model.safetensors")).unwrap()));
+    let model0 = BertClassifier::new(&pb0, &config0, 3, Pooling::Cls).unwrap();
+    params0.begin_step();
+    let logits = model0.forward(&batch, &Ctx::train(1, 0)).unwrap();
+    let grads = ops::cross_entropy(&logits, &u32s(&r["labels"]))
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(
+        grads
+            .get(
+                params0
+                    .get("bert.embeddings.word_embeddings.weight")
+                    .unwrap()
+                    .var
+                    .as_tensor()
+            )
+            .is_none(),
+        "the word table's gradient comes through the sparse path"
+    );
+    for p in params0.trainable() {
+        let mut g = vec![0f32; p.var.elem_count()];
+        assert!(
+            params0.gradient_into(&grads, &p, &mut g, false).unwrap(),
+            "{}",
+            p.name
+        );
+        let g = Tensor::from_vec(g, p.var.shape(), &Device::Cpu).unwrap();
+        assert_close(
+            &format!("train-mode grad {}", p.name),
+            &g,
+            &r[&format!("grad.{}", p.name)],
+            1e-4,
+        );
+    }
 }
 
 #[test]
