@@ -128,6 +128,11 @@ impl LayerNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         ops::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
+
+    /// `forward(x + residual)` in one fused kernel ([`ops::add_layer_norm`]).
+    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        ops::add_layer_norm(x, residual, &self.weight, &self.bias, self.eps)
+    }
 }
 
 /// Inverted dropout; each layer draws its own mask from the step seed and its id.

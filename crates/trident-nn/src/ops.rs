@@ -151,53 +151,166 @@ impl CustomOp3 for LayerNorm {
         let xs = cpu_slice(&sx, lx, "layer_norm backward")?;
         let gs = cpu_slice(&sg, lg, "layer_norm backward")?;
         let gamma_v = cpu_slice(&sgm, lgm, "layer_norm backward")?;
-        let rows = xs.len() / d;
-        let mut dx = vec![0f32; xs.len()];
-        // Per-row dx, and per-chunk partial sums of dgamma/dbeta reduced afterwards.
-        let chunk_rows = rows.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
-        let partials: Vec<(Vec<f32>, Vec<f32>)> = dx
-            .par_chunks_mut(chunk_rows * d)
-            .enumerate()
-            .map(|(c, dxc)| {
-                let mut dg = vec![0f32; d];
-                let mut db = vec![0f32; d];
-                for (r, dxr) in dxc.chunks_mut(d).enumerate() {
-                    let i = c * chunk_rows + r;
-                    let row = &xs[i * d..(i + 1) * d];
-                    let gr = &gs[i * d..(i + 1) * d];
-                    let (mean, rstd) = row_stats(row, self.eps);
-                    let (mut sum_gg, mut sum_ggx) = (0f32, 0f32);
-                    for j in 0..d {
-                        let xhat = (row[j] - mean) * rstd;
-                        let gg = gr[j] * gamma_v[j];
-                        sum_gg += gg;
-                        sum_ggx += gg * xhat;
-                        dg[j] += gr[j] * xhat;
-                        db[j] += gr[j];
-                    }
-                    let (m1, m2) = (sum_gg / d as f32, sum_ggx / d as f32);
-                    for j in 0..d {
-                        let xhat = (row[j] - mean) * rstd;
-                        dxr[j] = rstd * (gr[j] * gamma_v[j] - m1 - xhat * m2);
-                    }
-                }
-                (dg, db)
-            })
-            .collect();
-        let mut dg = vec![0f32; d];
-        let mut db = vec![0f32; d];
-        for (pg, pb) in partials {
-            for j in 0..d {
-                dg[j] += pg[j];
-                db[j] += pb[j];
-            }
-        }
+        let (dx, dg, db) = layer_norm_grads(xs, gs, gamma_v, d, self.eps);
         let dev = x.device();
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), dev)?),
             Some(Tensor::from_vec(dg, gamma.shape(), dev)?),
             Some(Tensor::from_vec(db, gamma.shape(), dev)?),
         ))
+    }
+}
+
+/// Layer-norm gradients over rows of width `d`: (dx, dgamma, dbeta) from the input `xs`,
+/// the output gradient `gs` and the scale.
+fn layer_norm_grads(
+    xs: &[f32],
+    gs: &[f32],
+    gamma_v: &[f32],
+    d: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = xs.len() / d;
+    let mut dx = vec![0f32; xs.len()];
+    // Per-row dx, and per-chunk partial sums of dgamma/dbeta reduced afterwards.
+    let chunk_rows = rows.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx
+        .par_chunks_mut(chunk_rows * d)
+        .enumerate()
+        .map(|(c, dxc)| {
+            let mut dg = vec![0f32; d];
+            let mut db = vec![0f32; d];
+            for (r, dxr) in dxc.chunks_mut(d).enumerate() {
+                let i = c * chunk_rows + r;
+                let row = &xs[i * d..(i + 1) * d];
+                let gr = &gs[i * d..(i + 1) * d];
+                let (mean, rstd) = row_stats(row, eps);
+                let (mut sum_gg, mut sum_ggx) = (0f32, 0f32);
+                for j in 0..d {
+                    let xhat = (row[j] - mean) * rstd;
+                    let gg = gr[j] * gamma_v[j];
+                    sum_gg += gg;
+                    sum_ggx += gg * xhat;
+                    dg[j] += gr[j] * xhat;
+                    db[j] += gr[j];
+                }
+                let (m1, m2) = (sum_gg / d as f32, sum_ggx / d as f32);
+                for j in 0..d {
+                    let xhat = (row[j] - mean) * rstd;
+                    dxr[j] = rstd * (gr[j] * gamma_v[j] - m1 - xhat * m2);
+                }
+            }
+            (dg, db)
+        })
+        .collect();
+    let mut dg = vec![0f32; d];
+    let mut db = vec![0f32; d];
+    for (pg, pb) in partials {
+        for j in 0..d {
+            dg[j] += pg[j];
+            db[j] += pb[j];
+        }
+    }
+    (dx, dg, db)
+}
+
+/// `layer_norm(x + residual)`, fused: one pass forward (the sum is never stored), and the
+/// backward pass recomputes the sum and gives `x` and `residual` the same gradient. Saves
+/// the residual add's output tensor and, in candle's backward pass, a zero-filled gradient
+/// and an add for it.
+pub fn add_layer_norm(
+    x: &Tensor,
+    residual: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    if x.dims() != residual.dims() {
+        bail!(
+            "add_layer_norm: input {:?} and residual {:?} differ",
+            x.dims(),
+            residual.dims()
+        )
+    }
+    let gb = Tensor::cat(&[gamma, beta], 0)?;
+    x.contiguous()?
+        .apply_op3(&residual.contiguous()?, &gb, AddLayerNorm { eps })
+}
+
+struct AddLayerNorm {
+    eps: f32,
+}
+
+impl CustomOp3 for AddLayerNorm {
+    fn name(&self) -> &'static str {
+        "trident-add-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "add_layer_norm")?;
+        let r = f32_slice(s2, l2, "add_layer_norm residual")?;
+        let gb = f32_slice(s3, l3, "add_layer_norm gamma/beta")?;
+        let d = last_dim(l1, "add_layer_norm")?;
+        if gb.len() != 2 * d {
+            bail!(
+                "add_layer_norm: gamma and beta have {} elements together, expected 2·{d}",
+                gb.len()
+            )
+        }
+        let (g, b) = gb.split_at(d);
+        let mut out = vec![0f32; x.len()];
+        for_rows(&mut out, d, |i, o| {
+            let (xr, rr) = (&x[i * d..(i + 1) * d], &r[i * d..(i + 1) * d]);
+            o.iter_mut()
+                .zip(xr.iter().zip(rr))
+                .for_each(|(o, (a, b))| *o = a + b);
+            let (mean, rstd) = row_stats(o, self.eps);
+            for j in 0..d {
+                o[j] = (o[j] - mean) * rstd * g[j] + b[j];
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        gb: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let d = x.dim(candle_core::D::Minus1)?;
+        let grad = grad.contiguous()?;
+        let (dx, dg, db) = {
+            let (sx, lx) = x.storage_and_layout();
+            let (sr, lr) = residual.storage_and_layout();
+            let (sg, lg) = grad.storage_and_layout();
+            let (sgb, lgb) = gb.storage_and_layout();
+            let xs = cpu_slice(&sx, lx, "add_layer_norm backward")?;
+            let rs = cpu_slice(&sr, lr, "add_layer_norm backward")?;
+            let gs = cpu_slice(&sg, lg, "add_layer_norm backward")?;
+            let gamma_v = &cpu_slice(&sgb, lgb, "add_layer_norm backward")?[..d];
+            let mut sum = vec![0f32; xs.len()];
+            for_rows(&mut sum, d, |i, o| {
+                o.iter_mut()
+                    .zip(xs[i * d..(i + 1) * d].iter().zip(&rs[i * d..(i + 1) * d]))
+                    .for_each(|(o, (a, b))| *o = a + b)
+            });
+            layer_norm_grads(&sum, gs, gamma_v, d, self.eps)
+        };
+        let dev = x.device();
+        let dx = Tensor::from_vec(dx, x.shape(), dev)?;
+        let dgb = Tensor::from_vec([dg, db].concat(), 2 * d, dev)?;
+        Ok((Some(dx.clone()), Some(dx), Some(dgb)))
     }
 }
 
@@ -820,5 +933,37 @@ mod tests {
         let dropped = a.iter().filter(|&&v| v == 0.0).count() as f32 / 10_000.0;
         assert!((dropped - 0.25).abs() < 0.02, "dropped {dropped}");
         assert!(a.iter().all(|&v| v == 0.0 || (v - 4.0 / 3.0).abs() < 1e-6));
+    }
+
+    #[test]
+    fn add_layer_norm_equals_layer_norm_of_the_sum_with_gradients() {
+        let dev = Device::Cpu;
+        let x = Var::randn(0f32, 1.0, (3, 5, 16), &dev).unwrap();
+        let r = Var::randn(0f32, 1.0, (3, 5, 16), &dev).unwrap();
+        let g = Var::randn(1f32, 0.2, 16, &dev).unwrap();
+        let b = Var::randn(0f32, 0.2, 16, &dev).unwrap();
+        let probe = Tensor::randn(0f32, 1.0, (3, 5, 16), &dev).unwrap();
+        let want = layer_norm(&(x.as_tensor() + r.as_tensor()).unwrap(), &g, &b, 1e-12).unwrap();
+        let got = add_layer_norm(&x, &r, &g, &b, 1e-12).unwrap();
+        let diff = |a: &Tensor, b: &Tensor| {
+            (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        assert!(diff(&want, &got) < 1e-5);
+        let gw = (want * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let gg = (got * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, v) in [("x", &x), ("residual", &r), ("gamma", &g), ("beta", &b)] {
+            let d = diff(gw.get(v).unwrap(), gg.get(v).unwrap());
+            assert!(d < 1e-4, "d{name} differs by {d}");
+        }
+        assert!(add_layer_norm(&x, &r.as_tensor().narrow(1, 0, 2).unwrap(), &g, &b, 1e-12).is_err());
     }
 }

@@ -102,12 +102,14 @@ impl EncoderLayer {
                 .forward(&gelu.forward(&self.inter.forward(&self.out_norm.forward(&x)?)?)?)?;
             x + self.hidden_drop.forward(&f, ctx)?
         } else {
+            // Residual adds fused into the layer norms that follow them.
             let a = self.self_attention(x, bias, ctx)?;
             let x = self
                 .attn_norm
-                .forward(&(self.hidden_drop.forward(&a, ctx)? + x)?)?;
+                .forward_residual(&self.hidden_drop.forward(&a, ctx)?, x)?;
             let f = self.out.forward(&gelu.forward(&self.inter.forward(&x)?)?)?;
-            self.out_norm.forward(&(self.hidden_drop.forward(&f, ctx)? + x)?)
+            self.out_norm
+                .forward_residual(&self.hidden_drop.forward(&f, ctx)?, &x)
         }
     }
 }
