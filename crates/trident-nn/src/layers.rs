@@ -129,9 +129,17 @@ impl LayerNorm {
         ops::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
 
-    /// `forward(x + residual)` in one fused kernel ([`ops::add_layer_norm`]).
-    pub fn forward_residual(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
-        ops::add_layer_norm(x, residual, &self.weight, &self.bias, self.eps)
+    /// `forward(drop(x) + residual)` in one fused kernel ([`ops::add_dropout_layer_norm`]),
+    /// dropping exactly what `drop.forward(x, ctx)` would.
+    pub fn forward_residual(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        drop: &Dropout,
+        ctx: &Ctx,
+    ) -> Result<Tensor> {
+        let dropout = (ctx.train && drop.p > 0.0).then(|| (drop.p, drop.seed(ctx)));
+        ops::add_dropout_layer_norm(x, residual, &self.weight, &self.bias, self.eps, dropout)
     }
 }
 

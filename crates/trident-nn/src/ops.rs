@@ -225,6 +225,20 @@ pub fn add_layer_norm(
     beta: &Tensor,
     eps: f32,
 ) -> Result<Tensor> {
+    add_dropout_layer_norm(x, residual, gamma, beta, eps, None)
+}
+
+/// `layer_norm(dropout(x) + residual)` with `dropout` = (p, seed) dropping exactly what
+/// [`dropout`] would on `x`, fused like [`add_layer_norm`]: the mask is drawn in the kernel
+/// and drawn again in the backward pass, never stored.
+pub fn add_dropout_layer_norm(
+    x: &Tensor,
+    residual: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+    dropout: Option<(f32, u64)>,
+) -> Result<Tensor> {
     if x.dims() != residual.dims() {
         bail!(
             "add_layer_norm: input {:?} and residual {:?} differ",
@@ -232,13 +246,43 @@ pub fn add_layer_norm(
             residual.dims()
         )
     }
+    let dropout = match dropout {
+        Some((p, _)) if !(0.0..1.0).contains(&p) => bail!("add_layer_norm: dropout {p} is outside [0, 1)"),
+        Some((p, seed)) if p > 0.0 => Some((1.0 / (1.0 - p), dropout_threshold(p), seed)),
+        _ => None,
+    };
     let gb = Tensor::cat(&[gamma, beta], 0)?;
     x.contiguous()?
-        .apply_op3(&residual.contiguous()?, &gb, AddLayerNorm { eps })
+        .apply_op3(&residual.contiguous()?, &gb, AddLayerNorm { eps, dropout })
 }
 
 struct AddLayerNorm {
     eps: f32,
+    /// (1 / (1 - p), threshold, seed).
+    dropout: Option<(f32, u64, u64)>,
+}
+
+impl AddLayerNorm {
+    /// Row `i` of `dropout(x) + r` into `o`.
+    fn sum_row(&self, i: usize, x: &[f32], r: &[f32], o: &mut [f32]) {
+        match self.dropout {
+            None => o
+                .iter_mut()
+                .zip(x.iter().zip(r))
+                .for_each(|(o, (a, b))| *o = a + b),
+            Some((keep, threshold, seed)) => {
+                let base = i * o.len();
+                for (j, (o, (a, b))) in o.iter_mut().zip(x.iter().zip(r)).enumerate() {
+                    let m = if dropout_keeps(seed, base + j, threshold) {
+                        keep
+                    } else {
+                        0.0
+                    };
+                    *o = a * m + b;
+                }
+            }
+        }
+    }
 }
 
 impl CustomOp3 for AddLayerNorm {
@@ -268,10 +312,7 @@ impl CustomOp3 for AddLayerNorm {
         let (g, b) = gb.split_at(d);
         let mut out = vec![0f32; x.len()];
         for_rows(&mut out, d, |i, o| {
-            let (xr, rr) = (&x[i * d..(i + 1) * d], &r[i * d..(i + 1) * d]);
-            o.iter_mut()
-                .zip(xr.iter().zip(rr))
-                .for_each(|(o, (a, b))| *o = a + b);
+            self.sum_row(i, &x[i * d..(i + 1) * d], &r[i * d..(i + 1) * d], o);
             let (mean, rstd) = row_stats(o, self.eps);
             for j in 0..d {
                 o[j] = (o[j] - mean) * rstd * g[j] + b[j];
@@ -301,16 +342,29 @@ impl CustomOp3 for AddLayerNorm {
             let gamma_v = &cpu_slice(&sgb, lgb, "add_layer_norm backward")?[..d];
             let mut sum = vec![0f32; xs.len()];
             for_rows(&mut sum, d, |i, o| {
-                o.iter_mut()
-                    .zip(xs[i * d..(i + 1) * d].iter().zip(&rs[i * d..(i + 1) * d]))
-                    .for_each(|(o, (a, b))| *o = a + b)
+                self.sum_row(i, &xs[i * d..(i + 1) * d], &rs[i * d..(i + 1) * d], o)
             });
             layer_norm_grads(&sum, gs, gamma_v, d, self.eps)
         };
         let dev = x.device();
-        let dx = Tensor::from_vec(dx, x.shape(), dev)?;
         let dgb = Tensor::from_vec([dg, db].concat(), 2 * d, dev)?;
-        Ok((Some(dx.clone()), Some(dx), Some(dgb)))
+        // The residual gets the sum's gradient; x gets it through the dropout mask.
+        let dx_in = match self.dropout {
+            None => None,
+            Some((keep, threshold, seed)) => {
+                let mut v = dx.clone();
+                for (j, g) in v.iter_mut().enumerate() {
+                    *g = if dropout_keeps(seed, j, threshold) {
+                        *g * keep
+                    } else {
+                        0.0
+                    };
+                }
+                Some(Tensor::from_vec(v, x.shape(), dev)?)
+            }
+        };
+        let dr = Tensor::from_vec(dx, x.shape(), dev)?;
+        Ok((Some(dx_in.unwrap_or_else(|| dr.clone())), Some(dr), Some(dgb)))
     }
 }
 
@@ -965,5 +1019,21 @@ mod tests {
             assert!(d < 1e-4, "d{name} differs by {d}");
         }
         assert!(add_layer_norm(&x, &r.as_tensor().narrow(1, 0, 2).unwrap(), &g, &b, 1e-12).is_err());
+        // With dropout on x: the same mask as `dropout` draws.
+        let want = layer_norm(
+            &(dropout(&x, 0.3, 99).unwrap() + r.as_tensor()).unwrap(),
+            &g,
+            &b,
+            1e-12,
+        )
+        .unwrap();
+        let got = add_dropout_layer_norm(&x, &r, &g, &b, 1e-12, Some((0.3, 99))).unwrap();
+        assert!(diff(&want, &got) < 1e-5);
+        let gw = (want * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let gg = (got * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, v) in [("x", &x), ("residual", &r), ("gamma", &g), ("beta", &b)] {
+            let d = diff(gw.get(v).unwrap(), gg.get(v).unwrap());
+            assert!(d < 1e-4, "dropout: d{name} differs by {d}");
+        }
     }
 }

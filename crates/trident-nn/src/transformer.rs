@@ -102,14 +102,11 @@ impl EncoderLayer {
                 .forward(&gelu.forward(&self.inter.forward(&self.out_norm.forward(&x)?)?)?)?;
             x + self.hidden_drop.forward(&f, ctx)?
         } else {
-            // Residual adds fused into the layer norms that follow them.
+            // Dropout and residual adds fused into the layer norms that follow them.
             let a = self.self_attention(x, bias, ctx)?;
-            let x = self
-                .attn_norm
-                .forward_residual(&self.hidden_drop.forward(&a, ctx)?, x)?;
+            let x = self.attn_norm.forward_residual(&a, x, &self.hidden_drop, ctx)?;
             let f = self.out.forward(&gelu.forward(&self.inter.forward(&x)?)?)?;
-            self.out_norm
-                .forward_residual(&self.hidden_drop.forward(&f, ctx)?, &x)
+            self.out_norm.forward_residual(&f, &x, &self.hidden_drop, ctx)
         }
     }
 }
