@@ -192,6 +192,15 @@ impl<'a> Mat<'a> {
     }
 }
 
+/// Panics unless every operand covers what a GEMM of these dimensions reads or writes:
+/// the kernels below are unsafe code that trusts these extents.
+fn check_extents(m: usize, n: usize, k: usize, a: &Mat, b: &Mat, c: &[f32], ldc: usize) {
+    assert!(a.data.len() >= a.need(m, k), "gemm: lhs too short");
+    assert!(b.data.len() >= b.need(k, n), "gemm: rhs too short");
+    assert!(ldc >= n, "gemm: output rows overlap");
+    assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: output too short");
+}
+
 /// `c = alpha · op(a) · op(b) + beta · c` for `c` of shape `m × n` (row-major, leading
 /// dimension `n`), `op(a)`: `m × k`, `op(b)`: `k × n`, on the calling thread.
 #[allow(clippy::too_many_arguments)]
@@ -212,10 +221,7 @@ pub fn gemm_serial_ld(
     c: &mut [f32],
     ldc: usize,
 ) {
-    assert!(a.data.len() >= a.need(m, k), "gemm: lhs too short");
-    assert!(b.data.len() >= b.need(k, n), "gemm: rhs too short");
-    assert!(ldc >= n, "gemm: output rows overlap");
-    assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: output too short");
+    check_extents(m, n, k, &a, &b, c, ldc);
     if m == 0 || n == 0 {
         return;
     }
@@ -227,8 +233,8 @@ pub fn gemm_serial_ld(
     }
     if let Some(blas) = blas() {
         let dim = |v: usize| i32::try_from(v).expect("gemm: dimension exceeds i32");
-        // SAFETY: the asserts above check every operand covers the extent OpenBLAS reads
-        // or writes for these dimensions and leading dimensions.
+        // SAFETY: check_extents above: every operand covers the extent OpenBLAS reads or
+        // writes for these dimensions and leading dimensions.
         unsafe {
             (blas.sgemm)(
                 ROW_MAJOR,
@@ -275,7 +281,7 @@ fn gemm_crate(
     };
     let (a_rs, a_cs) = strides(&a);
     let (b_rs, b_cs) = strides(&b);
-    // SAFETY: the caller checked the operand extents; `gemm` computes
+    // SAFETY: the callers ran check_extents; `gemm` computes
     // dst = alpha_gemm · dst + beta_gemm · lhs · rhs, so our (alpha, beta) swap places.
     unsafe {
         gemm::gemm(
@@ -313,9 +319,7 @@ pub fn gemm(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32,
         return gemm_serial(m, n, k, alpha, a, b, beta, c);
     }
     if blas().is_none() {
-        assert!(a.data.len() >= a.need(m, k), "gemm: lhs too short");
-        assert!(b.data.len() >= b.need(k, n), "gemm: rhs too short");
-        assert!(c.len() >= m * n, "gemm: output too short");
+        check_extents(m, n, k, &a, &b, c, n);
         return gemm_crate(
             m,
             n,

@@ -1,137 +1,13 @@
-//! Dense operations on [`crate::blas`]: matrix products with either operand transposed in
-//! place (no copies for `x · wᵀ`), a linear layer with its bias fused into the GEMM, and
-//! GELU; each a candle custom op whose backward pass is again a few GEMMs or one
-//! element-wise pass. Checked against PyTorch in `tests/vs_torch.rs` and against candle's
-//! own matmul in this module's tests.
+//! Dense operations on [`crate::blas`]: a linear layer with its bias fused into the GEMM
+//! (the weight read transposed in place, no copy of `wᵀ`), multi-head attention on a packed
+//! Q/K/V projection, and GELU; each a candle custom op whose backward pass is again a few
+//! GEMMs or one element-wise pass. Checked against PyTorch in `tests/vs_torch.rs` and
+//! against candle's own ops in this module's tests.
 
 use crate::blas::{self, Mat};
-use crate::ops::{cpu_slice, f32_slice, PAR_MIN};
+use crate::ops::{cpu_slice, f32_slice, for_rows, DropMask};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
-
-/// `op(a) · op(b)` over the last two dimensions, where `op` transposes when asked; leading
-/// (batch) dimensions must be equal. Transposing is free: the GEMM reads the operand
-/// transposed, nothing is copied.
-pub fn matmul_t(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
-    a.contiguous()?.apply_op2(&b.contiguous()?, MatMul { ta, tb })
-}
-
-fn matmul_nb(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Tensor> {
-    a.contiguous()?
-        .apply_op2_no_bwd(&b.contiguous()?, &MatMul { ta, tb })
-}
-
-struct MatMul {
-    ta: bool,
-    tb: bool,
-}
-
-/// (batch, m, k, n) of `op(a) · op(b)`, or an error naming the shapes.
-fn product_dims(
-    la: &Layout,
-    lb: &Layout,
-    ta: bool,
-    tb: bool,
-) -> Result<(usize, usize, usize, usize, Vec<usize>)> {
-    let (da, db) = (la.dims(), lb.dims());
-    if da.len() < 2 || da.len() != db.len() || da[..da.len() - 2] != db[..db.len() - 2] {
-        bail!("matmul: shapes {da:?} and {db:?} need rank ≥ 2 and equal leading dimensions")
-    }
-    let r = da.len();
-    let (m, k) = if ta {
-        (da[r - 1], da[r - 2])
-    } else {
-        (da[r - 2], da[r - 1])
-    };
-    let (kb, n) = if tb {
-        (db[r - 1], db[r - 2])
-    } else {
-        (db[r - 2], db[r - 1])
-    };
-    if k != kb {
-        bail!(
-            "matmul: inner dimensions differ: {da:?}{} · {db:?}{}",
-            if ta { "ᵀ" } else { "" },
-            if tb { "ᵀ" } else { "" }
-        )
-    }
-    let batch = da[..r - 2].iter().product();
-    let mut out = da[..r - 2].to_vec();
-    out.extend([m, n]);
-    Ok((batch, m, k, n, out))
-}
-
-impl CustomOp2 for MatMul {
-    fn name(&self) -> &'static str {
-        "trident-matmul"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (batch, m, k, n, out_dims) = product_dims(l1, l2, self.ta, self.tb)?;
-        let a = f32_slice(s1, l1, "matmul")?;
-        let b = f32_slice(s2, l2, "matmul")?;
-        let (ta, tb) = (self.ta, self.tb);
-        let lda = if ta { m } else { k };
-        let ldb = if tb { k } else { n };
-        let mut out = vec![0f32; batch * m * n];
-        let one = |i: usize, c: &mut [f32], serial: bool| {
-            let am = Mat {
-                data: &a[i * m * k..(i + 1) * m * k],
-                ld: lda,
-                trans: ta,
-            };
-            let bm = Mat {
-                data: &b[i * k * n..(i + 1) * k * n],
-                ld: ldb,
-                trans: tb,
-            };
-            if serial {
-                blas::gemm_serial(m, n, k, 1.0, am, bm, 0.0, c)
-            } else {
-                blas::gemm(m, n, k, 1.0, am, bm, 0.0, c)
-            }
-        };
-        if batch >= rayon::current_num_threads() && batch > 1 {
-            // Many small products (attention heads): one per task.
-            out.par_chunks_mut((m * n).max(1))
-                .enumerate()
-                .for_each(|(i, c)| one(i, c, true));
-        } else {
-            out.chunks_mut((m * n).max(1))
-                .enumerate()
-                .for_each(|(i, c)| one(i, c, false));
-        }
-        Ok((CpuStorage::F32(out), Shape::from(out_dims)))
-    }
-
-    fn bwd(
-        &self,
-        a: &Tensor,
-        b: &Tensor,
-        _res: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (ta, tb) = (self.ta, self.tb);
-        // C = op(A)·op(B): dop(A) = G·op(B)ᵀ and dop(B) = op(A)ᵀ·G, mapped back through op.
-        let da = if ta {
-            matmul_nb(b, g, tb, true)?
-        } else {
-            matmul_nb(g, b, false, !tb)?
-        };
-        let db = if tb {
-            matmul_nb(g, a, true, ta)?
-        } else {
-            matmul_nb(a, g, !ta, false)?
-        };
-        Ok((Some(da), Some(db)))
-    }
-}
 
 // ---------------------------------------------------------------- linear
 
@@ -364,11 +240,7 @@ pub fn attention_packed(
         Some(t) => Some(t.flatten_all()?.to_vec1::<f32>()?),
         None => None,
     };
-    let dropout = match dropout {
-        Some((p, _)) if !(0.0..1.0).contains(&p) => bail!("attention: dropout {p} is outside [0, 1)"),
-        Some((p, seed)) if p > 0.0 => Some((1.0 / (1.0 - p), crate::ops::dropout_threshold(p), seed)),
-        _ => None,
-    };
+    let dropout = DropMask::from_option("attention", dropout)?;
     qkv.contiguous()?.apply_op1(Attention { heads, bias, dropout })
 }
 
@@ -376,8 +248,7 @@ struct Attention {
     heads: usize,
     /// `[batch · seq]` additive key bias.
     bias: Option<Vec<f32>>,
-    /// (1 / (1 - p), threshold, seed).
-    dropout: Option<(f32, u64, u64)>,
+    dropout: Option<DropMask>,
 }
 
 /// One sequence's packed `[seq, 3 · width]` block and the geometry.
@@ -408,31 +279,25 @@ impl Attention {
         let s = x.s;
         let scale = 1.0 / (x.d as f32).sqrt();
         blas::gemm_serial(s, s, x.d, scale, x.head(0, h), x.head(1, h).t(), 0.0, p);
-        let mut row = vec![0f32; s];
         for r in p.chunks_mut(s) {
             if let Some(bias) = &self.bias {
                 r.iter_mut()
                     .zip(&bias[i * s..(i + 1) * s])
                     .for_each(|(v, b)| *v += b);
             }
-            row.copy_from_slice(r);
-            crate::ops::softmax_row(&row, r);
+            crate::ops::softmax_in_place(r);
         }
     }
 
     /// The dropout multiplier of each probability of (i, h) (`[s, s]`); false without dropout.
     fn dropout_scale(&self, i: usize, h: usize, s: usize, out: &mut [f32]) -> bool {
-        let Some((keep, threshold, seed)) = self.dropout else {
+        let Some(m) = &self.dropout else {
             return false;
         };
         let base = (i * self.heads + h) * s * s;
-        for (j, m) in out.iter_mut().enumerate() {
-            *m = if crate::ops::dropout_keeps(seed, base + j, threshold) {
-                keep
-            } else {
-                0.0
-            };
-        }
+        out.iter_mut()
+            .enumerate()
+            .for_each(|(j, v)| *v = m.scale(base + j));
         true
     }
 }
@@ -577,19 +442,8 @@ impl CustomOp1 for Attention {
 
 // ---------------------------------------------------------------- GELU
 
-/// Runs `f` over matching 4096-element chunks of `out`, in parallel when large.
-fn chunked(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    const CHUNK: usize = 4096;
-    if out.len() >= PAR_MIN {
-        out.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, ch)| f(c * CHUNK, ch));
-    } else {
-        out.chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, ch)| f(c * CHUNK, ch));
-    }
-}
+/// Element-wise kernels run over blocks of this many values (in parallel when large).
+const BLOCK: usize = 4096;
 
 /// GELU in its exact form, `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))`, as BERT and
 /// `torch.nn.GELU()` use; the backward pass is one element-wise pass over the saved input.
@@ -607,7 +461,8 @@ impl CustomOp1 for Gelu {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(s, l, "gelu")?;
         let mut out = vec![0f32; x.len()];
-        chunked(&mut out, |start, o| {
+        for_rows(&mut out, BLOCK, |c, o| {
+            let start = c * BLOCK;
             crate::math::gelu(&x[start..start + o.len()], o)
         });
         Ok((CpuStorage::F32(out), l.shape().clone()))
@@ -639,7 +494,8 @@ impl CustomOp2 for GeluGrad {
             bail!("gelu backward: {} inputs but {} gradients", x.len(), g.len())
         }
         let mut out = vec![0f32; x.len()];
-        chunked(&mut out, |start, o| {
+        for_rows(&mut out, BLOCK, |c, o| {
+            let start = c * BLOCK;
             let end = start + o.len();
             crate::math::gelu_grad(&x[start..end], &g[start..end], o)
         });
@@ -663,30 +519,6 @@ mod tests {
             .unwrap()
             .to_scalar::<f32>()
             .unwrap()
-    }
-
-    #[test]
-    fn matmul_and_its_gradients_match_candle_for_every_transpose() -> Result<()> {
-        let dev = Device::Cpu;
-        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-            let (m, k, n) = (37, 29, 41);
-            let a_shape = if ta { (3, k, m) } else { (3, m, k) };
-            let b_shape = if tb { (3, n, k) } else { (3, k, n) };
-            let a = Var::randn(0f32, 1.0, a_shape, &dev)?;
-            let b = Var::randn(0f32, 1.0, b_shape, &dev)?;
-            let w = Tensor::randn(0f32, 1.0, (3, m, n), &dev)?;
-            let op = |x: &Tensor, t: bool| if t { x.transpose(1, 2) } else { Ok(x.clone()) };
-            let want = op(a.as_tensor(), ta)?.matmul(&op(b.as_tensor(), tb)?)?;
-            let got = matmul_t(a.as_tensor(), b.as_tensor(), ta, tb)?;
-            assert!(max_diff(&want, &got) < 1e-4, "values ta={ta} tb={tb}");
-            let gw = (want * &w)?.sum_all()?.backward()?;
-            let gg = (got * &w)?.sum_all()?.backward()?;
-            for v in [&a, &b] {
-                let d = max_diff(gw.get(v).unwrap(), gg.get(v).unwrap());
-                assert!(d < 1e-4, "gradient ta={ta} tb={tb}: {d}");
-            }
-        }
-        Ok(())
     }
 
     #[test]

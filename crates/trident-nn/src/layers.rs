@@ -138,8 +138,7 @@ impl LayerNorm {
         drop: &Dropout,
         ctx: &Ctx,
     ) -> Result<Tensor> {
-        let dropout = (ctx.train && drop.p > 0.0).then(|| (drop.p, drop.seed(ctx)));
-        ops::add_dropout_layer_norm(x, residual, &self.weight, &self.bias, self.eps, dropout)
+        ops::add_dropout_layer_norm(x, residual, &self.weight, &self.bias, self.eps, drop.active(ctx))
     }
 }
 
@@ -162,10 +161,16 @@ impl Dropout {
 
     /// Identity in evaluation.
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
-        if !ctx.train || self.p == 0.0 {
-            return Ok(x.clone());
+        match self.active(ctx) {
+            Some((p, seed)) => ops::dropout(x, p, seed),
+            None => Ok(x.clone()),
         }
-        ops::dropout(x, self.p, self.seed(ctx))
+    }
+
+    /// (p, seed) of this layer's mask in the step of `ctx`, or None when it drops nothing
+    /// (evaluation, or p = 0): what fused kernels take in place of calling `forward`.
+    pub fn active(&self, ctx: &Ctx) -> Option<(f32, u64)> {
+        (ctx.train && self.p > 0.0).then(|| (self.p, self.seed(ctx)))
     }
 
     /// The seed of this layer's mask in the step of `ctx`.

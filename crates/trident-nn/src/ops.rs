@@ -4,7 +4,7 @@
 //! built from them trains nothing, silently. These replace them. Each forward is one pass
 //! over contiguous rows (rayon-parallel); each backward is one pass that recomputes what it
 //! needs from the saved input or output instead of keeping intermediates alive. All are
-//! checked against PyTorch (values and gradients) in `tests/ops_vs_torch.rs`.
+//! checked against PyTorch (values and gradients) in `tests/vs_torch.rs`.
 
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
@@ -73,7 +73,7 @@ fn last_dim(l: &Layout, op: &str) -> Result<usize> {
 }
 
 /// Runs `f` on each row of `out` (of width `d`), in parallel when the work is large.
-fn for_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn for_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if out.len() >= PAR_MIN {
         out.par_chunks_mut(d).enumerate().for_each(|(i, r)| f(i, r));
     } else {
@@ -97,6 +97,14 @@ fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
     let mean = x.iter().sum::<f32>() / n;
     let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
     (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// `o = (o - mean) / sqrt(var + eps) * g + b` in place, over one row.
+fn normalize_row(o: &mut [f32], g: &[f32], b: &[f32], eps: f32) {
+    let (mean, rstd) = row_stats(o, eps);
+    for ((v, g), b) in o.iter_mut().zip(g).zip(b) {
+        *v = (*v - mean) * rstd * g + b;
+    }
 }
 
 impl CustomOp3 for LayerNorm {
@@ -126,11 +134,8 @@ impl CustomOp3 for LayerNorm {
         }
         let mut out = vec![0f32; x.len()];
         for_rows(&mut out, d, |i, o| {
-            let row = &x[i * d..(i + 1) * d];
-            let (mean, rstd) = row_stats(row, self.eps);
-            for j in 0..d {
-                o[j] = (row[j] - mean) * rstd * g[j] + b[j];
-            }
+            o.copy_from_slice(&x[i * d..(i + 1) * d]);
+            normalize_row(o, g, b, self.eps);
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
@@ -246,11 +251,7 @@ pub fn add_dropout_layer_norm(
             residual.dims()
         )
     }
-    let dropout = match dropout {
-        Some((p, _)) if !(0.0..1.0).contains(&p) => bail!("add_layer_norm: dropout {p} is outside [0, 1)"),
-        Some((p, seed)) if p > 0.0 => Some((1.0 / (1.0 - p), dropout_threshold(p), seed)),
-        _ => None,
-    };
+    let dropout = DropMask::from_option("add_layer_norm", dropout)?;
     let gb = Tensor::cat(&[gamma, beta], 0)?;
     x.contiguous()?
         .apply_op3(&residual.contiguous()?, &gb, AddLayerNorm { eps, dropout })
@@ -258,27 +259,19 @@ pub fn add_dropout_layer_norm(
 
 struct AddLayerNorm {
     eps: f32,
-    /// (1 / (1 - p), threshold, seed).
-    dropout: Option<(f32, u64, u64)>,
+    dropout: Option<DropMask>,
 }
 
 impl AddLayerNorm {
     /// Row `i` of `dropout(x) + r` into `o`.
     fn sum_row(&self, i: usize, x: &[f32], r: &[f32], o: &mut [f32]) {
-        match self.dropout {
-            None => o
-                .iter_mut()
-                .zip(x.iter().zip(r))
-                .for_each(|(o, (a, b))| *o = a + b),
-            Some((keep, threshold, seed)) => {
-                let base = i * o.len();
-                for (j, (o, (a, b))) in o.iter_mut().zip(x.iter().zip(r)).enumerate() {
-                    let m = if dropout_keeps(seed, base + j, threshold) {
-                        keep
-                    } else {
-                        0.0
-                    };
-                    *o = a * m + b;
+        let base = i * o.len();
+        let pairs = o.iter_mut().zip(x.iter().zip(r));
+        match &self.dropout {
+            None => pairs.for_each(|(o, (a, b))| *o = a + b),
+            Some(m) => {
+                for (j, (o, (a, b))) in pairs.enumerate() {
+                    *o = a * m.scale(base + j) + b;
                 }
             }
         }
@@ -313,10 +306,7 @@ impl CustomOp3 for AddLayerNorm {
         let mut out = vec![0f32; x.len()];
         for_rows(&mut out, d, |i, o| {
             self.sum_row(i, &x[i * d..(i + 1) * d], &r[i * d..(i + 1) * d], o);
-            let (mean, rstd) = row_stats(o, self.eps);
-            for j in 0..d {
-                o[j] = (o[j] - mean) * rstd * g[j] + b[j];
-            }
+            normalize_row(o, g, b, self.eps);
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
@@ -349,17 +339,10 @@ impl CustomOp3 for AddLayerNorm {
         let dev = x.device();
         let dgb = Tensor::from_vec([dg, db].concat(), 2 * d, dev)?;
         // The residual gets the sum's gradient; x gets it through the dropout mask.
-        let dx_in = match self.dropout {
+        let dx_in = match &self.dropout {
             None => None,
-            Some((keep, threshold, seed)) => {
-                let mut v = dx.clone();
-                for (j, g) in v.iter_mut().enumerate() {
-                    *g = if dropout_keeps(seed, j, threshold) {
-                        *g * keep
-                    } else {
-                        0.0
-                    };
-                }
+            Some(m) => {
+                let v: Vec<f32> = dx.iter().enumerate().map(|(j, g)| g * m.scale(j)).collect();
                 Some(Tensor::from_vec(v, x.shape(), dev)?)
             }
         };
@@ -377,11 +360,15 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 
 struct Softmax;
 
-pub(crate) fn softmax_row(x: &[f32], o: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+fn softmax_row(x: &[f32], o: &mut [f32]) {
     o.copy_from_slice(x);
-    let sum = crate::math::exp_shifted_sum(o, max);
-    let inv = 1.0 / sum;
+    softmax_in_place(o);
+}
+
+/// Softmax of one row, in place.
+pub(crate) fn softmax_in_place(o: &mut [f32]) {
+    let max = o.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let inv = 1.0 / crate::math::exp_shifted_sum(o, max);
     o.iter_mut().for_each(|v| *v *= inv);
 }
 
@@ -677,16 +664,8 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Res
     let oh = (h + 2 * padding - k) / stride + 1;
     let ow = (w + 2 * padding - k) / stride + 1;
     let cols = x.contiguous()?.apply_op1(Unfold { k, stride, padding })?; // [b, oh*ow, c*k*k]
-    let y = crate::dense::matmul_t(
-        &cols.reshape((b * oh * ow, c * k * k))?,
-        &weight.reshape((o, c * k * k))?,
-        false,
-        true,
-    )?;
-    y.reshape((b, oh * ow, o))?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape((b, o, oh, ow))
+    let y = crate::dense::linear(&cols, &weight.reshape((o, c * k * k))?, None)?; // [b, oh*ow, o]
+    y.transpose(1, 2)?.contiguous()?.reshape((b, o, oh, ow))
 }
 
 struct Unfold {
@@ -780,40 +759,65 @@ pub fn dropout(x: &Tensor, p: f32, seed: u64) -> Result<Tensor> {
     if p >= 1.0 {
         return x.zeros_like();
     }
-    let n = x.elem_count();
-    let keep = 1.0 / (1.0 - p);
-    let threshold = dropout_threshold(p);
-    let mut mask = vec![0f32; n];
-    let fill = |start: usize, m: &mut [f32]| {
-        for (j, v) in m.iter_mut().enumerate() {
-            *v = if dropout_keeps(seed, start + j, threshold) {
-                keep
-            } else {
-                0.0
-            };
-        }
+    let Some(m) = DropMask::new("dropout", p, seed)? else {
+        return Ok(x.clone());
     };
-    if n >= PAR_MIN {
-        mask.par_chunks_mut(4096)
+    let mut mask = vec![0f32; x.elem_count()];
+    for_rows(&mut mask, 4096, |c, block| {
+        block
+            .iter_mut()
             .enumerate()
-            .for_each(|(c, m)| fill(c * 4096, m));
-    } else {
-        fill(0, &mut mask);
-    }
+            .for_each(|(j, v)| *v = m.scale(c * 4096 + j))
+    });
     let mask = Tensor::from_vec(mask, x.shape(), x.device())?;
     x * mask
 }
 
-/// The 32-bit draw below which [`dropout_keeps`] drops, for probability `p`.
-pub(crate) fn dropout_threshold(p: f32) -> u64 {
-    (p as f64 * (1u64 << 32) as f64) as u64
+/// A dropout mask drawn per element from a seed (one SplitMix64 draw per element index),
+/// so fused kernels (attention, add + layer norm) drop exactly what [`dropout`] drops on a
+/// tensor of the same shape, and can draw the mask again in their backward pass instead
+/// of storing it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DropMask {
+    /// 1 / (1 - p): the scale of kept elements.
+    keep: f32,
+    /// Draws (upper 32 bits) below this are dropped.
+    threshold: u64,
+    seed: u64,
 }
 
-/// Whether element `index` survives dropout drawn from `seed`: one draw per element, so
-/// fused kernels (attention) drop exactly what [`dropout`] would on the same tensor.
-#[inline]
-pub(crate) fn dropout_keeps(seed: u64, index: usize, threshold: u64) -> bool {
-    splitmix(seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 32 >= threshold
+impl DropMask {
+    /// The mask for probability `p` (None when `p` is 0); `p` outside [0, 1) is an error
+    /// naming `what`.
+    pub(crate) fn new(what: &str, p: f32, seed: u64) -> Result<Option<Self>> {
+        if !(0.0..1.0).contains(&p) {
+            bail!("{what}: dropout {p} is outside [0, 1)")
+        }
+        Ok((p > 0.0).then(|| DropMask {
+            keep: 1.0 / (1.0 - p),
+            threshold: (p as f64 * (1u64 << 32) as f64) as u64,
+            seed,
+        }))
+    }
+
+    /// [`new`](Self::new) for an optional (p, seed).
+    pub(crate) fn from_option(what: &str, dropout: Option<(f32, u64)>) -> Result<Option<Self>> {
+        match dropout {
+            Some((p, seed)) => Self::new(what, p, seed),
+            None => Ok(None),
+        }
+    }
+
+    /// The multiplier of element `index`: 1 / (1 - p) if kept, else 0.
+    #[inline]
+    pub(crate) fn scale(&self, index: usize) -> f32 {
+        let draw = splitmix(self.seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 32;
+        if draw >= self.threshold {
+            self.keep
+        } else {
+            0.0
+        }
+    }
 }
 
 /// The index of the largest value of each row of `[n, classes]` logits.

@@ -191,9 +191,10 @@ impl Params {
                 p.var.elem_count()
             )
         }
-        let mut got = false;
-        if let Some(g) = grads.get(p.var.as_tensor()) {
-            crate::ops::with_f32(g, |g| {
+        // The dense gradient (or zeros) first, then the gathered rows added on top.
+        let dense = grads.get(p.var.as_tensor());
+        match dense {
+            Some(g) => crate::ops::with_f32(g, |g| {
                 out.par_chunks_mut(1 << 16)
                     .zip(g.par_chunks(1 << 16))
                     .for_each(|(o, g)| {
@@ -203,17 +204,16 @@ impl Params {
                             o.copy_from_slice(g)
                         }
                     })
-            })?;
-            got = true;
+            })?,
+            None if !accumulate => out.par_chunks_mut(1 << 16).for_each(|o| o.fill(0.0)),
+            None => {}
         }
+        let mut got = dense.is_some();
         let store = self.store.lock().unwrap();
         for u in store.row_uses.iter().filter(|u| u.name == p.name) {
             let Some(g) = grads.get(u.rows.as_tensor()) else {
                 continue;
             };
-            if !got && !accumulate {
-                out.par_chunks_mut(1 << 16).for_each(|o| o.fill(0.0));
-            }
             got = true;
             let dim = p.var.dim(1)?;
             crate::ops::with_f32(g, |g| {
@@ -225,9 +225,6 @@ impl Params {
                         .for_each(|(o, g)| *o += g);
                 }
             })?;
-        }
-        if !got && !accumulate {
-            out.par_chunks_mut(1 << 16).for_each(|o| o.fill(0.0));
         }
         Ok(got)
     }

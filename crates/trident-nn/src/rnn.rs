@@ -93,10 +93,9 @@ impl Rnn {
     }
 
     fn run_direction(&self, d: &Direction, x: &Tensor, mask: &Tensor, reverse: bool) -> Result<Tensor> {
-        let (b, s, inp) = x.dims3()?;
+        let (b, s, _) = x.dims3()?;
         let h = self.hidden;
-        let xw =
-            crate::dense::linear(&x.reshape((b * s, inp))?, &d.w_ih, Some(&d.b_ih))?.reshape((b, s, ()))?;
+        let xw = crate::dense::linear(x, &d.w_ih, Some(&d.b_ih))?; // [b, s, gates]
         let mut state = Tensor::zeros((b, h), DType::F32, x.device())?;
         let mut cell = state.clone();
         let mut outs = vec![None; s];

@@ -85,9 +85,7 @@ impl EncoderLayer {
             _ => candle_core::bail!("attention: query, key and value must all have a bias or none"),
         };
         let qkv = dense::linear(x, &w, bias_qkv.as_ref())?;
-        let dropout =
-            (ctx.train && self.attn_drop.p > 0.0).then(|| (self.attn_drop.p, self.attn_drop.seed(ctx)));
-        let merged = dense::attention_packed(&qkv, bias, self.heads, dropout)?;
+        let merged = dense::attention_packed(&qkv, bias, self.heads, self.attn_drop.active(ctx))?;
         self.attn_out.forward(&merged)
     }
 

@@ -339,14 +339,12 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
                 },
                 _,
             ) => {
-                let mut px = trident_data::folder::decode_image(Path::new(input), channels, (height, width))?;
-                trident_data::transform::normalize(&mut px, mean, std);
-                let x = candle_core::Tensor::from_vec(
-                    px,
-                    (1, channels, height, width),
-                    &candle_core::Device::Cpu,
-                )?;
-                ("file", task::Batch::Image(x, vec![0]))
+                let pixels = trident_data::folder::decode_image(Path::new(input), channels, (height, width))?;
+                let image = trident_data::idx::Image { pixels, label: 0 };
+                (
+                    "file",
+                    task::image_collate((channels, height, width), mean, std)(vec![image])?,
+                )
             }
         };
         let out = model.forward(&batch, &Ctx::eval())?;

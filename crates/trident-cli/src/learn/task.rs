@@ -455,7 +455,9 @@ fn text_collate(
     }
 }
 
-fn image_collate(
+/// Normalises images and stacks them into a `[n, c, h, w]` batch (training, evaluation and
+/// `predict` share it).
+pub fn image_collate(
     (c, h, w): (usize, usize, usize),
     mean: f32,
     std: f32,
