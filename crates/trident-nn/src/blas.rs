@@ -226,9 +226,12 @@ pub fn gemm_serial_ld(
         return;
     }
     if k == 0 {
-        c.chunks_mut(ldc)
-            .take(m)
-            .for_each(|r| r[..n].iter_mut().for_each(|v| *v *= beta));
+        // beta = 0 ignores what `c` held (it may be an unwritten buffer), as BLAS does.
+        c.chunks_mut(ldc).take(m).for_each(|r| {
+            r[..n]
+                .iter_mut()
+                .for_each(|v| *v = if beta == 0.0 { 0.0 } else { *v * beta })
+        });
         return;
     }
     if let Some(blas) = blas() {

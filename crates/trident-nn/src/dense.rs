@@ -49,22 +49,13 @@ impl Linear {
         bias: Option<&[f32]>,
     ) -> Result<(CpuStorage, Shape)> {
         let (m, k, n, dims) = linear_dims(lx, lw)?;
-        let mut out = vec![0f32; m * n];
-        let beta = match bias {
-            Some(bias) if bias.len() != n => {
-                bail!(
-                    "linear: bias has {} elements, the layer has {n} outputs",
-                    bias.len()
-                )
-            }
-            Some(bias) => {
-                out.par_chunks_mut(n.max(1) * 64)
-                    .for_each(|c| c.chunks_mut(n.max(1)).for_each(|r| r.copy_from_slice(bias)));
-                1.0
-            }
-            None => 0.0,
-        };
-        blas::gemm(m, n, k, 1.0, Mat::new(x, k), Mat::new(w, k).t(), beta, &mut out);
+        if let Some(bias) = bias.filter(|b| b.len() != n) {
+            bail!(
+                "linear: bias has {} elements, the layer has {n} outputs",
+                bias.len()
+            )
+        }
+        let out = affine(x, m, k, w, n, bias);
         Ok((CpuStorage::F32(out), Shape::from(dims)))
     }
 
@@ -161,8 +152,23 @@ impl CustomOp3 for Linear {
     }
 }
 
+/// `x · wᵀ + b` on slices: `x` `[m, k]`, `w` `[n, k]`, `bias` `[n]` (checked by the caller).
+pub(crate) fn affine(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    let mut out = crate::scratch::take(m * n);
+    let beta = match bias {
+        Some(bias) => {
+            out.par_chunks_mut(n.max(1) * 64)
+                .for_each(|c| c.chunks_mut(n.max(1)).for_each(|r| r.copy_from_slice(bias)));
+            1.0
+        }
+        None => 0.0,
+    };
+    blas::gemm(m, n, k, 1.0, Mat::new(x, k), Mat::new(w, k).t(), beta, &mut out);
+    out
+}
+
 /// Sums a row-major `[rows, cols]` matrix over its rows (a bias gradient).
-fn column_sums(g: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn column_sums(g: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let chunk = rows.div_ceil(rayon::current_num_threads().max(1)).max(1);
     let partials: Vec<Vec<f32>> = g[..rows * cols]
         .par_chunks((chunk * cols).max(1))
@@ -226,25 +232,11 @@ pub fn attention_packed(
     if !width3.is_multiple_of(3) {
         bail!("attention: the packed q/k/v width {width3} is not a multiple of 3")
     }
-    let width = width3 / 3;
-    if heads == 0 || !width.is_multiple_of(heads) {
-        bail!("attention: width {width} is not divisible by {heads} heads")
-    }
-    let bias = match bias {
-        Some(t) if t.elem_count() != b * s => {
-            bail!(
-                "attention: the key bias has shape {:?}, expected {b}·{s} elements",
-                t.dims()
-            )
-        }
-        Some(t) => Some(t.flatten_all()?.to_vec1::<f32>()?),
-        None => None,
-    };
-    let dropout = DropMask::from_option("attention", dropout)?;
-    qkv.contiguous()?.apply_op1(Attention { heads, bias, dropout })
+    let op = Attention::new(b, s, width3 / 3, bias, heads, dropout)?;
+    qkv.contiguous()?.apply_op1(op)
 }
 
-struct Attention {
+pub(crate) struct Attention {
     heads: usize,
     /// `[batch · seq]` additive key bias.
     bias: Option<Vec<f32>>,
@@ -274,6 +266,32 @@ impl Seq<'_> {
 }
 
 impl Attention {
+    /// Checks the geometry and reads the key bias (`batch · seq` elements).
+    pub(crate) fn new(
+        b: usize,
+        s: usize,
+        width: usize,
+        bias: Option<&Tensor>,
+        heads: usize,
+        dropout: Option<(f32, u64)>,
+    ) -> Result<Self> {
+        if heads == 0 || !width.is_multiple_of(heads) {
+            bail!("attention: width {width} is not divisible by {heads} heads")
+        }
+        let bias = match bias {
+            Some(t) if t.elem_count() != b * s => {
+                bail!(
+                    "attention: the key bias has shape {:?}, expected {b}·{s} elements",
+                    t.dims()
+                )
+            }
+            Some(t) => Some(t.flatten_all()?.to_vec1::<f32>()?),
+            None => None,
+        };
+        let dropout = DropMask::from_option("attention", dropout)?;
+        Ok(Attention { heads, bias, dropout })
+    }
+
     /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` into `p` (`[s, s]`).
     fn probabilities(&self, x: &Seq, i: usize, h: usize, p: &mut [f32]) {
         let s = x.s;
@@ -302,18 +320,14 @@ impl Attention {
     }
 }
 
-impl CustomOp1 for Attention {
-    fn name(&self) -> &'static str {
-        "trident-attention"
-    }
-
-    fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (b, s, width3) = l.shape().dims3()?;
+impl Attention {
+    /// The output `[b, s, width]` for packed `qkv` (`[b, s, 3 · width]`).
+    pub(crate) fn forward_slices(&self, qkv: &[f32], b: usize, s: usize, width3: usize) -> Vec<f32> {
         let width = width3 / 3;
         let d = width / self.heads;
-        let qkv = f32_slice(st, l, "attention")?;
         let (n3, n) = (s * width3, s * width);
-        let mut out = vec![0f32; b * n];
+        // Every head writes its columns of every row.
+        let mut out = crate::scratch::take(b * n);
         out.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, o)| {
             let x = Seq {
                 qkv: &qkv[i * n3..(i + 1) * n3],
@@ -341,101 +355,128 @@ impl CustomOp1 for Attention {
                 );
             }
         });
-        Ok((CpuStorage::F32(out), Shape::from((b, s, width))))
+        out
+    }
+
+    /// The gradient of packed `qkv` from the output gradient `gs` (`[b, s, width]`).
+    pub(crate) fn backward_slices(
+        &self,
+        xs: &[f32],
+        gs: &[f32],
+        b: usize,
+        s: usize,
+        width3: usize,
+    ) -> Vec<f32> {
+        let width = width3 / 3;
+        let d = width / self.heads;
+        let scale = 1.0 / (d as f32).sqrt();
+        let (n3, n) = (s * width3, s * width);
+        // Every head writes its q, k and v columns of every row.
+        let mut dqkv = crate::scratch::take(b * n3);
+        dqkv.par_chunks_mut(n3.max(1)).enumerate().for_each(|(i, dx)| {
+            let x = Seq {
+                qkv: &xs[i * n3..(i + 1) * n3],
+                s,
+                d,
+                width,
+            };
+            let g = &gs[i * n..(i + 1) * n];
+            let mut p = vec![0f32; s * s];
+            let mut pd = vec![0f32; s * s];
+            let mut dp = vec![0f32; s * s];
+            let mut mask = vec![0f32; s * s];
+            for h in 0..self.heads {
+                let col = h * d;
+                let g_h = Mat {
+                    data: &g[col..],
+                    ld: width,
+                    trans: false,
+                };
+                self.probabilities(&x, i, h, &mut p);
+                let dropped = self.dropout_scale(i, h, s, &mut mask);
+                let used: &[f32] = if dropped {
+                    pd.iter_mut()
+                        .zip(p.iter().zip(&mask))
+                        .for_each(|(o, (p, m))| *o = p * m);
+                    &pd
+                } else {
+                    &p
+                };
+                // dV = P_usedᵀ · dO
+                blas::gemm_serial_ld(
+                    s,
+                    d,
+                    s,
+                    1.0,
+                    Mat::new(used, s).t(),
+                    g_h,
+                    0.0,
+                    &mut dx[2 * width + col..],
+                    width3,
+                );
+                // dP_used = dO · Vᵀ, then through dropout.
+                blas::gemm_serial(s, s, d, 1.0, g_h, x.head(2, h).t(), 0.0, &mut dp);
+                if dropped {
+                    dp.iter_mut().zip(&mask).for_each(|(g, m)| *g *= m);
+                }
+                // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale (the scale of the scores).
+                for (gr, pr) in dp.chunks_mut(s).zip(p.chunks(s)) {
+                    let dot: f32 = gr.iter().zip(pr).map(|(a, b)| a * b).sum();
+                    gr.iter_mut()
+                        .zip(pr)
+                        .for_each(|(g, p)| *g = p * (*g - dot) * scale);
+                }
+                // dQ = dS · K, dK = dSᵀ · Q
+                blas::gemm_serial_ld(
+                    s,
+                    d,
+                    s,
+                    1.0,
+                    Mat::new(&dp, s),
+                    x.head(1, h),
+                    0.0,
+                    &mut dx[col..],
+                    width3,
+                );
+                blas::gemm_serial_ld(
+                    s,
+                    d,
+                    s,
+                    1.0,
+                    Mat::new(&dp, s).t(),
+                    x.head(0, h),
+                    0.0,
+                    &mut dx[width + col..],
+                    width3,
+                );
+            }
+        });
+        dqkv
+    }
+}
+
+impl CustomOp1 for Attention {
+    fn name(&self) -> &'static str {
+        "trident-attention"
+    }
+
+    fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (b, s, width3) = l.shape().dims3()?;
+        let qkv = f32_slice(st, l, "attention")?;
+        let out = self.forward_slices(qkv, b, s, width3);
+        Ok((CpuStorage::F32(out), Shape::from((b, s, width3 / 3))))
     }
 
     fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let (b, s, width3) = qkv.dims3()?;
-        let width = width3 / 3;
-        let d = width / self.heads;
-        let scale = 1.0 / (d as f32).sqrt();
         let grad = grad.contiguous()?;
-        let (n3, n) = (s * width3, s * width);
-        let mut dqkv = vec![0f32; b * n3];
-        {
+        let dqkv = {
             let (sx, lx) = qkv.storage_and_layout();
             let (sg, lg) = grad.storage_and_layout();
             let xs = cpu_slice(&sx, lx, "attention backward")?;
             let gs = cpu_slice(&sg, lg, "attention backward")?;
-            dqkv.par_chunks_mut(n3.max(1)).enumerate().for_each(|(i, dx)| {
-                let x = Seq {
-                    qkv: &xs[i * n3..(i + 1) * n3],
-                    s,
-                    d,
-                    width,
-                };
-                let g = &gs[i * n..(i + 1) * n];
-                let mut p = vec![0f32; s * s];
-                let mut pd = vec![0f32; s * s];
-                let mut dp = vec![0f32; s * s];
-                let mut mask = vec![0f32; s * s];
-                for h in 0..self.heads {
-                    let col = h * d;
-                    let g_h = Mat {
-                        data: &g[col..],
-                        ld: width,
-                        trans: false,
-                    };
-                    self.probabilities(&x, i, h, &mut p);
-                    let dropped = self.dropout_scale(i, h, s, &mut mask);
-                    let used: &[f32] = if dropped {
-                        pd.iter_mut()
-                            .zip(p.iter().zip(&mask))
-                            .for_each(|(o, (p, m))| *o = p * m);
-                        &pd
-                    } else {
-                        &p
-                    };
-                    // dV = P_usedᵀ · dO
-                    blas::gemm_serial_ld(
-                        s,
-                        d,
-                        s,
-                        1.0,
-                        Mat::new(used, s).t(),
-                        g_h,
-                        0.0,
-                        &mut dx[2 * width + col..],
-                        width3,
-                    );
-                    // dP_used = dO · Vᵀ, then through dropout.
-                    blas::gemm_serial(s, s, d, 1.0, g_h, x.head(2, h).t(), 0.0, &mut dp);
-                    if dropped {
-                        dp.iter_mut().zip(&mask).for_each(|(g, m)| *g *= m);
-                    }
-                    // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale (the scale of the scores).
-                    for (gr, pr) in dp.chunks_mut(s).zip(p.chunks(s)) {
-                        let dot: f32 = gr.iter().zip(pr).map(|(a, b)| a * b).sum();
-                        gr.iter_mut()
-                            .zip(pr)
-                            .for_each(|(g, p)| *g = p * (*g - dot) * scale);
-                    }
-                    // dQ = dS · K, dK = dSᵀ · Q
-                    blas::gemm_serial_ld(
-                        s,
-                        d,
-                        s,
-                        1.0,
-                        Mat::new(&dp, s),
-                        x.head(1, h),
-                        0.0,
-                        &mut dx[col..],
-                        width3,
-                    );
-                    blas::gemm_serial_ld(
-                        s,
-                        d,
-                        s,
-                        1.0,
-                        Mat::new(&dp, s).t(),
-                        x.head(0, h),
-                        0.0,
-                        &mut dx[width + col..],
-                        width3,
-                    );
-                }
-            });
-        }
+            self.backward_slices(xs, gs, b, s, width3)
+        };
         Ok(Some(Tensor::from_vec(dqkv, qkv.shape(), qkv.device())?))
     }
 }
@@ -443,7 +484,7 @@ impl CustomOp1 for Attention {
 // ---------------------------------------------------------------- GELU
 
 /// Element-wise kernels run over blocks of this many values (in parallel when large).
-const BLOCK: usize = 4096;
+pub(crate) const BLOCK: usize = 4096;
 
 /// GELU in its exact form, `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))`, as BERT and
 /// `torch.nn.GELU()` use; the backward pass is one element-wise pass over the saved input.

@@ -42,6 +42,9 @@ pub struct Linear {
     pub weight: Tensor,
     /// `[out]`, if any.
     pub bias: Option<Tensor>,
+    params: Params,
+    /// Full parameter names of the weight and the bias.
+    names: (String, String),
 }
 
 impl Linear {
@@ -61,6 +64,24 @@ impl Linear {
         Ok(Linear {
             weight: pb.get((out, inp), "weight", w)?,
             bias: bias.map(|b| pb.get(out, "bias", b)).transpose()?,
+            params: pb.params().clone(),
+            names: (pb.path("weight"), pb.path("bias")),
+        })
+    }
+
+    /// The layer's parameters with their gradient sinks, for the fused training blocks of
+    /// [`crate::blocks`]; `None` unless every parameter of the layer is trainable.
+    pub fn sinks(&self) -> Option<crate::blocks::SinkLinear> {
+        let weight_sink = self.params.sink(&self.names.0)?;
+        let bias_sink = match &self.bias {
+            Some(_) => Some(self.params.sink(&self.names.1)?),
+            None => None,
+        };
+        Some(crate::blocks::SinkLinear {
+            weight: self.weight.clone(),
+            bias: self.bias.clone(),
+            weight_sink,
+            bias_sink,
         })
     }
 
@@ -112,6 +133,9 @@ pub struct LayerNorm {
     pub bias: Tensor,
     /// Added to the variance.
     pub eps: f32,
+    params: Params,
+    /// Full parameter names of the scale and the shift.
+    names: (String, String),
 }
 
 impl LayerNorm {
@@ -121,6 +145,20 @@ impl LayerNorm {
             weight: pb.get(dim, "weight", Init::Ones)?,
             bias: pb.get(dim, "bias", Init::Zeros)?,
             eps,
+            params: pb.params().clone(),
+            names: (pb.path("weight"), pb.path("bias")),
+        })
+    }
+
+    /// The parameters with their gradient sinks, for the fused sublayers of
+    /// [`crate::blocks`]; `None` unless both are trainable.
+    pub fn sinks(&self) -> Option<crate::blocks::SinkNorm> {
+        Some(crate::blocks::SinkNorm {
+            gamma: self.weight.clone(),
+            beta: self.bias.clone(),
+            gamma_sink: self.params.sink(&self.names.0)?,
+            beta_sink: self.params.sink(&self.names.1)?,
+            eps: self.eps,
         })
     }
 

@@ -9,6 +9,7 @@
 
 pub mod bert;
 pub mod blas;
+pub mod blocks;
 pub mod dense;
 pub mod layers;
 pub mod math;
@@ -16,9 +17,10 @@ pub mod ops;
 pub mod params;
 pub mod rnn;
 pub mod runtime;
+mod scratch;
 pub mod transformer;
 pub mod vision;
 
 pub use candle_core::{DType, Device, Result, Tensor, Var};
 pub use layers::Ctx;
-pub use params::{Init, Loaded, Param, ParamBuilder, Params};
+pub use params::{GradSink, Init, Loaded, Param, ParamBuilder, Params};

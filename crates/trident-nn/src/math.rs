@@ -55,6 +55,12 @@ pub fn exp(x_in: f32) -> f32 {
 /// The error function (Abramowitz & Stegun 7.1.26).
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {
+    erf_given_exp(x, exp(-x * x))
+}
+
+/// [`erf`] with `e = e^(-x²)` computed by the caller (GELU's gradient needs it too).
+#[inline(always)]
+fn erf_given_exp(x: f32, e: f32) -> f32 {
     let a = x.abs();
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
     let mut p = 1.061_405_4f32;
@@ -62,7 +68,7 @@ pub fn erf(x: f32) -> f32 {
     p = p * t + 1.421_413_7;
     p = p * t - 0.284_496_74;
     p = p * t + 0.254_829_6;
-    let y = 1.0 - p * t * exp(-a * a);
+    let y = 1.0 - p * t * e;
     y.copysign(x)
 }
 
@@ -70,19 +76,41 @@ const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 // 1 / √(2π)
 const INV_SQRT_2PI: f32 = 0.398_942_3;
 
+/// Φ(v) and e^(-v²/2), from which GELU, Φ and φ follow.
+#[inline(always)]
+fn normal_cdf_and_exp(v: f32) -> (f32, f32) {
+    let e = exp(-0.5 * v * v);
+    (0.5 * (1.0 + erf_given_exp(v * FRAC_1_SQRT_2, e)), e)
+}
+
 #[inline(always)]
 fn gelu_loop(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = 0.5 * v * (1.0 + erf(v * FRAC_1_SQRT_2));
+        *o = v * normal_cdf_and_exp(v).0;
     }
+}
+
+/// GELU'(v) = Φ(v) + v·φ(v), with one exponential for both Φ (through erf) and φ.
+#[inline(always)]
+fn gelu_derivative(v: f32) -> f32 {
+    let (cdf, e) = normal_cdf_and_exp(v);
+    cdf + v * INV_SQRT_2PI * e
 }
 
 #[inline(always)]
 fn gelu_grad_loop(x: &[f32], g: &[f32], out: &mut [f32]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-        let cdf = 0.5 * (1.0 + erf(v * FRAC_1_SQRT_2));
-        let pdf = INV_SQRT_2PI * exp(-0.5 * v * v);
-        *o = g * (cdf + v * pdf);
+        *o = g * gelu_derivative(v);
+    }
+}
+
+#[inline(always)]
+fn gelu_with_derivative_loop(x: &mut [f32], out: &mut [f32]) {
+    for (o, d) in out.iter_mut().zip(x.iter_mut()) {
+        let v = *d;
+        let (cdf, e) = normal_cdf_and_exp(v);
+        *o = v * cdf;
+        *d = cdf + v * INV_SQRT_2PI * e;
     }
 }
 
@@ -136,6 +164,12 @@ dispatch!(
     gelu_grad, gelu_grad_avx2, (x: &[f32], g: &[f32], out: &mut [f32]) -> (), gelu_grad_loop
 );
 dispatch!(
+    /// `out = GELU(x)`, and `x` overwritten by `GELU'(x)`, in one pass (one exponential per
+    /// value): a training forward pass keeps the derivative, and its backward pass is a
+    /// product.
+    gelu_with_derivative, gelu_with_derivative_avx2, (x: &mut [f32], out: &mut [f32]) -> (), gelu_with_derivative_loop
+);
+dispatch!(
     /// `x = e^(x - shift)` in place; returns the sum (softmax's denominator).
     exp_shifted_sum, exp_shifted_sum_avx2, (x: &mut [f32], shift: f32) -> f32, exp_loop
 );
@@ -182,6 +216,13 @@ mod tests {
         for (p, q) in a.iter().zip(&b) {
             assert!((p - q).abs() <= 1e-6 * q.abs().max(1.0));
         }
+        // The one-pass form equals GELU and its gradient (with g = 1).
+        let mut d = x.clone();
+        gelu_with_derivative(&mut d, &mut a);
+        gelu_loop(&x, &mut b);
+        assert_eq!(a, b);
+        gelu_grad_loop(&x, &vec![1.0; x.len()], &mut b);
+        assert_eq!(d, b);
         let mut e = x.clone();
         let s = exp_shifted_sum(&mut e, 2.0);
         let want: f64 = x.iter().map(|v| ((v - 2.0) as f64).exp()).sum();

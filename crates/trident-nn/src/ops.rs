@@ -100,7 +100,7 @@ fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
 }
 
 /// `o = (o - mean) / sqrt(var + eps) * g + b` in place, over one row.
-fn normalize_row(o: &mut [f32], g: &[f32], b: &[f32], eps: f32) {
+pub(crate) fn normalize_row(o: &mut [f32], g: &[f32], b: &[f32], eps: f32) {
     let (mean, rstd) = row_stats(o, eps);
     for ((v, g), b) in o.iter_mut().zip(g).zip(b) {
         *v = (*v - mean) * rstd * g + b;
@@ -168,7 +168,7 @@ impl CustomOp3 for LayerNorm {
 
 /// Layer-norm gradients over rows of width `d`: (dx, dgamma, dbeta) from the input `xs`,
 /// the output gradient `gs` and the scale.
-fn layer_norm_grads(
+pub(crate) fn layer_norm_grads(
     xs: &[f32],
     gs: &[f32],
     gamma_v: &[f32],

@@ -34,6 +34,65 @@ struct Store {
     initialised: Vec<String>,
     /// Row lookups of the current training step ([`Params::gather_rows`]).
     row_uses: Vec<RowUse>,
+    /// Gradient buffers that kernels write into directly ([`Params::sink`]), by name.
+    sinks: HashMap<String, GradSink>,
+}
+
+/// A parameter's gradient buffer that a fused kernel's backward pass writes into directly
+/// (with `beta = 1` GEMMs when it already holds this step's gradient), instead of
+/// returning a tensor to candle's backward pass, which would zero-fill a second tensor of
+/// the parameter's size, add the two, and leave the trainer a third copy to read. The
+/// buffer's contents belong to the step started by the last [`Params::begin_step`];
+/// [`Params::gradient_into`] reads them.
+#[derive(Clone)]
+pub struct GradSink {
+    buf: Arc<Mutex<SinkBuf>>,
+    step: Arc<AtomicU64>,
+    len: usize,
+}
+
+struct SinkBuf {
+    /// The step whose gradient `data` holds (`u64::MAX`: none yet).
+    step: u64,
+    data: Vec<f32>,
+}
+
+impl std::fmt::Debug for GradSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GradSink({} values)", self.len)
+    }
+}
+
+impl GradSink {
+    /// Number of values (the parameter's element count).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the parameter is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Runs `f` on the buffer; its flag says whether the buffer already holds a gradient of
+    /// the current step (then `f` must add to it; otherwise overwrite every value).
+    pub fn write<R>(&self, f: impl FnOnce(&mut [f32], bool) -> R) -> R {
+        let step = self.step.load(Ordering::Acquire);
+        let mut b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        if b.data.len() != self.len {
+            b.data = vec![0.0; self.len];
+        }
+        let holds = b.step == step;
+        b.step = step;
+        f(&mut b.data, holds)
+    }
+
+    /// Runs `f` on this step's gradient, if one was written.
+    fn read<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+        let step = self.step.load(Ordering::Acquire);
+        let b = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        (b.step == step).then(|| f(&b.data))
+    }
 }
 
 /// Rows of a table gathered in a training step, as a leaf of the graph.
@@ -48,6 +107,8 @@ struct RowUse {
 pub struct Params {
     store: Arc<Mutex<Store>>,
     next_id: Arc<AtomicU64>,
+    /// Counts [`begin_step`](Self::begin_step) calls; sinks hold the step they were written in.
+    step: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Params {
@@ -169,12 +230,38 @@ impl Params {
     /// training forward pass.
     pub fn begin_step(&self) {
         self.store.lock().unwrap().row_uses.clear();
+        self.step.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Writes the gradient of `p` from `grads` into `out` (`p`'s element count), adding to
-    /// what is there when `accumulate`; a gradient through [`gather_rows`]
-    /// (Self::gather_rows) is scattered into its rows. Returns false when `p` got no
-    /// gradient (then `out` is zeroed unless `accumulate`).
+    /// The gradient buffer of trainable parameter `name`, for a fused kernel to write into
+    /// (see [`GradSink`]); `None` for buffers, frozen or unknown parameters. A kernel that
+    /// uses sinks gives the parameter no gradient in candle's [`GradStore`]
+    /// (candle_core::backprop::GradStore): collect it with
+    /// [`gradient_into`](Self::gradient_into).
+    pub fn sink(&self, name: &str) -> Option<GradSink> {
+        let mut s = self.store.lock().unwrap();
+        let p = s.index.get(name).map(|&i| &s.params[i])?;
+        if !p.trainable {
+            return None;
+        }
+        let len = p.var.elem_count();
+        let step = self.step.clone();
+        let sink = s.sinks.entry(name.into()).or_insert_with(|| GradSink {
+            buf: Arc::new(Mutex::new(SinkBuf {
+                step: u64::MAX,
+                data: Vec::new(),
+            })),
+            step,
+            len,
+        });
+        Some(sink.clone())
+    }
+
+    /// Writes the gradient of `p` into `out` (`p`'s element count), adding to what is there
+    /// when `accumulate`: the sum of its gradient in `grads`, what kernels wrote into its
+    /// [`sink`](Self::sink) this step, and, for a table read through
+    /// [`gather_rows`](Self::gather_rows), its rows' gradients scattered into place. Returns
+    /// false when `p` got no gradient (then `out` is zeroed unless `accumulate`).
     pub fn gradient_into(
         &self,
         grads: &candle_core::backprop::GradStore,
@@ -210,6 +297,22 @@ impl Params {
         }
         let mut got = dense.is_some();
         let store = self.store.lock().unwrap();
+        if let Some(sink) = store.sinks.get(&p.name) {
+            let add = accumulate || got;
+            got |= sink
+                .read(|g| {
+                    out.par_chunks_mut(1 << 16)
+                        .zip(g.par_chunks(1 << 16))
+                        .for_each(|(o, g)| {
+                            if add {
+                                o.iter_mut().zip(g).for_each(|(o, g)| *o += g)
+                            } else {
+                                o.copy_from_slice(g)
+                            }
+                        })
+                })
+                .is_some();
+        }
         for u in store.row_uses.iter().filter(|u| u.name == p.name) {
             let Some(g) = grads.get(u.rows.as_tensor()) else {
                 continue;

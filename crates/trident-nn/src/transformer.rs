@@ -2,6 +2,7 @@
 //! follow Hugging Face's BERT (`attention.self.query`, `attention.output.LayerNorm`, …), so
 //! BERT-family checkpoints load by name.
 
+use crate::blocks::{self, Norm};
 use crate::dense;
 use crate::layers::{Activation, Ctx, Dropout, LayerNorm, Linear};
 use crate::params::ParamBuilder;
@@ -30,7 +31,10 @@ pub struct EncoderConfig {
     pub init_std: f32,
 }
 
-/// One encoder layer.
+/// One encoder layer. In training, when all its parameters are trainable, it runs as the
+/// two fused sublayers of [`crate::blocks`], whose parameter gradients go to the
+/// parameters' sinks (collect them with
+/// [`Params::gradient_into`](crate::Params::gradient_into)); otherwise as separate ops.
 #[derive(Debug, Clone)]
 pub struct EncoderLayer {
     query: Linear,
@@ -89,8 +93,56 @@ impl EncoderLayer {
         self.attn_out.forward(&merged)
     }
 
+    /// The layer as the two fused sublayers of [`crate::blocks`], when training and every
+    /// parameter of the layer is trainable (then each has a gradient sink).
+    fn fused(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Option<Tensor>> {
+        let linears = [
+            &self.query,
+            &self.key,
+            &self.value,
+            &self.attn_out,
+            &self.inter,
+            &self.out,
+        ];
+        let Some([q, k, v, o, inter, out]) = linears
+            .map(|l| l.sinks())
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .and_then(|v| <[_; 6]>::try_from(v).ok())
+        else {
+            return Ok(None);
+        };
+        let (Some(attn_norm), Some(out_norm)) = (self.attn_norm.sinks(), self.out_norm.sinks()) else {
+            return Ok(None);
+        };
+        let placement = if self.pre_norm { Norm::Pre } else { Norm::Post };
+        let hidden_drop = self.hidden_drop.active(ctx);
+        let x = blocks::self_attention(
+            x,
+            [&q, &k, &v],
+            &o,
+            &attn_norm,
+            placement,
+            bias,
+            self.heads,
+            self.attn_drop.active(ctx),
+            hidden_drop,
+        )?;
+        blocks::feed_forward(&x, &inter, &out, &out_norm, placement, hidden_drop).map(Some)
+    }
+
     /// Applies the layer to `[batch, seq, hidden]`; `bias` is the additive attention mask.
     pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
+        if ctx.train {
+            if let Some(y) = self.fused(x, bias, ctx)? {
+                return Ok(y);
+            }
+        }
+        self.composed(x, bias, ctx)
+    }
+
+    /// The layer as separate ops (evaluation, or frozen parameters).
+    fn composed(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
         let gelu = Activation::Gelu;
         if self.pre_norm {
             let a = self.self_attention(&self.attn_norm.forward(x)?, bias, ctx)?;
@@ -151,4 +203,116 @@ pub fn mask_bias(mask: &Tensor) -> Result<Tensor> {
     let (b, s) = mask.dims2()?;
     let m = mask.to_dtype(candle_core::DType::F32)?;
     ((m - 1.0)? * 1e9)?.reshape((b, 1, 1, s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::Params;
+    use candle_core::{Device, Var};
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    fn assert_close(what: &str, a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+        let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst <= 1e-4 * scale,
+            "{what}: max difference {worst} (scale {scale})"
+        );
+    }
+
+    /// The fused sublayers (training, with sinks) against the same layer as separate ops:
+    /// output, input gradient and every parameter's gradient, with both dropouts on and a
+    /// padded sequence, in both norm placements; a second step, on recycled buffers filled
+    /// with NaN, repeats the first exactly, and without `begin_step` the sinks accumulate.
+    /// The sizes are large enough for the intermediates to come from `scratch`.
+    #[test]
+    fn fused_sublayers_equal_the_composed_layer() {
+        for pre_norm in [false, true] {
+            let params = Params::new();
+            let c = EncoderConfig {
+                hidden: 64,
+                heads: 4,
+                intermediate: 256,
+                layers: 1,
+                attention_dropout: 0.2,
+                hidden_dropout: 0.3,
+                eps: 1e-12,
+                pre_norm,
+                init_std: 0.1,
+            };
+            let layer = EncoderLayer::new(&params.builder(5, None).pp("layer"), &c).unwrap();
+            // Non-trivial layer-norm parameters.
+            for p in params.all().iter().filter(|p| p.name.contains("LayerNorm")) {
+                let n = p.var.elem_count();
+                let v: Vec<f32> = (0..n).map(|i| 0.5 + (i as f32 * 0.37).sin()).collect();
+                p.var.set(&Tensor::from_vec(v, n, &Device::Cpu).unwrap()).unwrap();
+            }
+            let dev = Device::Cpu;
+            let (b, s) = (4, 64);
+            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, s, 64), &dev).unwrap()).unwrap();
+            // The last sequence is padded after 40 tokens.
+            let mask: Vec<f32> = (0..b * s)
+                .map(|i| if i >= (b - 1) * s + 40 { 0.0 } else { 1.0 })
+                .collect();
+            let bias = mask_bias(&Tensor::from_vec(mask, (b, s), &dev).unwrap()).unwrap();
+            let probe = Tensor::randn(0f32, 1.0, (b, s, 64), &dev).unwrap();
+            let ctx = Ctx::train(11, 3);
+            let name = if pre_norm { "pre-norm" } else { "post-norm" };
+
+            let y = layer.composed(x.as_tensor(), Some(&bias), &ctx).unwrap();
+            let grads = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let want_y = values(&y);
+            let want_dx = values(grads.get(x.as_tensor()).unwrap());
+            let want: Vec<(String, Vec<f32>)> = params
+                .trainable()
+                .iter()
+                .map(|p| (p.name.clone(), values(grads.get(p.var.as_tensor()).unwrap())))
+                .collect();
+
+            let fused_step = |begin: bool| {
+                if begin {
+                    params.begin_step();
+                }
+                let y = layer.forward(x.as_tensor(), Some(&bias), &ctx).unwrap();
+                let grads = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+                let got: Vec<Vec<f32>> = params
+                    .trainable()
+                    .iter()
+                    .map(|p| {
+                        assert!(
+                            grads.get(p.var.as_tensor()).is_none(),
+                            "{}: not in candle's graph",
+                            p.name
+                        );
+                        let mut g = vec![f32::NAN; p.var.elem_count()];
+                        assert!(params.gradient_into(&grads, p, &mut g, false).unwrap());
+                        g
+                    })
+                    .collect();
+                (values(&y), values(grads.get(x.as_tensor()).unwrap()), got)
+            };
+            let (y1, dx1, g1) = fused_step(true);
+            assert_close(&format!("{name} output"), &y1, &want_y);
+            assert_close(&format!("{name} input gradient"), &dx1, &want_dx);
+            for ((n, w), g) in want.iter().zip(&g1) {
+                assert_close(&format!("{name} {n}"), g, w);
+            }
+            crate::scratch::poison();
+            let (y2, dx2, g2) = fused_step(true);
+            assert_eq!((y2, dx2, &g2), (y1, dx1, &g1), "{name}: second step differs");
+            let (_, _, g3) = fused_step(false);
+            for (a, b) in g3.iter().zip(&g1) {
+                assert_close(
+                    &format!("{name} accumulated"),
+                    a,
+                    &b.iter().map(|v| 2.0 * v).collect::<Vec<_>>(),
+                );
+            }
+        }
+    }
 }

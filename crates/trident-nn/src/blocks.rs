@@ -1,0 +1,539 @@
+//! Fused transformer sublayers for training: a transformer encoder layer is two of them,
+//! self-attention (Q/K/V projection, multi-head attention, output projection) and the
+//! feed-forward network (linear, GELU, linear), each with its dropout, residual add and
+//! layer norm (after the residual add in BERT's post-norm layers, before the sublayer in
+//! ViT's pre-norm ones), and each a single candle op.
+//!
+//! Composed of separate ops, an encoder layer gives candle's backward pass a graph edge
+//! per intermediate tensor and per weight, and for each edge candle zero-fills a tensor of
+//! that size and adds the gradient into it (with one thread); the weights' gradients are
+//! then copied once more by the trainer. Here the intermediates stay inside the op, which
+//! has one input edge, and the weight gradients are written by GEMMs straight into the
+//! parameters' [`GradSink`]s (accumulating with `beta = 1` when the sink already holds this
+//! step's gradient). The kernels are those of [`crate::dense`] and [`crate::ops`]; `tests`
+//! check both sublayers in both placements against the composed ops, values and every
+//! gradient, with dropout.
+//!
+//! The op takes the layer norm's scale as a second argument only to anchor it in
+//! candle's graph: an op whose input needs no gradient (a frozen embedding's output) would
+//! otherwise be left out of the backward pass and its sinks never written. The anchor is a
+//! `Var`, which candle's backward pass skips, and the op returns no gradient for it.
+
+use crate::blas::{self, Mat};
+use crate::dense::{affine, column_sums, Attention, BLOCK};
+use crate::ops::{cpu_slice, f32_slice, for_rows, layer_norm_grads, normalize_row, DropMask};
+use crate::params::GradSink;
+use crate::scratch;
+use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+use std::sync::Mutex;
+
+/// A linear layer's weight (`[out, in]`) and bias (`[out]`), with the sinks their gradients
+/// go to.
+#[derive(Debug, Clone)]
+pub struct SinkLinear {
+    /// `[out, in]`, contiguous.
+    pub weight: Tensor,
+    /// `[out]`.
+    pub bias: Option<Tensor>,
+    /// Receives the weight gradient.
+    pub weight_sink: GradSink,
+    /// Receives the bias gradient (present exactly when `bias` is).
+    pub bias_sink: Option<GradSink>,
+}
+
+impl SinkLinear {
+    /// (out, in), checked against the sinks.
+    fn dims(&self, what: &str) -> Result<(usize, usize)> {
+        let (n, k) = self.weight.dims2()?;
+        let bias_ok = match (&self.bias, &self.bias_sink) {
+            (Some(b), Some(s)) => b.elem_count() == n && s.len() == n,
+            (None, None) => true,
+            _ => false,
+        };
+        if self.weight_sink.len() != n * k || !bias_ok {
+            bail!("{what}: a gradient sink does not match its parameter")
+        }
+        Ok((n, k))
+    }
+
+    /// Adds `gᵀ · x` (`g` the output gradient as `[m, n]` with row stride `ld`, `x` the
+    /// input `[m, k]`) into the weight sink and the column sums of `g` into the bias sink.
+    fn write_grads(&self, g: Mat, x: &[f32], m: usize, n: usize, k: usize, bias_grad: Option<&[f32]>) {
+        self.weight_sink.write(|dw, holds| {
+            let beta = if holds { 1.0 } else { 0.0 };
+            blas::gemm(n, k, m, 1.0, g.t(), Mat::new(x, k), beta, dw)
+        });
+        if let (Some(sink), Some(db)) = (&self.bias_sink, bias_grad) {
+            sink.write(|out, holds| {
+                if holds {
+                    out.iter_mut().zip(db).for_each(|(o, v)| *o += v)
+                } else {
+                    out.copy_from_slice(db)
+                }
+            });
+        }
+    }
+}
+
+/// Reads a contiguous f32 tensor's elements for as long as the binding lives.
+macro_rules! view {
+    ($t:expr, $guard:ident, $what:expr) => {{
+        let (s, l) = $t.storage_and_layout();
+        $guard = s;
+        cpu_slice(&$guard, l, $what)?
+    }};
+}
+
+/// The rows and width of `[..., width]`.
+fn rows(l: &Layout, width: usize, what: &str) -> Result<usize> {
+    match l.dims().last() {
+        Some(&w) if w == width => Ok(l.shape().elem_count() / width.max(1)),
+        _ => bail!("{what}: input {:?} does not end in width {width}", l.dims()),
+    }
+}
+
+/// A layer norm's scale and shift (`[hidden]` each) with their sinks.
+#[derive(Debug, Clone)]
+pub struct SinkNorm {
+    /// Scale.
+    pub gamma: Tensor,
+    /// Shift.
+    pub beta: Tensor,
+    /// Receives the scale's gradient.
+    pub gamma_sink: GradSink,
+    /// Receives the shift's gradient.
+    pub beta_sink: GradSink,
+    /// Added to the variance.
+    pub eps: f32,
+}
+
+impl SinkNorm {
+    fn check(&self, d: usize) -> Result<()> {
+        let sizes = [
+            self.gamma.elem_count(),
+            self.beta.elem_count(),
+            self.gamma_sink.len(),
+            self.beta_sink.len(),
+        ];
+        if sizes.iter().any(|&n| n != d) {
+            bail!("sublayer: the layer norm has sizes {sizes:?}, the hidden size is {d}")
+        }
+        Ok(())
+    }
+
+    /// Writes dgamma and dbeta into the sinks.
+    fn write_grads(&self, dg: &[f32], db: &[f32]) {
+        for (sink, v) in [(&self.gamma_sink, dg), (&self.beta_sink, db)] {
+            sink.write(|out, holds| {
+                if holds {
+                    out.iter_mut().zip(v).for_each(|(o, v)| *o += v)
+                } else {
+                    out.copy_from_slice(v)
+                }
+            });
+        }
+    }
+}
+
+/// Where a sublayer's layer norm sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Norm {
+    /// `norm(x + dropout(f(x)))`: BERT.
+    Post,
+    /// `x + dropout(f(norm(x)))`: ViT and GPT-style.
+    Pre,
+}
+
+/// The self-attention sublayer on `x` `[batch, seq, hidden]`: the Q/K/V projections (one
+/// GEMM on their stacked weights), multi-head attention as
+/// [`crate::dense::attention_packed`] (`bias`, `heads` and `attention_dropout` as there),
+/// the output projection, then `hidden_dropout`, the residual add and `norm` placed as
+/// `placement` says. One op; its backward pass writes all ten parameter gradients
+/// into their sinks.
+#[allow(clippy::too_many_arguments)]
+pub fn self_attention(
+    x: &Tensor,
+    qkv: [&SinkLinear; 3],
+    out: &SinkLinear,
+    norm: &SinkNorm,
+    placement: Norm,
+    bias: Option<&Tensor>,
+    heads: usize,
+    attention_dropout: Option<(f32, u64)>,
+    hidden_dropout: Option<(f32, u64)>,
+) -> Result<Tensor> {
+    let (b, s, hidden) = x.dims3()?;
+    for l in qkv.iter().chain([&out]) {
+        if l.dims("self-attention")? != (hidden, hidden) {
+            bail!(
+                "self-attention: a projection is {:?}, the hidden size is {hidden}",
+                l.weight.dims()
+            )
+        }
+    }
+    let with_bias = qkv.iter().filter(|l| l.bias.is_some()).count();
+    if with_bias != 0 && with_bias != 3 {
+        bail!("self-attention: query, key and value must all have a bias or none")
+    }
+    let weights: Vec<&Tensor> = qkv.iter().map(|l| &l.weight).collect();
+    let packed_w = Tensor::cat(&weights, 0)?.detach();
+    let packed_b = match with_bias {
+        3 => {
+            let bs: Vec<&Tensor> = qkv.iter().filter_map(|l| l.bias.as_ref()).collect();
+            Some(Tensor::cat(&bs, 0)?.detach())
+        }
+        _ => None,
+    };
+    let inner = Inner::Attention {
+        qkv: Box::new(qkv.map(|l| l.clone())),
+        out: out.clone(),
+        packed_w,
+        packed_b,
+        attention: Attention::new(b, s, hidden, bias, heads, attention_dropout)?,
+        batch: b,
+    };
+    Sublayer::apply(x, inner, norm, placement, hidden_dropout)
+}
+
+/// The feed-forward sublayer on `x` `[..., hidden]`: `gelu(x · w1ᵀ + b1) · w2ᵀ + b2`, then
+/// `hidden_dropout`, the residual add and `norm` placed as `placement` says. One op; its
+/// backward pass writes all six parameter gradients into their sinks.
+pub fn feed_forward(
+    x: &Tensor,
+    inter: &SinkLinear,
+    out: &SinkLinear,
+    norm: &SinkNorm,
+    placement: Norm,
+    hidden_dropout: Option<(f32, u64)>,
+) -> Result<Tensor> {
+    let (n1, k1) = inter.dims("feed-forward")?;
+    let (n2, k2) = out.dims("feed-forward")?;
+    if k2 != n1 || n2 != k1 {
+        bail!(
+            "feed-forward: layers {:?} and {:?} do not chain back to the input width",
+            inter.weight.dims(),
+            out.weight.dims()
+        )
+    }
+    let inner = Inner::FeedForward {
+        inter: inter.clone(),
+        out: out.clone(),
+    };
+    Sublayer::apply(x, inner, norm, placement, hidden_dropout)
+}
+
+/// The function inside a sublayer, on `[rows, hidden]` slices.
+enum Inner {
+    Attention {
+        qkv: Box<[SinkLinear; 3]>,
+        out: SinkLinear,
+        /// `[3 · hidden, hidden]`: query, key and value weights stacked.
+        packed_w: Tensor,
+        packed_b: Option<Tensor>,
+        attention: Attention,
+        batch: usize,
+    },
+    FeedForward {
+        inter: SinkLinear,
+        out: SinkLinear,
+    },
+}
+
+/// Optional tensor view: binds the guard and yields the slice.
+macro_rules! view_opt {
+    ($t:expr, $guard:ident, $what:expr) => {
+        match &$t {
+            Some(t) => Some(view!(t, $guard, $what)),
+            None => None,
+        }
+    };
+}
+
+impl Inner {
+    /// The output `[m, d]` for input `x` `[m, d]`, and what the backward pass needs: for
+    /// attention the projection `[m, 3d]` and the attention output `[m, d]`; for the
+    /// feed-forward network GELU's derivative at the pre-activation and the activation
+    /// (`[m, inter]` each).
+    fn forward(&self, x: &[f32], m: usize, d: usize) -> Result<(Vec<f32>, [Vec<f32>; 2])> {
+        let (g1, g2, g3, g4);
+        match self {
+            Inner::Attention {
+                out,
+                packed_w,
+                packed_b,
+                attention,
+                batch,
+                ..
+            } => {
+                let wqkv = view!(packed_w, g1, "self-attention weight");
+                let bqkv = view_opt!(packed_b, g2, "self-attention bias");
+                let wo = view!(out.weight, g3, "self-attention weight");
+                let bo = view_opt!(out.bias, g4, "self-attention bias");
+                let qkv = affine(x, m, d, wqkv, 3 * d, bqkv);
+                let merged = attention.forward_slices(&qkv, *batch, m / batch, 3 * d);
+                let y = affine(&merged, m, d, wo, d, bo);
+                Ok((y, [qkv, merged]))
+            }
+            Inner::FeedForward { inter, out } => {
+                let n1 = inter.weight.dim(0)?;
+                let w1 = view!(inter.weight, g1, "feed-forward weight");
+                let b1 = view_opt!(inter.bias, g2, "feed-forward bias");
+                let w2 = view!(out.weight, g3, "feed-forward weight");
+                let b2 = view_opt!(out.bias, g4, "feed-forward bias");
+                // The pre-activation is overwritten by GELU's derivative: the backward pass
+                // needs only that.
+                let mut h = affine(x, m, d, w1, n1, b1);
+                let mut a = scratch::take(h.len());
+                a.par_chunks_mut(BLOCK)
+                    .zip(h.par_chunks_mut(BLOCK))
+                    .for_each(|(a, h)| crate::math::gelu_with_derivative(h, a));
+                let y = affine(&a, m, n1, w2, d, b2);
+                Ok((y, [h, a]))
+            }
+        }
+    }
+
+    /// The input gradient `[m, d]` from the output gradient `g`; the parameter gradients
+    /// go into the sinks.
+    fn backward(&self, x: &[f32], m: usize, d: usize, saved: &[Vec<f32>; 2], g: &[f32]) -> Result<Vec<f32>> {
+        let (g1, g2);
+        match self {
+            Inner::Attention {
+                qkv,
+                out,
+                packed_w,
+                packed_b,
+                attention,
+                batch,
+            } => {
+                let [qkv_v, merged] = saved;
+                let wqkv = view!(packed_w, g1, "self-attention weight");
+                let wo = view!(out.weight, g2, "self-attention weight");
+                // Output projection.
+                let dbo = out.bias.is_some().then(|| column_sums(g, m, d));
+                out.write_grads(Mat::new(g, d), merged, m, d, d, dbo.as_deref());
+                let mut dmerged = scratch::take(m * d);
+                blas::gemm(m, d, d, 1.0, Mat::new(g, d), Mat::new(wo, d), 0.0, &mut dmerged);
+                // Attention, then the three projections: each weight gradient from its
+                // column block of dqkv, read in place with row stride 3 · hidden.
+                let dqkv = attention.backward_slices(qkv_v, &dmerged, *batch, m / batch, 3 * d);
+                scratch::give(dmerged);
+                let dbqkv = packed_b.is_some().then(|| column_sums(&dqkv, m, 3 * d));
+                for (i, l) in qkv.iter().enumerate() {
+                    let block = Mat {
+                        data: &dqkv[i * d..],
+                        ld: 3 * d,
+                        trans: false,
+                    };
+                    let db = dbqkv.as_ref().map(|v| &v[i * d..(i + 1) * d]);
+                    l.write_grads(block, x, m, d, d, db);
+                }
+                let mut dx = vec![0f32; m * d];
+                blas::gemm(
+                    m,
+                    d,
+                    3 * d,
+                    1.0,
+                    Mat::new(&dqkv, 3 * d),
+                    Mat::new(wqkv, d),
+                    0.0,
+                    &mut dx,
+                );
+                scratch::give(dqkv);
+                Ok(dx)
+            }
+            Inner::FeedForward { inter, out } => {
+                let [derivative, a] = saved;
+                let n1 = inter.weight.dim(0)?;
+                let w1 = view!(inter.weight, g1, "feed-forward weight");
+                let w2 = view!(out.weight, g2, "feed-forward weight");
+                // Output layer: dW2 = gᵀ · a, db2 = Σ g, da = g · W2.
+                let db2 = out.bias.is_some().then(|| column_sums(g, m, d));
+                out.write_grads(Mat::new(g, d), a, m, d, n1, db2.as_deref());
+                let mut dh = scratch::take(m * n1);
+                blas::gemm(m, n1, d, 1.0, Mat::new(g, d), Mat::new(w2, n1), 0.0, &mut dh);
+                // Through GELU (times its saved derivative), then the first layer.
+                dh.par_chunks_mut(BLOCK)
+                    .zip(derivative.par_chunks(BLOCK))
+                    .for_each(|(g, d)| g.iter_mut().zip(d).for_each(|(g, d)| *g *= d));
+                let db1 = inter.bias.is_some().then(|| column_sums(&dh, m, n1));
+                inter.write_grads(Mat::new(&dh, n1), x, m, n1, d, db1.as_deref());
+                let mut dx = vec![0f32; m * d];
+                blas::gemm(m, d, n1, 1.0, Mat::new(&dh, n1), Mat::new(w1, d), 0.0, &mut dx);
+                scratch::give(dh);
+                Ok(dx)
+            }
+        }
+    }
+}
+
+/// A sublayer as one candle op.
+struct Sublayer {
+    inner: Inner,
+    norm: SinkNorm,
+    placement: Norm,
+    dropout: Option<DropMask>,
+    /// The inner function's saved tensors, and the layer norm's input: the residual sum
+    /// (post-norm) or the sublayer input (pre-norm, whose normalised value is saved as
+    /// the inner function's input in `normed`).
+    saved: Mutex<Option<Saved>>,
+}
+
+struct Saved {
+    inner: [Vec<f32>; 2],
+    /// Post-norm: the residual sum `x + dropout(f(x))`. Pre-norm: `norm(x)`.
+    kept: Vec<f32>,
+}
+
+impl Drop for Sublayer {
+    /// The saved buffers go back to [`scratch`] for the next step's forward pass.
+    fn drop(&mut self) {
+        let saved = self.saved.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(Saved { inner, kept }) = saved {
+            inner.into_iter().chain([kept]).for_each(scratch::give);
+        }
+    }
+}
+
+impl Sublayer {
+    fn apply(
+        x: &Tensor,
+        inner: Inner,
+        norm: &SinkNorm,
+        placement: Norm,
+        dropout: Option<(f32, u64)>,
+    ) -> Result<Tensor> {
+        let d = x.dim(candle_core::D::Minus1)?;
+        norm.check(d)?;
+        let op = Sublayer {
+            inner,
+            norm: norm.clone(),
+            placement,
+            dropout: DropMask::from_option("sublayer", dropout)?,
+            saved: Mutex::new(None),
+        };
+        x.contiguous()?.apply_op2(&norm.gamma, op)
+    }
+
+    /// `y = dropout(y) + x` in place.
+    fn drop_and_add(&self, y: &mut [f32], x: &[f32]) {
+        y.par_chunks_mut(BLOCK)
+            .zip(x.par_chunks(BLOCK))
+            .enumerate()
+            .for_each(|(c, (y, x))| match &self.dropout {
+                None => y.iter_mut().zip(x).for_each(|(y, x)| *y += x),
+                Some(mask) => {
+                    let base = c * BLOCK;
+                    y.iter_mut()
+                        .zip(x)
+                        .enumerate()
+                        .for_each(|(j, (y, x))| *y = *y * mask.scale(base + j) + x)
+                }
+            });
+    }
+
+    /// `v` times the dropout mask (a copy), or `v` itself without dropout.
+    fn dropped<'a>(&self, v: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+        match &self.dropout {
+            None => std::borrow::Cow::Borrowed(v),
+            Some(mask) => {
+                let mut out = vec![0f32; v.len()];
+                for_rows(&mut out, BLOCK, |c, o| {
+                    let base = c * BLOCK;
+                    o.iter_mut()
+                        .zip(&v[base..])
+                        .enumerate()
+                        .for_each(|(j, (o, v))| *o = v * mask.scale(base + j))
+                });
+                std::borrow::Cow::Owned(out)
+            }
+        }
+    }
+}
+
+impl CustomOp2 for Sublayer {
+    fn name(&self) -> &'static str {
+        "trident-sublayer"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "sublayer")?;
+        let d = l1.dims().last().copied().unwrap_or(0);
+        let m = rows(l1, d, "sublayer")?;
+        let (g1, g2);
+        let gamma = view!(self.norm.gamma, g1, "layer norm scale");
+        let beta = view!(self.norm.beta, g2, "layer norm shift");
+        let eps = self.norm.eps;
+        let (out, saved) = match self.placement {
+            Norm::Post => {
+                let (mut sum, inner) = self.inner.forward(x, m, d)?;
+                self.drop_and_add(&mut sum, x);
+                let mut out = sum.clone();
+                for_rows(&mut out, d, |_, o| normalize_row(o, gamma, beta, eps));
+                (out, Saved { inner, kept: sum })
+            }
+            Norm::Pre => {
+                let mut normed = scratch::take(x.len());
+                for_rows(&mut normed, d, |i, o| {
+                    o.copy_from_slice(&x[i * d..(i + 1) * d]);
+                    normalize_row(o, gamma, beta, eps)
+                });
+                let (mut out, inner) = self.inner.forward(&normed, m, d)?;
+                self.drop_and_add(&mut out, x);
+                (out, Saved { inner, kept: normed })
+            }
+        };
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        _: &Tensor,
+        _res: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = g.contiguous()?;
+        let d = x.dim(candle_core::D::Minus1)?;
+        let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(saved) = saved.as_ref() else {
+            bail!("sublayer backward: the forward pass saved nothing")
+        };
+        let (gx, gg, g1);
+        let xs = view!(x, gx, "sublayer backward");
+        let gs = view!(g, gg, "sublayer backward");
+        let gamma = view!(self.norm.gamma, g1, "layer norm scale");
+        let m = xs.len() / d.max(1);
+        let dx = match self.placement {
+            Norm::Post => {
+                // Through the norm to the residual sum; the sum's gradient goes to x
+                // directly and, through the dropout mask, into the inner function.
+                let (dsum, dg, db) = layer_norm_grads(&saved.kept, gs, gamma, d, self.norm.eps);
+                self.norm.write_grads(&dg, &db);
+                let mut dx = self
+                    .inner
+                    .backward(xs, m, d, &saved.inner, &self.dropped(&dsum))?;
+                dx.iter_mut().zip(&dsum).for_each(|(a, b)| *a += b);
+                dx
+            }
+            Norm::Pre => {
+                let dnormed = self
+                    .inner
+                    .backward(&saved.kept, m, d, &saved.inner, &self.dropped(gs))?;
+                let (mut dx, dg, db) = layer_norm_grads(xs, &dnormed, gamma, d, self.norm.eps);
+                self.norm.write_grads(&dg, &db);
+                dx.iter_mut().zip(gs).for_each(|(a, b)| *a += b);
+                dx
+            }
+        };
+        Ok((Some(Tensor::from_vec(dx, x.shape(), x.device())?), None))
+    }
+}
