@@ -1,5 +1,6 @@
 //! `trident`: train, distill, serve and load-test deep-learning models from one binary.
 
+mod bench;
 mod learn;
 mod serve;
 
@@ -23,6 +24,8 @@ enum Command {
     Eval(learn::EvalArgs),
     /// Classify texts with a checkpoint; one JSON line per text.
     Predict(learn::PredictArgs),
+    /// Load-test a KServe v2 / Triton server: traffic phases, concurrency sweeps, request rates.
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Command::Train(args) => learn::train(args),
         Command::Eval(args) => learn::eval(args),
         Command::Predict(args) => learn::predict(args),
+        Command::Bench(args) => bench::run(*args),
     }
 }

@@ -130,7 +130,7 @@ pub enum InputSpec {
 
 /// The networks Trident trains from a config.
 pub enum Net {
-    Bert(BertClassifier),
+    Bert(Box<BertClassifier>),
     Vit(Vit),
     Cnn(Cnn),
     Rnn(RnnClassifier),
@@ -228,7 +228,7 @@ impl Model {
                     params.set_trainable("bert.", false);
                 }
                 let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
-                (Net::Bert(m), Some(Arc::new(tok)))
+                (Net::Bert(Box::new(m)), Some(Arc::new(tok)))
             }
             ModelConfig::Vit(c) => {
                 if let InputSpec::Image {

@@ -1,0 +1,261 @@
+//! A KServe v2 HTTP client: model metadata and configuration, inference, and Triton's
+//! statistics extension, on hyper (the HTTP stack axum already brings).
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client as HttpClient};
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// A tensor a model takes or returns, from its metadata.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TensorInfo {
+    /// Name.
+    pub name: String,
+    /// KServe datatype (`FP32`, `INT64`, `BYTES`, …).
+    pub datatype: String,
+    /// Shape; -1 marks a variable dimension (the batch one first, for batching models).
+    pub shape: Vec<i64>,
+}
+
+/// What the bench needs to know about a model.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelInfo {
+    /// Name.
+    pub name: String,
+    /// Inputs.
+    pub inputs: Vec<TensorInfo>,
+    /// Outputs.
+    pub outputs: Vec<TensorInfo>,
+    /// `max_batch_size` from the configuration (0: the model does not batch).
+    pub max_batch_size: u64,
+}
+
+/// Cumulative server-side statistics of a model (all versions), from
+/// `GET /v2/models/{model}/stats`: counts and nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct ServerStats {
+    /// Successful requests.
+    pub success_count: u64,
+    /// Their total duration in the server, from arrival to response.
+    pub success_ns: u64,
+    /// Failed requests.
+    pub fail_count: u64,
+    /// Time waiting in queues.
+    pub queue_ns: u64,
+    /// Time preparing inputs.
+    pub compute_input_ns: u64,
+    /// Time in the model.
+    pub compute_infer_ns: u64,
+    /// Time extracting outputs.
+    pub compute_output_ns: u64,
+    /// Inferences (a batch of 8 in one request counts 8).
+    pub inference_count: u64,
+    /// Model executions (batches run).
+    pub execution_count: u64,
+}
+
+impl ServerStats {
+    /// `self - before`, counter by counter.
+    pub fn since(&self, before: &ServerStats) -> ServerStats {
+        ServerStats {
+            success_count: self.success_count.saturating_sub(before.success_count),
+            success_ns: self.success_ns.saturating_sub(before.success_ns),
+            fail_count: self.fail_count.saturating_sub(before.fail_count),
+            queue_ns: self.queue_ns.saturating_sub(before.queue_ns),
+            compute_input_ns: self.compute_input_ns.saturating_sub(before.compute_input_ns),
+            compute_infer_ns: self.compute_infer_ns.saturating_sub(before.compute_infer_ns),
+            compute_output_ns: self.compute_output_ns.saturating_sub(before.compute_output_ns),
+            inference_count: self.inference_count.saturating_sub(before.inference_count),
+            execution_count: self.execution_count.saturating_sub(before.execution_count),
+        }
+    }
+}
+
+/// How long one inference took as the client saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Building the request from the prepared body (the "client send" share).
+    pub prepare: Duration,
+    /// From handing the request to the connection until the response headers arrived.
+    pub until_headers: Duration,
+    /// Reading the response body after the headers.
+    pub receive: Duration,
+}
+
+/// One prepared inference request body.
+#[derive(Debug, Clone)]
+pub struct Body {
+    /// The bytes sent.
+    pub bytes: Bytes,
+    /// `Inference-Header-Content-Length` for the binary extension (JSON header length).
+    pub header_length: Option<usize>,
+}
+
+/// A client for one server.
+#[derive(Clone)]
+pub struct Client {
+    http: HttpClient<HttpConnector, Full<Bytes>>,
+    /// `http://host:port`, no trailing slash.
+    pub base: String,
+    timeout: Duration,
+}
+
+impl Client {
+    /// A client for `url` (`http://host:port` or `host:port`, as perf_analyzer's `-u`);
+    /// each request fails after `timeout`.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self> {
+        let url = url.trim_end_matches('/');
+        let base = if url.contains("://") {
+            url.to_string()
+        } else {
+            format!("http://{url}")
+        };
+        if !base.starts_with("http://") {
+            bail!("--url {url}: only plain http:// is supported")
+        }
+        base.parse::<hyper::Uri>()
+            .with_context(|| format!("--url {url} is not a URL"))?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let http = HttpClient::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(usize::MAX)
+            .build(connector);
+        Ok(Client { http, base, timeout })
+    }
+
+    async fn get_json(&self, path: &str) -> Result<Value> {
+        let uri: hyper::Uri = format!("{}{path}", self.base).parse()?;
+        let req = hyper::Request::get(uri).body(Full::new(Bytes::new()))?;
+        let resp = tokio::time::timeout(self.timeout, self.http.request(req))
+            .await
+            .map_err(|_| anyhow!("no answer from {} within {:?}", self.base, self.timeout))?
+            .map_err(|e| anyhow!("cannot reach the server at {}: {}", self.base, connect_error(&e)))?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if !status.is_success() {
+            let msg = value
+                .get("error")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+            bail!("GET {path}: {status}: {msg}")
+        }
+        Ok(value)
+    }
+
+    /// Metadata and configuration of `model`; an error names an unknown or unready model.
+    pub async fn model(&self, model: &str) -> Result<ModelInfo> {
+        let meta = self
+            .get_json(&format!("/v2/models/{model}"))
+            .await
+            .with_context(|| format!("model `{model}` at {}", self.base))?;
+        let config = self.get_json(&format!("/v2/models/{model}/config")).await.ok();
+        let tensors = |key: &str| -> Result<Vec<TensorInfo>> {
+            meta.get(key)
+                .and_then(Value::as_array)
+                .map(|list| {
+                    list.iter()
+                        .map(|t| {
+                            Ok(TensorInfo {
+                                name: t["name"].as_str().context("tensor without a name")?.to_string(),
+                                datatype: t["datatype"]
+                                    .as_str()
+                                    .context("tensor without a datatype")?
+                                    .to_string(),
+                                shape: t["shape"]
+                                    .as_array()
+                                    .context("tensor without a shape")?
+                                    .iter()
+                                    .map(|d| d.as_i64().context("a dimension is not an integer"))
+                                    .collect::<Result<_>>()?,
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_else(|| Ok(Vec::new()))
+        };
+        Ok(ModelInfo {
+            name: model.to_string(),
+            inputs: tensors("inputs").context("model metadata")?,
+            outputs: tensors("outputs").context("model metadata")?,
+            max_batch_size: config
+                .as_ref()
+                .and_then(|c| c.get("max_batch_size"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+        })
+    }
+
+    /// The server's cumulative statistics of `model`, summed over its versions.
+    pub async fn stats(&self, model: &str) -> Result<ServerStats> {
+        let v = self.get_json(&format!("/v2/models/{model}/stats")).await?;
+        let mut s = ServerStats::default();
+        for m in v["model_stats"].as_array().into_iter().flatten() {
+            let stat = |k: &str, f: &str| m["inference_stats"][k][f].as_u64().unwrap_or(0);
+            s.success_count += stat("success", "count");
+            s.success_ns += stat("success", "ns");
+            s.fail_count += stat("fail", "count");
+            s.queue_ns += stat("queue", "ns");
+            s.compute_input_ns += stat("compute_input", "ns");
+            s.compute_infer_ns += stat("compute_infer", "ns");
+            s.compute_output_ns += stat("compute_output", "ns");
+            s.inference_count += m["inference_count"].as_u64().unwrap_or(0);
+            s.execution_count += m["execution_count"].as_u64().unwrap_or(0);
+        }
+        Ok(s)
+    }
+
+    /// Sends one inference request; an error for anything but 200 (with the server's
+    /// message), a refused connection or the timeout.
+    pub async fn infer(&self, model: &str, body: &Body) -> Result<Timing> {
+        let begin = Instant::now();
+        let uri: hyper::Uri = format!("{}/v2/models/{model}/infer", self.base).parse()?;
+        let mut req = hyper::Request::post(uri);
+        req = match body.header_length {
+            Some(n) => req
+                .header("content-type", "application/octet-stream")
+                .header("inference-header-content-length", n),
+            None => req.header("content-type", "application/json"),
+        };
+        let req = req.body(Full::new(body.bytes.clone()))?;
+        let start = Instant::now();
+        let prepare = start - begin;
+        let exchange = async {
+            let resp =
+                self.http.request(req).await.map_err(|e| {
+                    anyhow!("cannot reach the server at {}: {}", self.base, connect_error(&e))
+                })?;
+            let until_headers = start.elapsed();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await?.to_bytes();
+            if !status.is_success() {
+                let msg = serde_json::from_slice::<Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(200).collect());
+                bail!("{status}: {msg}")
+            }
+            Ok(Timing {
+                prepare,
+                until_headers,
+                receive: start.elapsed() - until_headers,
+            })
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| anyhow!("timed out after {:?}", self.timeout))?
+    }
+}
+
+/// The innermost cause of a client error (hyper's outer message is only "client error").
+fn connect_error(e: &hyper_util::client::legacy::Error) -> String {
+    let mut source: &dyn std::error::Error = e;
+    while let Some(s) = source.source() {
+        source = s;
+    }
+    source.to_string()
+}

@@ -1,0 +1,219 @@
+//! `trident bench`: load tests against a KServe v2 / Triton HTTP server.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use trident_bench::inputs::{self, Encoding, Source};
+use trident_bench::schedule::{parse_range, parse_rates, Distribution, Phases};
+use trident_bench::stats::check_percentile;
+use trident_bench::{report, Client, Load, Settings, Target};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Server address: http://host:port or host:port.
+    #[arg(short, long, default_value = "http://127.0.0.1:8000")]
+    url: String,
+    /// Model to load.
+    #[arg(short, long)]
+    model: String,
+    /// Traffic phases `initial_users:spawn_per_minute:seconds[,…]` (closed loop), e.g.
+    /// `2:2:60,10:0:120`: each phase starts with its initial users and adds users evenly.
+    #[arg(long, group = "load")]
+    phases: Option<String>,
+    /// Concurrency sweep `start[:end[:step]]` (closed loop, like perf_analyzer).
+    #[arg(long, group = "load")]
+    concurrency_range: Option<String>,
+    /// Open-loop request rate(s) per second `start[:end[:step]]`; latency is timed from
+    /// each request's scheduled send time.
+    #[arg(long, group = "load")]
+    request_rate: Option<String>,
+    /// Spacing of requests in request-rate mode.
+    #[arg(long, value_enum, default_value_t = Dist::Constant)]
+    distribution: Dist,
+    /// Input values: `random`, `zero`, or a JSON file in perf_analyzer's --input-data format.
+    #[arg(long, default_value = "random")]
+    input_data: String,
+    /// Tensor encoding of requests.
+    #[arg(long, value_enum, default_value_t = Enc::Binary)]
+    encoding: Enc,
+    /// Rows per request (inferences), for models with a batch dimension.
+    #[arg(short, long, default_value_t = 1)]
+    batch_size: u64,
+    /// Variable dimensions of an input, without the batch: `NAME:d1,d2` (repeatable).
+    #[arg(long)]
+    shape: Vec<String>,
+    /// Length of a measurement window, ms.
+    #[arg(long, default_value_t = 5000)]
+    measurement_interval: u64,
+    /// Seconds excluded at the start of the run (phases) or of each level (sweeps).
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Stability: the last 3 windows' throughput and latency within ± this %.
+    #[arg(long, default_value_t = 10.0)]
+    stability_percentage: f64,
+    /// Windows per level before giving up on stability.
+    #[arg(long, default_value_t = 10)]
+    max_trials: usize,
+    /// Latency percentile the stability criterion compares (50, 90, 95, 99, 99.9; 0: mean).
+    #[arg(long, default_value_t = 99.0)]
+    percentile: f64,
+    /// Stop when a window's (phases) or level's latency at --stop-percentile exceeds this, ms.
+    #[arg(long)]
+    stop_latency_ms: Option<f64>,
+    /// The percentile of --stop-latency-ms.
+    #[arg(long, default_value_t = 99.0)]
+    stop_percentile: f64,
+    /// Shorthand for --stop-latency-ms X --stop-percentile 99.
+    #[arg(long, conflicts_with_all = ["stop_latency_ms"])]
+    stop_p99_ms: Option<f64>,
+    /// Stop when throughput reaches this many inferences per minute (SageMaker's MaxInvocations).
+    #[arg(long)]
+    max_invocations: Option<f64>,
+    /// Stop when throughput stops growing by 5 % (over windows in phases, between levels in sweeps).
+    #[arg(long)]
+    stop_on_plateau: bool,
+    /// Per-request timeout, ms (a timed-out request counts as an error).
+    #[arg(long, default_value_t = 30_000)]
+    request_timeout: u64,
+    /// Threads of the load generator (keep it below the machine's cores; the server needs them).
+    #[arg(long, default_value_t = 1)]
+    client_threads: usize,
+    /// CSV of the rows, with perf_analyzer's column names.
+    #[arg(short = 'f', long)]
+    output: Option<PathBuf>,
+    /// The whole report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Dist {
+    Constant,
+    Poisson,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Enc {
+    Json,
+    Binary,
+}
+
+fn parse_shapes(given: &[String]) -> Result<HashMap<String, Vec<i64>>> {
+    given
+        .iter()
+        .map(|s| {
+            let (name, dims) = s
+                .rsplit_once(':')
+                .with_context(|| format!("--shape {s}: expected NAME:d1,d2"))?;
+            let dims = dims
+                .split(',')
+                .map(|d| d.trim().parse::<i64>())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .with_context(|| format!("--shape {s}: dimensions must be whole numbers"))?;
+            Ok((name.to_string(), dims))
+        })
+        .collect()
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let load = match (&args.phases, &args.concurrency_range, &args.request_rate) {
+        (Some(p), None, None) => Load::Phases(Phases::parse(p)?),
+        (None, Some(c), None) => Load::Concurrency(parse_range("--concurrency-range", c)?),
+        (None, None, Some(r)) => Load::Rate(
+            parse_rates(r)?,
+            match args.distribution {
+                Dist::Constant => Distribution::Constant,
+                Dist::Poisson => Distribution::Poisson,
+            },
+        ),
+        _ => Load::Concurrency(vec![1]),
+    };
+    let (stop_latency_ms, stop_percentile) = match (args.stop_p99_ms, args.stop_latency_ms) {
+        (Some(ms), _) => (Some(ms), 99.0),
+        (None, ms) => (ms, args.stop_percentile),
+    };
+    if let Some(ms) = stop_latency_ms {
+        if !(ms > 0.0 && ms.is_finite()) {
+            bail!("the latency limit {ms} ms is impossible: give a positive number of milliseconds")
+        }
+    }
+    if args.measurement_interval < 100 {
+        bail!(
+            "--measurement-interval {} ms: use at least 100 ms",
+            args.measurement_interval
+        )
+    }
+    if !(args.stability_percentage > 0.0 && args.stability_percentage < 100.0) {
+        bail!(
+            "--stability-percentage {}: use a value in (0, 100)",
+            args.stability_percentage
+        )
+    }
+    if !(args.warmup >= 0.0 && args.warmup.is_finite()) {
+        bail!("--warmup {}: use seconds ≥ 0", args.warmup)
+    }
+    let settings = Settings {
+        window: Duration::from_millis(args.measurement_interval),
+        warmup: Duration::from_secs_f64(args.warmup),
+        stable_windows: 3,
+        tolerance: args.stability_percentage / 100.0,
+        max_windows: args.max_trials.max(1),
+        percentile: check_percentile("--percentile", args.percentile)?,
+        stop_latency_us: stop_latency_ms.map(|ms| ms * 1000.0),
+        stop_percentile: check_percentile("--stop-percentile", stop_percentile)?,
+        max_invocations_per_minute: args.max_invocations,
+        stop_on_plateau: args.stop_on_plateau,
+        ..Settings::default()
+    };
+    let source = match args.input_data.as_str() {
+        "random" => Source::Random,
+        "zero" => Source::Zero,
+        path => Source::File(PathBuf::from(path)),
+    };
+    let encoding = match args.encoding {
+        Enc::Json => Encoding::Json,
+        Enc::Binary => Encoding::Binary,
+    };
+    let shapes = parse_shapes(&args.shape)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads.max(1))
+        .thread_name("trident-bench")
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(async {
+        let client = Client::new(&args.url, Duration::from_millis(args.request_timeout))?;
+        let model = client.model(&args.model).await?;
+        let bodies = inputs::prepare(&model, &source, encoding, args.batch_size, &shapes)?;
+        // One request before the load: a model that cannot answer fails here, clearly.
+        client
+            .infer(&args.model, &bodies[0])
+            .await
+            .with_context(|| format!("a first request to model `{}` failed", args.model))?;
+        let target = Target {
+            client,
+            model: args.model.clone(),
+            bodies: Arc::new(bodies),
+            batch: args.batch_size,
+        };
+        let interrupt = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        anyhow::Ok(trident_bench::run(target, load, settings, interrupt, |line| eprintln!("{line}")).await)
+    })?;
+    print!("{}", report::table(&report));
+    if let Some(path) = &args.output {
+        report::write_csv(&report, path)?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.json {
+        report::write_json(&report, path)?;
+        eprintln!("wrote {}", path.display());
+    }
+    if report.rows.is_empty() {
+        bail!("nothing was measured")
+    }
+    Ok(())
+}
