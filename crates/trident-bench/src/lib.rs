@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod inputs;
+pub mod plot;
 pub mod report;
 pub mod run;
 pub mod schedule;

@@ -32,7 +32,13 @@ pub struct Latency {
     pub p999_us: u64,
     /// Largest, µs.
     pub max_us: u64,
+    /// (quantile, µs) at quantiles 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 0.9999 and 1: the
+    /// latency-by-percentile curve.
+    pub curve: Vec<(f64, u64)>,
 }
+
+/// The quantiles of [`Latency::curve`].
+pub const CURVE_QUANTILES: [f64; 8] = [0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 0.9999, 1.0];
 
 impl Latency {
     /// Summarises `h` (µs) over `elapsed`, with `errors` failures.
@@ -51,6 +57,13 @@ impl Latency {
             p99_us: q(0.99),
             p999_us: q(0.999),
             max_us: if count == 0 { 0 } else { h.max() },
+            curve: match count {
+                0 => Vec::new(),
+                _ => CURVE_QUANTILES
+                    .iter()
+                    .map(|&p| (p, h.value_at_quantile(p)))
+                    .collect(),
+            },
         }
     }
 

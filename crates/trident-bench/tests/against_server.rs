@@ -133,6 +133,15 @@ async fn concurrency_sweep_measures_every_level_and_writes_perf_analyzer_csv() {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 2);
     assert!(report::table(&r).contains("concurrency"));
+    let plots = trident_bench::plot::write(&r, &dir.path().join("plots")).unwrap();
+    assert_eq!(plots.len(), 2);
+    for p in plots {
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{}", p.display());
+    }
+    // The latency-by-percentile curve ends at the maximum.
+    let curve = &r.rows[0].latency.curve;
+    assert_eq!(curve.last().unwrap(), &(1.0, r.rows[0].latency.max_us));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

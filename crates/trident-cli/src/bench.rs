@@ -87,6 +87,9 @@ pub struct BenchArgs {
     /// The whole report as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Directory for PNG plots: latency by percentile per row, throughput against latency.
+    #[arg(long)]
+    plots: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -211,6 +214,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(path) = &args.json {
         report::write_json(&report, path)?;
         eprintln!("wrote {}", path.display());
+    }
+    if let Some(dir) = &args.plots {
+        for path in trident_bench::plot::write(&report, dir)? {
+            eprintln!("wrote {}", path.display());
+        }
     }
     if report.rows.is_empty() {
         bail!("nothing was measured")

@@ -1,0 +1,143 @@
+//! PNG plots of a report: latency by percentile for each row, and throughput against
+//! latency across rows. Drawn to a temporary name and renamed.
+
+use crate::run::Report;
+use anyhow::{anyhow, Context, Result};
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+
+const COLORS: [RGBColor; 6] = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+
+/// Writes `latency_percentiles.png` and `throughput_latency.png` into `dir`; returns their
+/// paths.
+pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--plots {}", dir.display()))?;
+    let rows: Vec<_> = report
+        .rows
+        .iter()
+        .filter(|r| !r.latency.curve.is_empty())
+        .collect();
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let unit = match report.mode {
+        "phases" => "users",
+        "concurrency" => "concurrency",
+        _ => "rate/s",
+    };
+    let a = dir.join("latency_percentiles.png");
+    draw(&a, |root| {
+        // x: "nines" — quantile q sits at -log10(1 - q) (50 % → 0.3, 99 % → 2, 99.99 % → 4);
+        // the maximum is drawn at 5.
+        let x = |q: f64| if q >= 1.0 { 5.0 } else { -(1.0 - q).log10() };
+        let y_max = rows.iter().map(|r| r.latency.max_us).max().unwrap_or(1) as f64 / 1000.0;
+        let mut chart = ChartBuilder::on(root)
+            .caption(
+                format!("{} latency by percentile", report.model),
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0f64..5.2, 0.0..y_max * 1.05)?;
+        chart
+            .configure_mesh()
+            .x_desc("percentile")
+            .y_desc("latency (ms)")
+            .x_labels(6)
+            .x_label_formatter(&|v| {
+                if (v - v.round()).abs() > 0.01 {
+                    return String::new();
+                }
+                match v.round() as i32 {
+                    0 => "0".into(),
+                    5 => "max".into(),
+                    n => format!("{}", 100.0 - 100.0 * 10f64.powi(-n)),
+                }
+            })
+            .draw()?;
+        // At most six lines: spread over the rows.
+        let step = rows.len().div_ceil(COLORS.len()).max(1);
+        for (i, r) in rows.iter().step_by(step).enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let pts: Vec<(f64, f64)> = r
+                .latency
+                .curve
+                .iter()
+                .map(|&(q, us)| (x(q), us as f64 / 1000.0))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+                .label(format!("{unit} {}", r.level))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        Ok(())
+    })?;
+    let b = dir.join("throughput_latency.png");
+    draw(&b, |root| {
+        let x_max = rows.iter().map(|r| r.inferences_per_s).fold(1.0, f64::max);
+        let y_max = rows.iter().map(|r| r.latency.p99_us).max().unwrap_or(1) as f64 / 1000.0;
+        let mut chart = ChartBuilder::on(root)
+            .caption(
+                format!("{}: throughput against latency ({unit})", report.model),
+                ("sans-serif", 22),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max * 1.1)?;
+        chart
+            .configure_mesh()
+            .x_desc("inferences / s")
+            .y_desc("latency (ms)")
+            .draw()?;
+        for (i, (name, f)) in [
+            (
+                "p50",
+                (|r: &crate::run::Row| r.latency.p50_us) as fn(&crate::run::Row) -> u64,
+            ),
+            ("p99", |r: &crate::run::Row| r.latency.p99_us),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let color = COLORS[i];
+            let pts: Vec<(f64, f64)> = rows
+                .iter()
+                .map(|r| (r.inferences_per_s, f(r) as f64 / 1000.0))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+                .label(name)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        Ok(())
+    })?;
+    Ok(vec![a, b])
+}
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+fn draw(path: &Path, f: impl FnOnce(&Area) -> Result<()>) -> Result<()> {
+    let tmp = path.with_extension("tmp.png");
+    {
+        let root = BitMapBackend::new(&tmp, (900, 550)).into_drawing_area();
+        root.fill(&WHITE)
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        f(&root).with_context(|| format!("{}: drawing failed", path.display()))?;
+        root.present().map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
