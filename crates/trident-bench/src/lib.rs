@@ -12,6 +12,7 @@
 pub mod client;
 pub mod inputs;
 pub mod plot;
+pub mod recommend;
 pub mod report;
 pub mod run;
 pub mod schedule;

@@ -225,3 +225,131 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Debug, Args)]
+pub struct RecommendArgs {
+    /// The model repository.
+    #[arg(long)]
+    model_repository: PathBuf,
+    /// The model whose configuration to tune.
+    #[arg(short, long)]
+    model: String,
+    /// Latency SLO: the p99 a configuration must stay within, ms.
+    #[arg(long)]
+    p99_ms: f64,
+    /// Price of one server per hour (any currency), for the cost per 1M inferences.
+    #[arg(long)]
+    price_per_hour: Option<f64>,
+    /// Inferences per second to provision for: how many servers each configuration needs.
+    #[arg(long)]
+    target_rps: Option<f64>,
+    /// Dynamic batching queue delays to try, µs (comma-separated); batching off is always tried.
+    #[arg(long, default_value = "100,1000", value_delimiter = ',')]
+    queue_delays: Vec<u64>,
+    /// Instance counts to try (comma-separated), the first with every batching setting.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    instances: Vec<u32>,
+    /// Highest concurrency of the ladder 1, 2, 4, …
+    #[arg(long, default_value_t = 16)]
+    max_concurrency: u32,
+    /// Input values: `random`, `zero`, or a JSON file in perf_analyzer's format.
+    #[arg(long, default_value = "random")]
+    input_data: String,
+    /// Length of a measurement window, ms.
+    #[arg(long, default_value_t = 1000)]
+    measurement_interval: u64,
+    /// Windows per level before giving up on stability.
+    #[arg(long, default_value_t = 5)]
+    max_trials: usize,
+    /// The whole search as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn recommend(args: RecommendArgs) -> Result<()> {
+    use trident_bench::recommend::{ranked, rewrite_config, search, Search};
+    if !(args.p99_ms > 0.0 && args.p99_ms.is_finite()) {
+        bail!(
+            "--p99-ms {}: the SLO must be a positive number of milliseconds",
+            args.p99_ms
+        )
+    }
+    if args.instances.is_empty() || args.instances.contains(&0) {
+        bail!("--instances: give counts ≥ 1")
+    }
+    let config_path = args.model_repository.join(&args.model).join("config.pbtxt");
+    let config = std::fs::read_to_string(&config_path)
+        .with_context(|| format!("model `{}`: cannot read {}", args.model, config_path.display()))?;
+    let s = Search {
+        trident: std::env::current_exe()?,
+        repository: args.model_repository.clone(),
+        model: args.model.clone(),
+        p99_us: args.p99_ms * 1000.0,
+        queue_delays_us: args.queue_delays.clone(),
+        instances: args.instances.clone(),
+        max_concurrency: args.max_concurrency.max(1),
+        settings: Settings {
+            window: Duration::from_millis(args.measurement_interval.max(100)),
+            warmup: Duration::from_millis(500),
+            max_windows: args.max_trials.max(1),
+            ..Settings::default()
+        },
+        source: match args.input_data.as_str() {
+            "random" => Source::Random,
+            "zero" => Source::Zero,
+            path => Source::File(PathBuf::from(path)),
+        },
+        price_per_hour: args.price_per_hour,
+        target_rps: args.target_rps,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let outcomes = runtime.block_on(search(&s, |line| eprintln!("{line}")))?;
+    println!(
+        "{:<32} {:>10} {:>8} {:>8} {:>11} {:>8} {:>9} {:>10} {:>9}",
+        "configuration",
+        "infer/s",
+        "p50 ms",
+        "p99 ms",
+        "concurrency",
+        "CPU %",
+        "RSS MiB",
+        "cost/1M",
+        "servers"
+    );
+    for o in ranked(&outcomes) {
+        let (t, p50, p99, c) = match &o.best {
+            Some(b) => (
+                format!("{:.1}", b.inferences_per_s),
+                format!("{:.2}", b.latency.p50_us as f64 / 1000.0),
+                format!("{:.2}", b.latency.p99_us as f64 / 1000.0),
+                format!("{}", b.level),
+            ),
+            None => ("SLO missed".into(), "–".into(), "–".into(), "–".into()),
+        };
+        println!(
+            "{:<32} {t:>10} {p50:>8} {p99:>8} {c:>11} {:>8.0} {:>9.0} {:>10} {:>9}",
+            o.candidate.name(),
+            o.server_cpu_pct,
+            o.server_peak_rss_mib,
+            o.cost_per_million.map_or("–".into(), |v| format!("{v:.4}")),
+            o.instances_for_target.map_or("–".into(), |v| v.to_string()),
+        );
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&outcomes)?)?;
+    }
+    let Some(best) = ranked(&outcomes).into_iter().find(|o| o.best.is_some()) else {
+        bail!(
+            "no configuration kept p99 within {} ms at concurrency 1",
+            args.p99_ms
+        )
+    };
+    let out = config_path.with_file_name("config.recommended.pbtxt");
+    std::fs::write(&out, rewrite_config(&config, &best.candidate)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("best: {} -> wrote {}", best.candidate.name(), out.display());
+    Ok(())
+}

@@ -26,6 +26,8 @@ enum Command {
     Predict(learn::PredictArgs),
     /// Load-test a KServe v2 / Triton server: traffic phases, concurrency sweeps, request rates.
     Bench(Box<bench::BenchArgs>),
+    /// Measure candidate serving configurations of a model and write the best config.pbtxt.
+    Recommend(Box<bench::RecommendArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,5 +44,6 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(args) => learn::eval(args),
         Command::Predict(args) => learn::predict(args),
         Command::Bench(args) => bench::run(*args),
+        Command::Recommend(args) => bench::recommend(*args),
     }
 }

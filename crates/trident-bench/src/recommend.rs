@@ -1,0 +1,451 @@
+//! `trident recommend`: measure candidate serving configurations of one model and rank
+//! them by throughput within a latency SLO.
+//!
+//! Each candidate is the model's `config.pbtxt` with its `dynamic_batching` and
+//! `instance_group` blocks replaced, written into a temporary copy of the model's
+//! directory and served by a `trident serve` process started for it. Each is loaded with
+//! the same closed-loop concurrency ladder (1, 2, 4, … up to `max_concurrency`), which
+//! stops at the first level whose p99 exceeds the SLO or whose throughput grows less than
+//! 5 % over the previous level; a candidate's result is its best level within the SLO.
+//!
+//! The search: first batching (off, then on with each queue delay) at one instance; then
+//! more instances only for the batching settings not dominated at one instance (another
+//! setting had both more throughput within the SLO and lower p99 there). Every measured
+//! candidate is reported.
+
+use crate::client::Client;
+use crate::inputs::{prepare, Encoding, Source};
+use crate::run::{Load, Row, Settings, Target};
+use anyhow::{bail, Context, Result};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One configuration to try.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Candidate {
+    /// Dynamic batching's `max_queue_delay_microseconds`; `None`: batching off.
+    pub queue_delay_us: Option<u64>,
+    /// `instance_group` count (KIND_CPU).
+    pub instances: u32,
+}
+
+impl Candidate {
+    /// Short name, e.g. `batch 500us x2` or `no batching x1`.
+    pub fn name(&self) -> String {
+        match self.queue_delay_us {
+            Some(d) => format!("batching {d}us, {} instance(s)", self.instances),
+            None => format!("no batching, {} instance(s)", self.instances),
+        }
+    }
+}
+
+/// What the search measured for one candidate.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    /// The configuration.
+    pub candidate: Candidate,
+    /// The best level within the SLO, if any.
+    pub best: Option<Row>,
+    /// Every level measured.
+    pub levels: Vec<Row>,
+    /// Peak resident memory of the server process, MiB.
+    pub server_peak_rss_mib: f64,
+    /// Server CPU over the candidate's measurement, % of one core.
+    pub server_cpu_pct: f64,
+    /// Price of a million inferences at the best level, from the hourly price.
+    pub cost_per_million: Option<f64>,
+    /// Servers needed for the target rate at the best level's throughput.
+    pub instances_for_target: Option<u64>,
+}
+
+/// Search settings.
+#[derive(Debug, Clone)]
+pub struct Search {
+    /// The `trident` binary to start servers with.
+    pub trident: PathBuf,
+    /// Repository holding the model.
+    pub repository: PathBuf,
+    /// Model name.
+    pub model: String,
+    /// p99 SLO, µs.
+    pub p99_us: f64,
+    /// Queue delays to try with batching on (µs).
+    pub queue_delays_us: Vec<u64>,
+    /// Instance counts to try.
+    pub instances: Vec<u32>,
+    /// Highest concurrency of the ladder.
+    pub max_concurrency: u32,
+    /// Measurement windows.
+    pub settings: Settings,
+    /// Inputs.
+    pub source: Source,
+    /// Cost of one server per hour.
+    pub price_per_hour: Option<f64>,
+    /// Rate to provision for, inferences per second.
+    pub target_rps: Option<f64>,
+}
+
+/// Replaces the `dynamic_batching` and `instance_group` blocks of a `config.pbtxt`.
+pub fn rewrite_config(text: &str, c: &Candidate) -> Result<String> {
+    let mut out = remove_block(text, "dynamic_batching")?;
+    out = remove_block(&out, "instance_group")?;
+    let mut s = out.trim_end().to_string();
+    s.push('\n');
+    if let Some(d) = c.queue_delay_us {
+        s.push_str(&format!(
+            "dynamic_batching {{\n  max_queue_delay_microseconds: {d}\n}}\n"
+        ));
+    }
+    s.push_str(&format!(
+        "instance_group [\n  {{\n    count: {}\n    kind: KIND_CPU\n  }}\n]\n",
+        c.instances
+    ));
+    Ok(s)
+}
+
+/// Removes `key { … }` or `key [ … ]` (with nested brackets; `#` comments and strings
+/// respected) at the top level.
+fn remove_block(text: &str, key: &str) -> Result<String> {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let (mut i, mut depth) = (0, 0i32);
+    while i < bytes.len() {
+        let c = bytes[i] as char;
+        match c {
+            '#' => {
+                let end = text[i..].find('\n').map_or(bytes.len(), |e| i + e);
+                out.push_str(&text[i..end]);
+                i = end;
+                continue;
+            }
+            '"' | '\'' => {
+                let mut j = i + 1;
+                while j < bytes.len() && bytes[j] as char != c {
+                    j += if bytes[j] == b'\\' { 2 } else { 1 };
+                }
+                let end = (j + 1).min(bytes.len());
+                out.push_str(&text[i..end]);
+                i = end;
+                continue;
+            }
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
+            _ => {}
+        }
+        let at_word = depth == 0
+            && text[i..].starts_with(key)
+            && (i == 0 || !(bytes[i - 1] as char).is_alphanumeric() && bytes[i - 1] != b'_');
+        if at_word {
+            let rest = text[i + key.len()..].trim_start();
+            let rest = rest.strip_prefix(':').map(str::trim_start).unwrap_or(rest);
+            if let Some(open) = rest.chars().next().filter(|c| *c == '{' || *c == '[') {
+                let start = text.len() - rest.len();
+                let close = if open == '{' { '}' } else { ']' };
+                let mut d = 0;
+                let mut end = None;
+                for (k, ch) in text[start..].char_indices() {
+                    if ch == open || ch == '{' || ch == '[' {
+                        d += 1;
+                    } else if ch == close || ch == '}' || ch == ']' {
+                        d -= 1;
+                        if d == 0 {
+                            end = Some(start + k + 1);
+                            break;
+                        }
+                    }
+                }
+                let Some(end) = end else {
+                    bail!("config.pbtxt: `{key}` block is not closed")
+                };
+                i = end;
+                continue;
+            }
+        }
+        out.push(c);
+        i += c.len_utf8();
+    }
+    Ok(out)
+}
+
+/// A `trident serve` process for one candidate.
+struct Server {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(search: &Search, c: &Candidate, config: &str) -> Result<Server> {
+    let dir = tempfile::tempdir()?;
+    let src = search.repository.join(&search.model);
+    copy_dir(&src, &dir.path().join(&search.model))?;
+    std::fs::write(
+        dir.path().join(&search.model).join("config.pbtxt"),
+        rewrite_config(config, c)?,
+    )?;
+    let mut child = Command::new(&search.trident)
+        .args(["serve", "--model-repository"])
+        .arg(dir.path())
+        .args([
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--allow-metrics",
+            "false",
+        ])
+        .env("NO_COLOR", "1")
+        .env("TRIDENT_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", search.trident.display()))?;
+    let stderr = child.stderr.take().context("server stderr")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut log = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            if let Some(addr) = line.split("HTTP service listening on ").nth(1) {
+                let _ = tx.send(Ok(addr.trim().to_string()));
+            }
+            log.push(line);
+        }
+        let _ = tx.send(Err(log.join("\n")));
+    });
+    let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(addr)) => addr,
+        Ok(Err(log)) => bail!("the server for `{}` exited: {log}", c.name()),
+        Err(_) => bail!("the server for `{}` did not start within 60 s", c.name()),
+    };
+    Ok(Server {
+        child,
+        url: format!("http://{addr}"),
+        _dir: dir,
+    })
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from).with_context(|| format!("model directory {}", from.display()))? {
+        let e = e?;
+        let dest = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &dest)?;
+        } else {
+            std::fs::copy(e.path(), dest)?;
+        }
+    }
+    Ok(())
+}
+
+/// (CPU ticks, peak RSS MiB) of a process, from /proc.
+fn process_usage(pid: u32) -> (u64, f64) {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest: Vec<String> = s
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    let hwm = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .unwrap_or(0.0);
+    (ticks, hwm / 1024.0)
+}
+
+async fn measure(
+    search: &Search,
+    c: &Candidate,
+    config: &str,
+    progress: &mut impl FnMut(&str),
+) -> Result<Outcome> {
+    let server = start_server(search, c, config)?;
+    let client = Client::new(&server.url, Duration::from_secs(30))?;
+    // Wait until the model is ready.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let model = loop {
+        match client.model(&search.model).await {
+            Ok(m) => break m,
+            Err(e) if Instant::now() > deadline => return Err(e.context(format!("candidate `{}`", c.name()))),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let bodies = prepare(&model, &search.source, Encoding::Binary, 1, &HashMap::new())?;
+    let target = Target {
+        client,
+        model: search.model.clone(),
+        bodies: Arc::new(bodies),
+        batch: 1,
+    };
+    let (ticks0, t0) = (process_usage(server.child.id()).0, Instant::now());
+    let mut levels: Vec<Row> = Vec::new();
+    let mut concurrency = 1;
+    while concurrency <= search.max_concurrency {
+        let r = crate::run::run(
+            target.clone(),
+            Load::Concurrency(vec![concurrency]),
+            search.settings.clone(),
+            std::future::pending(),
+            |_| {},
+        )
+        .await;
+        let Some(row) = r.rows.into_iter().next() else {
+            break;
+        };
+        progress(&format!(
+            "  {}: concurrency {concurrency}: {:.1} infer/s, p99 {:.2} ms{}",
+            c.name(),
+            row.inferences_per_s,
+            row.latency.p99_us as f64 / 1000.0,
+            if row.latency.errors > 0 {
+                format!(", {} errors", row.latency.errors)
+            } else {
+                String::new()
+            }
+        ));
+        let over = row.latency.p99_us as f64 > search.p99_us || row.latency.errors > 0;
+        let flat = levels
+            .last()
+            .is_some_and(|p| row.inferences_per_s < p.inferences_per_s * 1.05);
+        levels.push(row);
+        if over || flat {
+            break;
+        }
+        concurrency *= 2;
+    }
+    let (ticks1, rss) = process_usage(server.child.id());
+    let best = levels
+        .iter()
+        .filter(|r| r.latency.p99_us as f64 <= search.p99_us && r.latency.errors == 0 && r.latency.count > 0)
+        .max_by(|a, b| a.inferences_per_s.total_cmp(&b.inferences_per_s))
+        .cloned();
+    let throughput = best.as_ref().map(|b| b.inferences_per_s).filter(|t| *t > 0.0);
+    Ok(Outcome {
+        candidate: c.clone(),
+        cost_per_million: search
+            .price_per_hour
+            .zip(throughput)
+            .map(|(p, t)| p / (t * 3600.0) * 1e6),
+        instances_for_target: search
+            .target_rps
+            .zip(throughput)
+            .map(|(r, t)| (r / t).ceil() as u64),
+        best,
+        levels,
+        server_peak_rss_mib: rss,
+        server_cpu_pct: (ticks1 - ticks0.min(ticks1)) as f64 / 100.0 / t0.elapsed().as_secs_f64() * 100.0,
+    })
+}
+
+/// Runs the search; outcomes in measurement order.
+pub async fn search(search: &Search, mut progress: impl FnMut(&str)) -> Result<Vec<Outcome>> {
+    if search.p99_us.is_nan() || search.p99_us <= 0.0 {
+        bail!("the p99 SLO must be a positive number of milliseconds")
+    }
+    let config_path = search.repository.join(&search.model).join("config.pbtxt");
+    let config = std::fs::read_to_string(&config_path)
+        .with_context(|| format!("model `{}`: {}", search.model, config_path.display()))?;
+    let first = search.instances.first().copied().unwrap_or(1);
+    let batching: Vec<Option<u64>> = std::iter::once(None)
+        .chain(search.queue_delays_us.iter().map(|&d| Some(d)))
+        .collect();
+    let mut outcomes = Vec::new();
+    for &d in &batching {
+        let c = Candidate {
+            queue_delay_us: d,
+            instances: first,
+        };
+        progress(&format!("measuring {}", c.name()));
+        outcomes.push(measure(search, &c, &config, &mut progress).await?);
+    }
+    // Batching settings not dominated at the first instance count go on to more instances.
+    let keep: Vec<Option<u64>> = outcomes
+        .iter()
+        .filter(|o| {
+            let Some(b) = &o.best else { return false };
+            !outcomes.iter().any(|p| {
+                p.best.as_ref().is_some_and(|q| {
+                    q.inferences_per_s > b.inferences_per_s * 1.05 && q.latency.p99_us < b.latency.p99_us
+                })
+            })
+        })
+        .map(|o| o.candidate.queue_delay_us)
+        .collect();
+    for &n in search.instances.iter().skip(1) {
+        for &d in &keep {
+            let c = Candidate {
+                queue_delay_us: d,
+                instances: n,
+            };
+            progress(&format!("measuring {}", c.name()));
+            outcomes.push(measure(search, &c, &config, &mut progress).await?);
+        }
+    }
+    Ok(outcomes)
+}
+
+/// The outcomes ranked: best throughput within the SLO first; those that never met it last.
+pub fn ranked(outcomes: &[Outcome]) -> Vec<&Outcome> {
+    let mut v: Vec<&Outcome> = outcomes.iter().collect();
+    v.sort_by(|a, b| {
+        let t = |o: &Outcome| o.best.as_ref().map_or(-1.0, |r| r.inferences_per_s);
+        t(b).total_cmp(&t(a))
+    });
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_blocks_are_replaced() {
+        let text = "name: \"m\" # dynamic_batching { in a comment }\nmax_batch_size: 8\n\
+                    dynamic_batching {\n  preferred_batch_size: [ 4, 8 ]\n  max_queue_delay_microseconds: 100\n}\n\
+                    instance_group [ { count: 3 kind: KIND_CPU } ]\noutput [ { name: \"instance_group\" } ]\n";
+        let c = Candidate {
+            queue_delay_us: Some(500),
+            instances: 2,
+        };
+        let out = rewrite_config(text, &c).unwrap();
+        assert!(out.contains("# dynamic_batching { in a comment }"), "{out}");
+        assert!(out.contains("output [ { name: \"instance_group\" } ]"), "{out}");
+        assert!(
+            !out.contains("preferred_batch_size") && !out.contains("count: 3"),
+            "{out}"
+        );
+        assert!(
+            out.contains("max_queue_delay_microseconds: 500") && out.contains("count: 2"),
+            "{out}"
+        );
+        let off = rewrite_config(
+            text,
+            &Candidate {
+                queue_delay_us: None,
+                instances: 1,
+            },
+        )
+        .unwrap();
+        assert!(!off.contains("dynamic_batching {\n"), "{off}");
+        assert!(remove_block("dynamic_batching { x: 1", "dynamic_batching").is_err());
+    }
+}
