@@ -181,9 +181,9 @@ async fn request_rate_is_kept() {
     )
     .await;
     let row = &r.rows[0];
-    // 100 requests per second over ≥ 1 s of windows: within 20 % (a window's edges cut
-    // in-flight requests).
-    assert!((row.latency.throughput - 100.0).abs() < 20.0, "{row:?}");
+    // 100 requests per second over ≥ 1 s of windows: within 30 % (a window's edges cut
+    // in-flight requests, and the test shares the machine with others).
+    assert!((row.latency.throughput - 100.0).abs() < 30.0, "{row:?}");
     assert_eq!(row.latency.errors, 0);
 }
 
