@@ -23,6 +23,17 @@ pub enum Source {
     File(std::path::PathBuf),
 }
 
+impl Source {
+    /// `--input-data`: `random`, `zero`, or a file path.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "random" => Source::Random,
+            "zero" => Source::Zero,
+            path => Source::File(path.into()),
+        }
+    }
+}
+
 /// How tensors travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Encoding {

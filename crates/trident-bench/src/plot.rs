@@ -3,6 +3,7 @@
 
 use crate::run::Report;
 use anyhow::{anyhow, Context, Result};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -58,26 +59,20 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
             .draw()?;
         // At most six lines: spread over the rows.
         let step = rows.len().div_ceil(COLORS.len()).max(1);
-        for (i, r) in rows.iter().step_by(step).enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            let pts: Vec<(f64, f64)> = r
-                .latency
-                .curve
-                .iter()
-                .map(|&(q, us)| (x(q), us as f64 / 1000.0))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-                .label(format!("{unit} {}", r.level))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        Ok(())
+        let series = rows
+            .iter()
+            .step_by(step)
+            .map(|r| {
+                let pts = r
+                    .latency
+                    .curve
+                    .iter()
+                    .map(|&(q, us)| (x(q), us as f64 / 1000.0))
+                    .collect();
+                (format!("{unit} {}", r.level), pts)
+            })
+            .collect();
+        lines(&mut chart, series)
     })?;
     let b = dir.join("throughput_latency.png");
     draw(&b, |root| {
@@ -97,35 +92,40 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
             .x_desc("inferences / s")
             .y_desc("latency (ms)")
             .draw()?;
-        for (i, (name, f)) in [
-            (
-                "p50",
-                (|r: &crate::run::Row| r.latency.p50_us) as fn(&crate::run::Row) -> u64,
-            ),
-            ("p99", |r: &crate::run::Row| r.latency.p99_us),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let color = COLORS[i];
-            let pts: Vec<(f64, f64)> = rows
-                .iter()
+        let at = |f: fn(&crate::run::Row) -> u64| {
+            rows.iter()
                 .map(|r| (r.inferences_per_s, f(r) as f64 / 1000.0))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        Ok(())
+                .collect()
+        };
+        lines(
+            &mut chart,
+            vec![
+                ("p50".into(), at(|r| r.latency.p50_us)),
+                ("p99".into(), at(|r| r.latency.p99_us)),
+            ],
+        )
     })?;
     Ok(vec![a, b])
+}
+
+type Chart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Draws each named series as a line with its points, in its own colour, and the legend.
+fn lines<'a>(chart: &mut Chart<'a, 'a>, series: Vec<(String, Vec<(f64, f64)>)>) -> Result<()> {
+    for (i, (name, pts)) in series.into_iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
 }
 
 type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;

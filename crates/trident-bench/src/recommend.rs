@@ -234,7 +234,8 @@ fn start_server(search: &Search, c: &Candidate, config: &str) -> Result<Server> 
     })
 }
 
-fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+/// Copies a directory tree (a model's files into a candidate repository).
+pub fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(to)?;
     for e in std::fs::read_dir(from).with_context(|| format!("model directory {}", from.display()))? {
         let e = e?;
@@ -250,18 +251,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 
 /// (CPU ticks, peak RSS MiB) of a process, from /proc.
 fn process_usage(pid: u32) -> (u64, f64) {
-    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest: Vec<String> = s
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .map(String::from)
-                .collect();
-            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0);
+    let ticks = crate::run::process_cpu_ticks(&pid.to_string()).unwrap_or(0);
     let hwm = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {

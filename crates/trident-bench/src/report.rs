@@ -95,25 +95,19 @@ pub fn write_json(report: &Report, path: &Path) -> Result<()> {
     write_atomically(path, &serde_json::to_vec_pretty(report)?)
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes `bytes` to `path` through a temporary file in the same directory, renamed
+/// into place: a reader never sees a partial file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let mut tmp = tempfile_in(dir, path)?;
-    std::io::Write::write_all(&mut tmp.1, bytes).with_context(|| format!("writing {}", path.display()))?;
-    tmp.1.sync_all().ok();
-    std::fs::rename(&tmp.0, path).with_context(|| format!("writing {}", path.display()))
-}
-
-fn tempfile_in(dir: &Path, path: &Path) -> Result<(std::path::PathBuf, std::fs::File)> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let f = std::fs::File::create(&tmp).with_context(|| format!("cannot write in {}", dir.display()))?;
-    Ok((tmp, f))
+    let mut tmp =
+        tempfile::NamedTempFile::new_in(dir).with_context(|| format!("cannot write in {}", dir.display()))?;
+    std::io::Write::write_all(&mut tmp, bytes).with_context(|| format!("writing {}", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 /// A table for the terminal: one line per row, then the phases' summaries, the

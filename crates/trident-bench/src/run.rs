@@ -158,7 +158,8 @@ pub struct Row {
     pub client_cpu_pct: f64,
     /// CPU used by the whole machine, % of all cores.
     pub machine_cpu_pct: f64,
-    /// Sweeps: whether the level met the stability criterion; phases: warm-up window.
+    /// Sweeps: whether the level met the stability criterion. Phases: false for warm-up
+    /// windows (excluded from the phase summaries and stop conditions).
     pub stable: bool,
     /// Windows merged into this row.
     pub windows: usize,
@@ -283,6 +284,16 @@ async fn one_request(target: &Target, i: usize, intended: Instant) -> anyhow::Re
 
 // ------------------------------------------------------------------ CPU
 
+/// User + system CPU time of process `pid` (`self` for this one) in clock ticks, from
+/// /proc (Linux).
+pub(crate) fn process_cpu_ticks(pid: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces): state is the first, utime
+    // the 12th, stime the 13th.
+    let rest: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+}
+
 /// Process and machine CPU counters from /proc (Linux; zeros elsewhere).
 #[derive(Clone, Copy, Default)]
 struct Cpu {
@@ -293,15 +304,7 @@ struct Cpu {
 
 impl Cpu {
     fn sample() -> Self {
-        let process_ticks = std::fs::read_to_string("/proc/self/stat")
-            .ok()
-            .and_then(|s| {
-                // Fields after the command name (which may hold spaces): state is the
-                // first, utime the 12th, stime the 13th.
-                let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
-                Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
-            })
-            .unwrap_or(0);
+        let process_ticks = process_cpu_ticks("self").unwrap_or(0);
         let (machine_busy, machine_total) = std::fs::read_to_string("/proc/stat")
             .ok()
             .and_then(|s| {
@@ -388,7 +391,7 @@ pub async fn run(
     let body = async {
         let mut engine = engine;
         engine.drive(load, &mut report, &mut progress).await;
-        engine.shutdown().await;
+        engine.shutdown();
     };
     tokio::select! {
         _ = body => {}
@@ -448,7 +451,7 @@ impl Engine {
         }
     }
 
-    async fn shutdown(&mut self) {
+    fn shutdown(&mut self) {
         self.running.store(false, Ordering::Release);
         for t in self.tasks.drain(..) {
             t.abort();

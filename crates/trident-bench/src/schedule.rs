@@ -104,20 +104,25 @@ impl Phases {
     }
 }
 
+/// `start[:end[:step]]` of `flag`, with end = start and step = `unit` when left out.
+fn triple<T: std::str::FromStr + Copy>(flag: &str, s: &str, unit: T, what: &str) -> Result<(T, T, T)> {
+    let nums: Vec<T> = s
+        .split(':')
+        .map(|v| v.trim().parse::<T>().ok())
+        .collect::<Option<_>>()
+        .with_context(|| format!("{flag}: `{s}` is not start[:end[:step]] of {what}"))?;
+    match nums[..] {
+        [a] => Ok((a, a, unit)),
+        [a, b] => Ok((a, b, unit)),
+        [a, b, c] => Ok((a, b, c)),
+        _ => bail!("{flag}: `{s}` has more than three parts (start:end:step)"),
+    }
+}
+
 /// Parses a perf_analyzer-style range `start[:end[:step]]` (end inclusive, linear step
 /// default 1) of whole numbers ≥ 1.
 pub fn parse_range(flag: &str, s: &str) -> Result<Vec<u32>> {
-    let nums: Vec<u32> = s
-        .split(':')
-        .map(|v| v.trim().parse::<u32>())
-        .collect::<std::result::Result<_, _>>()
-        .with_context(|| format!("{flag}: `{s}` is not start[:end[:step]] of whole numbers"))?;
-    let (start, end, step) = match nums[..] {
-        [a] => (a, a, 1),
-        [a, b] => (a, b, 1),
-        [a, b, c] => (a, b, c),
-        _ => bail!("{flag}: `{s}` has more than three parts (start:end:step)"),
-    };
+    let (start, end, step) = triple(flag, s, 1u32, "whole numbers")?;
     if start == 0 || step == 0 || end < start {
         bail!("{flag}: `{s}` needs 1 ≤ start ≤ end and step ≥ 1")
     }
@@ -126,17 +131,7 @@ pub fn parse_range(flag: &str, s: &str) -> Result<Vec<u32>> {
 
 /// Parses a range of request rates `start[:end[:step]]` (requests per second, > 0).
 pub fn parse_rates(s: &str) -> Result<Vec<f64>> {
-    let nums: Vec<f64> = s
-        .split(':')
-        .map(|v| v.trim().parse::<f64>())
-        .collect::<std::result::Result<_, _>>()
-        .with_context(|| format!("--request-rate: `{s}` is not start[:end[:step]] of numbers"))?;
-    let (start, end, step) = match nums[..] {
-        [a] => (a, a, 1.0),
-        [a, b] => (a, b, 1.0),
-        [a, b, c] => (a, b, c),
-        _ => bail!("--request-rate: `{s}` has more than three parts (start:end:step)"),
-    };
+    let (start, end, step) = triple("--request-rate", s, 1.0f64, "numbers")?;
     if !(start > 0.0 && end >= start && step > 0.0 && end.is_finite()) {
         bail!("--request-rate: `{s}` needs 0 < start ≤ end and step > 0")
     }

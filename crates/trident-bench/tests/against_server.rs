@@ -17,23 +17,10 @@ struct Server {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
-    }
-}
-
 async fn start_server() -> Server {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/simple");
-    copy_dir(&fixtures, &dir.path().join("simple"));
+    trident_bench::recommend::copy_dir(&fixtures, &dir.path().join("simple")).unwrap();
     let repo = Arc::new(Repository::new(RepositoryOptions {
         root: dir.path().to_path_buf(),
         mode: ControlMode::None,

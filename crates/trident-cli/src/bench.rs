@@ -171,11 +171,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         stop_on_plateau: args.stop_on_plateau,
         ..Settings::default()
     };
-    let source = match args.input_data.as_str() {
-        "random" => Source::Random,
-        "zero" => Source::Zero,
-        path => Source::File(PathBuf::from(path)),
-    };
+    let source = Source::parse(&args.input_data);
     let encoding = match args.encoding {
         Enc::Json => Encoding::Json,
         Enc::Binary => Encoding::Binary,
@@ -294,11 +290,7 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
             max_windows: args.max_trials.max(1),
             ..Settings::default()
         },
-        source: match args.input_data.as_str() {
-            "random" => Source::Random,
-            "zero" => Source::Zero,
-            path => Source::File(PathBuf::from(path)),
-        },
+        source: Source::parse(&args.input_data),
         price_per_hour: args.price_per_hour,
         target_rps: args.target_rps,
     };
@@ -339,7 +331,7 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
         );
     }
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&outcomes)?)?;
+        report::write_atomically(path, &serde_json::to_vec_pretty(&outcomes)?)?;
     }
     let Some(best) = ranked(&outcomes).into_iter().find(|o| o.best.is_some()) else {
         bail!(
@@ -348,8 +340,7 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
         )
     };
     let out = config_path.with_file_name("config.recommended.pbtxt");
-    std::fs::write(&out, rewrite_config(&config, &best.candidate)?)
-        .with_context(|| format!("writing {}", out.display()))?;
+    report::write_atomically(&out, rewrite_config(&config, &best.candidate)?.as_bytes())?;
     println!("best: {} -> wrote {}", best.candidate.name(), out.display());
     Ok(())
 }

@@ -4,24 +4,11 @@
 use std::path::Path;
 use std::process::Command;
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
-    }
-}
-
 #[test]
 fn recommend_measures_candidates_and_writes_the_best_config() {
     let dir = tempfile::tempdir().unwrap();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/simple");
-    copy_dir(&fixtures, &dir.path().join("simple"));
+    trident_bench::recommend::copy_dir(&fixtures, &dir.path().join("simple")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_trident"))
         .args(["recommend", "--model-repository"])
         .arg(dir.path())
