@@ -65,13 +65,7 @@ impl SinkLinear {
             blas::gemm(n, k, m, 1.0, g.t(), Mat::new(x, k), beta, dw)
         });
         if let (Some(sink), Some(db)) = (&self.bias_sink, bias_grad) {
-            sink.write(|out, holds| {
-                if holds {
-                    out.iter_mut().zip(db).for_each(|(o, v)| *o += v)
-                } else {
-                    out.copy_from_slice(db)
-                }
-            });
+            sink.accumulate(db);
         }
     }
 }
@@ -83,14 +77,6 @@ macro_rules! view {
         $guard = s;
         cpu_slice(&$guard, l, $what)?
     }};
-}
-
-/// The rows and width of `[..., width]`.
-fn rows(l: &Layout, width: usize, what: &str) -> Result<usize> {
-    match l.dims().last() {
-        Some(&w) if w == width => Ok(l.shape().elem_count() / width.max(1)),
-        _ => bail!("{what}: input {:?} does not end in width {width}", l.dims()),
-    }
 }
 
 /// A layer norm's scale and shift (`[hidden]` each) with their sinks.
@@ -124,15 +110,8 @@ impl SinkNorm {
 
     /// Writes dgamma and dbeta into the sinks.
     fn write_grads(&self, dg: &[f32], db: &[f32]) {
-        for (sink, v) in [(&self.gamma_sink, dg), (&self.beta_sink, db)] {
-            sink.write(|out, holds| {
-                if holds {
-                    out.iter_mut().zip(v).for_each(|(o, v)| *o += v)
-                } else {
-                    out.copy_from_slice(v)
-                }
-            });
-        }
+        self.gamma_sink.accumulate(dg);
+        self.beta_sink.accumulate(db);
     }
 }
 
@@ -465,8 +444,9 @@ impl CustomOp2 for Sublayer {
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(s1, l1, "sublayer")?;
-        let d = l1.dims().last().copied().unwrap_or(0);
-        let m = rows(l1, d, "sublayer")?;
+        // `apply` checked the last dimension against the layer norm.
+        let d = l1.dims().last().copied().unwrap_or(1);
+        let m = x.len() / d;
         let (g1, g2);
         let gamma = view!(self.norm.gamma, g1, "layer norm scale");
         let beta = view!(self.norm.beta, g2, "layer norm shift");

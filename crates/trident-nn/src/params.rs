@@ -87,6 +87,12 @@ impl GradSink {
         f(&mut b.data, holds)
     }
 
+    /// Adds `values` to this step's gradient, or makes them the gradient if none was
+    /// written yet this step.
+    pub fn accumulate(&self, values: &[f32]) {
+        self.write(|out, holds| add_or_copy(out, values, holds))
+    }
+
     /// Runs `f` on this step's gradient, if one was written.
     fn read<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
         let step = self.step.load(Ordering::Acquire);
@@ -281,17 +287,7 @@ impl Params {
         // The dense gradient (or zeros) first, then the gathered rows added on top.
         let dense = grads.get(p.var.as_tensor());
         match dense {
-            Some(g) => crate::ops::with_f32(g, |g| {
-                out.par_chunks_mut(1 << 16)
-                    .zip(g.par_chunks(1 << 16))
-                    .for_each(|(o, g)| {
-                        if accumulate {
-                            o.iter_mut().zip(g).for_each(|(o, g)| *o += g)
-                        } else {
-                            o.copy_from_slice(g)
-                        }
-                    })
-            })?,
+            Some(g) => crate::ops::with_f32(g, |g| add_or_copy(out, g, accumulate))?,
             None if !accumulate => out.par_chunks_mut(1 << 16).for_each(|o| o.fill(0.0)),
             None => {}
         }
@@ -299,19 +295,7 @@ impl Params {
         let store = self.store.lock().unwrap();
         if let Some(sink) = store.sinks.get(&p.name) {
             let add = accumulate || got;
-            got |= sink
-                .read(|g| {
-                    out.par_chunks_mut(1 << 16)
-                        .zip(g.par_chunks(1 << 16))
-                        .for_each(|(o, g)| {
-                            if add {
-                                o.iter_mut().zip(g).for_each(|(o, g)| *o += g)
-                            } else {
-                                o.copy_from_slice(g)
-                            }
-                        })
-                })
-                .is_some();
+            got |= sink.read(|g| add_or_copy(out, g, add)).is_some();
         }
         for u in store.row_uses.iter().filter(|u| u.name == p.name) {
             let Some(g) = grads.get(u.rows.as_tensor()) else {
@@ -530,6 +514,20 @@ impl ParamBuilder {
             despite_file,
         )
     }
+}
+
+/// `out += g` when `add`, else `out = g`; in parallel blocks.
+fn add_or_copy(out: &mut [f32], g: &[f32], add: bool) {
+    use rayon::prelude::*;
+    out.par_chunks_mut(1 << 16)
+        .zip(g.par_chunks(1 << 16))
+        .for_each(|(o, g)| {
+            if add {
+                o.iter_mut().zip(g).for_each(|(o, g)| *o += g)
+            } else {
+                o.copy_from_slice(g)
+            }
+        })
 }
 
 /// FNV-1a of a string: stable across runs and platforms (std's hasher is randomly keyed).

@@ -96,23 +96,16 @@ impl EncoderLayer {
     /// The layer as the two fused sublayers of [`crate::blocks`], when training and every
     /// parameter of the layer is trainable (then each has a gradient sink).
     fn fused(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Option<Tensor>> {
-        let linears = [
-            &self.query,
-            &self.key,
-            &self.value,
-            &self.attn_out,
-            &self.inter,
-            &self.out,
-        ];
-        let Some([q, k, v, o, inter, out]) = linears
-            .map(|l| l.sinks())
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .and_then(|v| <[_; 6]>::try_from(v).ok())
-        else {
-            return Ok(None);
-        };
-        let (Some(attn_norm), Some(out_norm)) = (self.attn_norm.sinks(), self.out_norm.sinks()) else {
+        let (Some(q), Some(k), Some(v), Some(o), Some(inter), Some(out), Some(attn_norm), Some(out_norm)) = (
+            self.query.sinks(),
+            self.key.sinks(),
+            self.value.sinks(),
+            self.attn_out.sinks(),
+            self.inter.sinks(),
+            self.out.sinks(),
+            self.attn_norm.sinks(),
+            self.out_norm.sinks(),
+        ) else {
             return Ok(None);
         };
         let placement = if self.pre_norm { Norm::Pre } else { Norm::Post };
