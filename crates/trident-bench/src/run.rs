@@ -386,6 +386,7 @@ pub async fn run(
         running: Arc::new(AtomicBool::new(true)),
         tasks: Vec::new(),
         start: Instant::now(),
+        last_end: None,
     };
     tokio::pin!(interrupt);
     let body = async {
@@ -418,6 +419,15 @@ struct Engine {
     running: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     start: Instant,
+    /// Where the last window ended.
+    last_end: Option<Boundary>,
+}
+
+/// A window's edge: when, the server's statistics and the CPU counters.
+struct Boundary {
+    at: Instant,
+    stats: Option<ServerStats>,
+    cpu: Cpu,
 }
 
 /// A window's measurement before it becomes a row.
@@ -463,22 +473,42 @@ impl Engine {
     }
 
     /// Waits one window and collects it.
-    async fn window(&self, len: Duration) -> Window {
-        let (cpu0, stats0, t0) = (Cpu::sample(), self.server_stats().await, Instant::now());
-        self.recorder.take();
-        tokio::time::sleep(len).await;
+    /// Waits one window and collects it. A window that directly follows another starts
+    /// from that one's end (its statistics and CPU sample), so back-to-back windows ask
+    /// the server for statistics once per boundary and lose no request between them.
+    async fn window(&mut self, len: Duration) -> Window {
+        let start = match self.last_end.take() {
+            Some(end) if end.at.elapsed() < Duration::from_millis(20) => end,
+            _ => {
+                let stats = self.server_stats().await;
+                self.recorder.take();
+                Boundary {
+                    at: Instant::now(),
+                    stats,
+                    cpu: Cpu::sample(),
+                }
+            }
+        };
+        tokio::time::sleep(len.saturating_sub(start.at.elapsed())).await;
         let acc = self.recorder.take();
-        let elapsed = t0.elapsed();
-        let stats1 = self.server_stats().await;
-        let server = match (stats0, stats1) {
+        let at = Instant::now();
+        let elapsed = at - start.at;
+        let end = Boundary {
+            at,
+            stats: self.server_stats().await,
+            cpu: Cpu::sample(),
+        };
+        let server = match (start.stats, end.stats) {
             (Some(a), Some(b)) => ServerTimes::from_delta(&b.since(&a)),
             _ => None,
         };
+        let cpu = end.cpu.since(&start.cpu, elapsed);
+        self.last_end = Some(end);
         Window {
             acc,
             seconds: elapsed.as_secs_f64(),
             server,
-            cpu: Cpu::sample().since(&cpu0, elapsed),
+            cpu,
         }
     }
 
@@ -663,6 +693,8 @@ impl Engine {
         let mut level_rows: Vec<Latency> = Vec::new();
         for level in levels {
             let generation = self.recorder.next_level();
+            // A new level's first window starts afresh, not at the last level's end.
+            self.last_end = None;
             let arrivals = match open_loop {
                 None => {
                     self.ensure_users(level as u32);
