@@ -27,19 +27,27 @@ use std::time::{Duration, Instant};
 /// One configuration to try.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Candidate {
+    /// ONNX engine (`ort` or `tract`, the `trident.onnx_engine` parameter); `None`: as
+    /// the model's configuration and the server decide.
+    pub engine: Option<String>,
     /// Dynamic batching's `max_queue_delay_microseconds`; `None`: batching off.
     pub queue_delay_us: Option<u64>,
+    /// Dynamic batching's `preferred_batch_size` (one size); `None`: not set.
+    pub preferred_batch_size: Option<u32>,
     /// `instance_group` count (KIND_CPU).
     pub instances: u32,
 }
 
 impl Candidate {
-    /// Short name, e.g. `batch 500us x2` or `no batching x1`.
+    /// Short name, e.g. `ort, batching 500us (preferred 8), 2 instance(s)`.
     pub fn name(&self) -> String {
-        match self.queue_delay_us {
-            Some(d) => format!("batching {d}us, {} instance(s)", self.instances),
-            None => format!("no batching, {} instance(s)", self.instances),
-        }
+        let engine = self.engine.as_ref().map_or(String::new(), |e| format!("{e}, "));
+        let batching = match (self.queue_delay_us, self.preferred_batch_size) {
+            (Some(d), Some(p)) => format!("batching {d}us (preferred {p})"),
+            (Some(d), None) => format!("batching {d}us"),
+            (None, _) => "no batching".to_string(),
+        };
+        format!("{engine}{batching}, {} instance(s)", self.instances)
     }
 }
 
@@ -75,8 +83,12 @@ pub struct Search {
     pub p99_us: f64,
     /// Queue delays to try with batching on (µs).
     pub queue_delays_us: Vec<u64>,
+    /// Preferred batch sizes to try with batching on (each alone).
+    pub preferred_batch_sizes: Vec<u32>,
     /// Instance counts to try.
     pub instances: Vec<u32>,
+    /// ONNX engines to try; empty: the configured one only.
+    pub engines: Vec<String>,
     /// Highest concurrency of the ladder.
     pub max_concurrency: u32,
     /// Measurement windows.
@@ -89,27 +101,40 @@ pub struct Search {
     pub target_rps: Option<f64>,
 }
 
-/// Replaces the `dynamic_batching` and `instance_group` blocks of a `config.pbtxt`.
+/// Replaces the `dynamic_batching` and `instance_group` blocks of a `config.pbtxt`, and
+/// the `trident.onnx_engine` parameter when the candidate names an engine.
 pub fn rewrite_config(text: &str, c: &Candidate) -> Result<String> {
-    let mut out = remove_block(text, "dynamic_batching")?;
-    out = remove_block(&out, "instance_group")?;
+    let mut out = remove_blocks(text, "dynamic_batching", |_| true)?;
+    out = remove_blocks(&out, "instance_group", |_| true)?;
+    if c.engine.is_some() {
+        out = remove_blocks(&out, "parameters", |block| block.contains(ENGINE_KEY))?;
+    }
     let mut s = out.trim_end().to_string();
     s.push('\n');
     if let Some(d) = c.queue_delay_us {
-        s.push_str(&format!(
-            "dynamic_batching {{\n  max_queue_delay_microseconds: {d}\n}}\n"
-        ));
+        s.push_str("dynamic_batching {\n");
+        if let Some(p) = c.preferred_batch_size {
+            s.push_str(&format!("  preferred_batch_size: [ {p} ]\n"));
+        }
+        s.push_str(&format!("  max_queue_delay_microseconds: {d}\n}}\n"));
     }
     s.push_str(&format!(
         "instance_group [\n  {{\n    count: {}\n    kind: KIND_CPU\n  }}\n]\n",
         c.instances
     ));
+    if let Some(e) = &c.engine {
+        s.push_str(&format!(
+            "parameters {{\n  key: \"{ENGINE_KEY}\"\n  value: {{ string_value: \"{e}\" }}\n}}\n"
+        ));
+    }
     Ok(s)
 }
 
-/// Removes `key { … }` or `key [ … ]` (with nested brackets; `#` comments and strings
-/// respected) at the top level.
-fn remove_block(text: &str, key: &str) -> Result<String> {
+const ENGINE_KEY: &str = "trident.onnx_engine";
+
+/// Removes each top-level `key { … }` or `key [ … ]` block (nested brackets; `#` comments
+/// and strings respected) for which `select(block text)` is true.
+fn remove_blocks(text: &str, key: &str, select: impl Fn(&str) -> bool) -> Result<String> {
     let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len());
     let (mut i, mut depth) = (0, 0i32);
@@ -161,6 +186,11 @@ fn remove_block(text: &str, key: &str) -> Result<String> {
                 let Some(end) = end else {
                     bail!("config.pbtxt: `{key}` block is not closed")
                 };
+                if select(&text[start..end]) {
+                    i = end;
+                    continue;
+                }
+                out.push_str(&text[i..end]);
                 i = end;
                 continue;
             }
@@ -346,7 +376,32 @@ async fn measure(
     })
 }
 
+/// The candidates among `outcomes` that no other outcome dominates: none had more than 5 %
+/// more throughput within the SLO and a lower p99 at it. Those that never met the SLO are
+/// dominated by any that did.
+pub fn undominated(outcomes: &[&Outcome]) -> Vec<Candidate> {
+    let any_met = outcomes.iter().any(|o| o.best.is_some());
+    outcomes
+        .iter()
+        .filter(|o| match &o.best {
+            None => !any_met,
+            Some(b) => !outcomes.iter().any(|p| {
+                p.best.as_ref().is_some_and(|q| {
+                    q.inferences_per_s > b.inferences_per_s * 1.05 && q.latency.p99_us < b.latency.p99_us
+                })
+            }),
+        })
+        .map(|o| o.candidate.clone())
+        .collect()
+}
+
 /// Runs the search; outcomes in measurement order.
+///
+/// Stages, each measured at the first instance count and pruned to its undominated
+/// candidates before the next: (1) each engine with batching off; (2) batching with each
+/// queue delay; (3) each preferred batch size with the batching settings kept; (4) the
+/// settings kept, at the other instance counts. Batching is skipped when the model's
+/// `max_batch_size` is 0, and preferred sizes above `max_batch_size` are not tried.
 pub async fn search(search: &Search, mut progress: impl FnMut(&str)) -> Result<Vec<Outcome>> {
     if search.p99_us.is_nan() || search.p99_us <= 0.0 {
         bail!("the p99 SLO must be a positive number of milliseconds")
@@ -354,42 +409,87 @@ pub async fn search(search: &Search, mut progress: impl FnMut(&str)) -> Result<V
     let config_path = search.repository.join(&search.model).join("config.pbtxt");
     let config = std::fs::read_to_string(&config_path)
         .with_context(|| format!("model `{}`: {}", search.model, config_path.display()))?;
-    let first = search.instances.first().copied().unwrap_or(1);
-    let batching: Vec<Option<u64>> = std::iter::once(None)
-        .chain(search.queue_delays_us.iter().map(|&d| Some(d)))
-        .collect();
-    let mut outcomes = Vec::new();
-    for &d in &batching {
-        let c = Candidate {
-            queue_delay_us: d,
-            instances: first,
-        };
-        progress(&format!("measuring {}", c.name()));
-        outcomes.push(measure(search, &c, &config, &mut progress).await?);
+    let parsed = trident_core::config::parse_config(&config, &config_path)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .config;
+    let max_batch = parsed.max_batch_size.max(0) as u32;
+    if max_batch == 0 && !(search.queue_delays_us.is_empty() && search.preferred_batch_sizes.is_empty()) {
+        progress(&format!(
+            "model `{}` has max_batch_size 0: dynamic batching is not possible, only instances and engines are searched",
+            search.model
+        ));
     }
-    // Batching settings not dominated at the first instance count go on to more instances.
-    let keep: Vec<Option<u64>> = outcomes
-        .iter()
-        .filter(|o| {
-            let Some(b) = &o.best else { return false };
-            !outcomes.iter().any(|p| {
-                p.best.as_ref().is_some_and(|q| {
-                    q.inferences_per_s > b.inferences_per_s * 1.05 && q.latency.p99_us < b.latency.p99_us
-                })
-            })
-        })
-        .map(|o| o.candidate.queue_delay_us)
-        .collect();
-    for &n in search.instances.iter().skip(1) {
-        for &d in &keep {
-            let c = Candidate {
-                queue_delay_us: d,
-                instances: n,
-            };
-            progress(&format!("measuring {}", c.name()));
-            outcomes.push(measure(search, &c, &config, &mut progress).await?);
+    let first = search.instances.first().copied().unwrap_or(1);
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    let mut measure_all =
+        async |cands: Vec<Candidate>, outcomes: &mut Vec<Outcome>| -> Result<Vec<Candidate>> {
+            let mut stage = Vec::new();
+            for c in cands {
+                if !outcomes.iter().any(|o| o.candidate == c) {
+                    progress(&format!("measuring {}", c.name()));
+                    outcomes.push(measure(search, &c, &config, &mut progress).await?);
+                }
+                stage.push(c);
+            }
+            let stage: Vec<&Outcome> = outcomes.iter().filter(|o| stage.contains(&o.candidate)).collect();
+            Ok(undominated(&stage))
+        };
+    // (1) engines, batching off.
+    let engines: Vec<Option<String>> = if search.engines.is_empty() {
+        vec![None]
+    } else {
+        search.engines.iter().cloned().map(Some).collect()
+    };
+    let base = |engine: Option<String>| Candidate {
+        engine,
+        queue_delay_us: None,
+        preferred_batch_size: None,
+        instances: first,
+    };
+    let mut kept = measure_all(engines.into_iter().map(base).collect(), &mut outcomes).await?;
+    // (2) batching with each queue delay, for the engines kept.
+    if max_batch > 0 {
+        let mut stage = kept.clone();
+        for k in &kept {
+            for &d in &search.queue_delays_us {
+                stage.push(Candidate {
+                    queue_delay_us: Some(d),
+                    ..k.clone()
+                });
+            }
+        }
+        kept = measure_all(stage, &mut outcomes).await?;
+        // (3) preferred batch sizes for the batching settings kept.
+        let sizes: Vec<u32> = search
+            .preferred_batch_sizes
+            .iter()
+            .copied()
+            .filter(|&p| p >= 1 && p <= max_batch)
+            .collect();
+        if !sizes.is_empty() && kept.iter().any(|k| k.queue_delay_us.is_some()) {
+            let mut stage = kept.clone();
+            for k in kept.iter().filter(|k| k.queue_delay_us.is_some()) {
+                for &p in &sizes {
+                    stage.push(Candidate {
+                        preferred_batch_size: Some(p),
+                        ..k.clone()
+                    });
+                }
+            }
+            kept = measure_all(stage, &mut outcomes).await?;
         }
     }
+    // (4) more instances for the settings kept.
+    let mut stage = Vec::new();
+    for &n in search.instances.iter().skip(1) {
+        for k in &kept {
+            stage.push(Candidate {
+                instances: n,
+                ..k.clone()
+            });
+        }
+    }
+    measure_all(stage, &mut outcomes).await?;
     Ok(outcomes)
 }
 
@@ -407,16 +507,23 @@ pub fn ranked(outcomes: &[Outcome]) -> Vec<&Outcome> {
 mod tests {
     use super::*;
 
+    fn candidate(queue_delay_us: Option<u64>, instances: u32) -> Candidate {
+        Candidate {
+            engine: None,
+            queue_delay_us,
+            preferred_batch_size: None,
+            instances,
+        }
+    }
+
     #[test]
     fn config_blocks_are_replaced() {
         let text = "name: \"m\" # dynamic_batching { in a comment }\nmax_batch_size: 8\n\
                     dynamic_batching {\n  preferred_batch_size: [ 4, 8 ]\n  max_queue_delay_microseconds: 100\n}\n\
-                    instance_group [ { count: 3 kind: KIND_CPU } ]\noutput [ { name: \"instance_group\" } ]\n";
-        let c = Candidate {
-            queue_delay_us: Some(500),
-            instances: 2,
-        };
-        let out = rewrite_config(text, &c).unwrap();
+                    instance_group [ { count: 3 kind: KIND_CPU } ]\noutput [ { name: \"instance_group\" } ]\n\
+                    parameters { key: \"intra_op_thread_count\" value: { string_value: \"1\" } }\n\
+                    parameters { key: \"trident.onnx_engine\" value: { string_value: \"tract\" } }\n";
+        let out = rewrite_config(text, &candidate(Some(500), 2)).unwrap();
         assert!(out.contains("# dynamic_batching { in a comment }"), "{out}");
         assert!(out.contains("output [ { name: \"instance_group\" } ]"), "{out}");
         assert!(
@@ -427,15 +534,94 @@ mod tests {
             out.contains("max_queue_delay_microseconds: 500") && out.contains("count: 2"),
             "{out}"
         );
-        let off = rewrite_config(
-            text,
-            &Candidate {
-                queue_delay_us: None,
-                instances: 1,
-            },
-        )
-        .unwrap();
+        // Without an engine in the candidate, the configured one stays.
+        assert!(out.contains("string_value: \"tract\""), "{out}");
+        let off = rewrite_config(text, &candidate(None, 1)).unwrap();
         assert!(!off.contains("dynamic_batching {\n"), "{off}");
-        assert!(remove_block("dynamic_batching { x: 1", "dynamic_batching").is_err());
+        assert!(remove_blocks("dynamic_batching { x: 1", "dynamic_batching", |_| true).is_err());
+
+        // An engine replaces only its own parameter; a preferred size goes into batching.
+        let c = Candidate {
+            engine: Some("ort".into()),
+            preferred_batch_size: Some(4),
+            ..candidate(Some(100), 1)
+        };
+        let out = rewrite_config(text, &c).unwrap();
+        assert!(out.contains("intra_op_thread_count"), "{out}");
+        assert!(!out.contains("\"tract\""), "{out}");
+        assert_eq!(out.matches("trident.onnx_engine").count(), 1, "{out}");
+        assert!(out.contains("string_value: \"ort\""), "{out}");
+        assert!(out.contains("preferred_batch_size: [ 4 ]"), "{out}");
+        // Every rewrite is a valid configuration with the fields we meant.
+        let parsed = trident_core::config::parse_config(&out, Path::new("config.pbtxt"))
+            .unwrap()
+            .config;
+        use trident_core::config::pb::model_config::SchedulingChoice;
+        let Some(SchedulingChoice::DynamicBatching(db)) = parsed.scheduling_choice else {
+            panic!("no dynamic_batching in {out}")
+        };
+        assert_eq!(
+            (db.preferred_batch_size, db.max_queue_delay_microseconds),
+            (vec![4], 100)
+        );
+        assert_eq!(parsed.instance_group.len(), 1);
+        assert_eq!(parsed.parameters["trident.onnx_engine"].string_value, "ort");
+        assert_eq!(parsed.parameters["intra_op_thread_count"].string_value, "1");
+    }
+
+    fn outcome(c: Candidate, best: Option<(f64, u64)>) -> Outcome {
+        let best = best.map(|(t, p99)| Row {
+            level: 1.0,
+            phase: None,
+            t_s: 1.0,
+            seconds: 1.0,
+            latency: crate::stats::Latency {
+                count: 10,
+                throughput: t,
+                p99_us: p99,
+                ..Default::default()
+            },
+            inferences_per_s: t,
+            client_send_us: 0.0,
+            client_recv_us: 0.0,
+            server: None,
+            client_cpu_pct: 0.0,
+            machine_cpu_pct: 0.0,
+            stable: true,
+            windows: 1,
+            late_sends: 0,
+        });
+        Outcome {
+            candidate: c,
+            best,
+            levels: vec![],
+            server_peak_rss_mib: 0.0,
+            server_cpu_pct: 0.0,
+            cost_per_million: None,
+            instances_for_target: None,
+        }
+    }
+
+    #[test]
+    fn dominated_candidates_are_pruned() {
+        let a = outcome(candidate(None, 1), Some((1000.0, 900)));
+        // More throughput and lower p99 than c: c is dominated.
+        let b = outcome(candidate(Some(100), 1), Some((2000.0, 800)));
+        let c = outcome(candidate(Some(1000), 1), Some((1500.0, 1000)));
+        // Less throughput but lower p99 than b: kept (a different trade-off).
+        let d = outcome(candidate(Some(50), 1), Some((1900.0, 700)));
+        // Within 5 % of b's throughput: not dominated by it.
+        let e = outcome(candidate(Some(200), 1), Some((1950.0, 850)));
+        // Never met the SLO.
+        let f = outcome(candidate(Some(5000), 1), None);
+        let all = [&a, &b, &c, &d, &e, &f];
+        let kept = undominated(&all);
+        // a is dominated by b (2x the throughput at a lower p99), c by b and d.
+        assert_eq!(
+            kept,
+            vec![b.candidate.clone(), d.candidate.clone(), e.candidate.clone()]
+        );
+        // When none met the SLO, none is preferred over another.
+        assert_eq!(undominated(&[&f]), vec![f.candidate.clone()]);
     }
 }

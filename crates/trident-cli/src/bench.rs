@@ -242,9 +242,17 @@ pub struct RecommendArgs {
     /// Dynamic batching queue delays to try, µs (comma-separated); batching off is always tried.
     #[arg(long, default_value = "100,1000", value_delimiter = ',')]
     queue_delays: Vec<u64>,
+    /// Preferred batch sizes to try with the batching settings kept (comma-separated; each
+    /// alone; sizes above the model's max_batch_size are skipped), or `none`.
+    #[arg(long, default_value = "4,16")]
+    preferred_batch_sizes: String,
     /// Instance counts to try (comma-separated), the first with every batching setting.
     #[arg(long, default_value = "1,2", value_delimiter = ',')]
     instances: Vec<u32>,
+    /// ONNX engines to compare first (`ort`, `tract`; comma-separated). Default: the one the
+    /// model's configuration and the server pick.
+    #[arg(long, value_delimiter = ',')]
+    engines: Vec<String>,
     /// Highest concurrency of the ladder 1, 2, 4, …
     #[arg(long, default_value_t = 16)]
     max_concurrency: u32,
@@ -273,6 +281,23 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
     if args.instances.is_empty() || args.instances.contains(&0) {
         bail!("--instances: give counts ≥ 1")
     }
+    let preferred_batch_sizes: Vec<u32> = match args.preferred_batch_sizes.trim() {
+        "" | "none" => Vec::new(),
+        list => list
+            .split(',')
+            .map(|p| p.trim().parse::<u32>().ok().filter(|&p| p >= 1))
+            .collect::<Option<_>>()
+            .with_context(|| {
+                format!("--preferred-batch-sizes {list}: give sizes ≥ 1, comma-separated, or `none`")
+            })?,
+    };
+    if let Some(e) = args
+        .engines
+        .iter()
+        .find(|e| !matches!(e.as_str(), "ort" | "tract"))
+    {
+        bail!("--engines: unknown engine `{e}` (ort or tract)")
+    }
     let config_path = args.model_repository.join(&args.model).join("config.pbtxt");
     let config = std::fs::read_to_string(&config_path)
         .with_context(|| format!("model `{}`: cannot read {}", args.model, config_path.display()))?;
@@ -283,6 +308,8 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
         p99_us: args.p99_ms * 1000.0,
         queue_delays_us: args.queue_delays.clone(),
         instances: args.instances.clone(),
+        preferred_batch_sizes,
+        engines: args.engines.clone(),
         max_concurrency: args.max_concurrency.max(1),
         settings: Settings {
             window: Duration::from_millis(args.measurement_interval.max(100)),
@@ -300,7 +327,7 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
         .build()?;
     let outcomes = runtime.block_on(search(&s, |line| eprintln!("{line}")))?;
     println!(
-        "{:<32} {:>10} {:>8} {:>8} {:>11} {:>8} {:>9} {:>10} {:>9}",
+        "{:<48} {:>10} {:>8} {:>8} {:>11} {:>8} {:>9} {:>10} {:>9}",
         "configuration",
         "infer/s",
         "p50 ms",
@@ -322,7 +349,7 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
             None => ("SLO missed".into(), "–".into(), "–".into(), "–".into()),
         };
         println!(
-            "{:<32} {t:>10} {p50:>8} {p99:>8} {c:>11} {:>8.0} {:>9.0} {:>10} {:>9}",
+            "{:<48} {t:>10} {p50:>8} {p99:>8} {c:>11} {:>8.0} {:>9.0} {:>10} {:>9}",
             o.candidate.name(),
             o.server_cpu_pct,
             o.server_peak_rss_mib,

@@ -25,6 +25,10 @@ fn recommend_measures_candidates_and_writes_the_best_config() {
         .args([
             "--queue-delays",
             "100",
+            "--preferred-batch-sizes",
+            "2,64",
+            "--engines",
+            "tract",
             "--instances",
             "1,2",
             "--max-concurrency",
@@ -36,10 +40,25 @@ fn recommend_measures_candidates_and_writes_the_best_config() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    // Batching off and on at one instance, then the undominated ones at two.
-    assert!(stdout.contains("no batching, 1 instance(s)"), "{stdout}");
-    assert!(stdout.contains("batching 100us, 1 instance(s)"), "{stdout}");
+    // Batching off and on at one instance, then the preferred size (64 is above the
+    // model's max_batch_size 8 and is skipped) if batching was kept, then the undominated
+    // ones at two instances.
+    assert!(stdout.contains("tract, no batching, 1 instance(s)"), "{stdout}");
+    assert!(
+        stdout.contains("tract, batching 100us, 1 instance(s)"),
+        "{stdout}"
+    );
     assert!(stdout.contains("2 instance(s)"), "{stdout}");
+    assert!(!stdout.contains("preferred 64"), "{stdout}");
+    let batching_kept = stderr.contains("measuring tract, batching 100us, 2 instance(s)")
+        || stderr.contains("measuring tract, batching 100us (preferred 2), 2 instance(s)");
+    assert_eq!(
+        stdout.contains("batching 100us (preferred 2), 1 instance(s)"),
+        stderr.contains("measuring tract, batching 100us (preferred 2), 1 instance(s)")
+    );
+    if batching_kept {
+        assert!(stdout.contains("(preferred 2)"), "{stdout}\n{stderr}");
+    }
     let best = stdout
         .lines()
         .find(|l| l.starts_with("best: "))
@@ -49,6 +68,7 @@ fn recommend_measures_candidates_and_writes_the_best_config() {
         written.contains("instance_group") && written.contains("name: \"simple\""),
         "{written}"
     );
+    assert!(written.contains("string_value: \"tract\""), "{written}");
     assert_eq!(
         best.contains("no batching"),
         !written.contains("dynamic_batching"),
