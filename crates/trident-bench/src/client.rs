@@ -33,6 +33,52 @@ pub struct ModelInfo {
     pub max_batch_size: u64,
 }
 
+impl ModelInfo {
+    /// From a KServe v2 model-metadata object (`inputs`/`outputs` of `name`, `datatype`,
+    /// `shape`) and, when known, the model's configuration (for `max_batch_size`; a
+    /// `max_batch_size` key in the metadata object itself is read too).
+    pub fn from_metadata(model: &str, meta: &Value, config: Option<&Value>) -> Result<Self> {
+        let tensors = |key: &str| -> Result<Vec<TensorInfo>> {
+            meta.get(key)
+                .and_then(Value::as_array)
+                .map(|list| {
+                    list.iter()
+                        .map(|t| {
+                            Ok(TensorInfo {
+                                name: t["name"].as_str().context("tensor without a name")?.to_string(),
+                                datatype: t["datatype"]
+                                    .as_str()
+                                    .context("tensor without a datatype")?
+                                    .to_string(),
+                                shape: t["shape"]
+                                    .as_array()
+                                    .context("tensor without a shape")?
+                                    .iter()
+                                    .map(|d| d.as_i64().context("a dimension is not an integer"))
+                                    .collect::<Result<_>>()?,
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_else(|| Ok(Vec::new()))
+        };
+        let inputs = tensors("inputs")?;
+        if inputs.is_empty() {
+            bail!("model `{model}`: the metadata lists no inputs")
+        }
+        Ok(ModelInfo {
+            name: model.to_string(),
+            inputs,
+            outputs: tensors("outputs")?,
+            max_batch_size: config
+                .and_then(|c| c.get("max_batch_size"))
+                .or_else(|| meta.get("max_batch_size"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+        })
+    }
+}
+
 /// Cumulative server-side statistics of a model (all versions), from
 /// `GET /v2/models/{model}/stats`: counts and nanoseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
@@ -154,40 +200,7 @@ impl Client {
             .await
             .with_context(|| format!("model `{model}` at {}", self.base))?;
         let config = self.get_json(&format!("/v2/models/{model}/config")).await.ok();
-        let tensors = |key: &str| -> Result<Vec<TensorInfo>> {
-            meta.get(key)
-                .and_then(Value::as_array)
-                .map(|list| {
-                    list.iter()
-                        .map(|t| {
-                            Ok(TensorInfo {
-                                name: t["name"].as_str().context("tensor without a name")?.to_string(),
-                                datatype: t["datatype"]
-                                    .as_str()
-                                    .context("tensor without a datatype")?
-                                    .to_string(),
-                                shape: t["shape"]
-                                    .as_array()
-                                    .context("tensor without a shape")?
-                                    .iter()
-                                    .map(|d| d.as_i64().context("a dimension is not an integer"))
-                                    .collect::<Result<_>>()?,
-                            })
-                        })
-                        .collect()
-                })
-                .unwrap_or_else(|| Ok(Vec::new()))
-        };
-        Ok(ModelInfo {
-            name: model.to_string(),
-            inputs: tensors("inputs").context("model metadata")?,
-            outputs: tensors("outputs").context("model metadata")?,
-            max_batch_size: config
-                .as_ref()
-                .and_then(|c| c.get("max_batch_size"))
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
-        })
+        ModelInfo::from_metadata(model, &meta, config.as_ref()).context("model metadata")
     }
 
     /// The server's cumulative statistics of `model`, summed over its versions.
@@ -258,4 +271,44 @@ fn connect_error(e: &hyper_util::client::legacy::Error) -> String {
         source = s;
     }
     source.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn metadata_is_read_from_a_kserve_object() {
+        let meta = json!({
+            "name": "m",
+            "inputs": [{"name": "ids", "datatype": "INT64", "shape": [-1, 64]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 384]}],
+            "max_batch_size": 16
+        });
+        let info = ModelInfo::from_metadata("m", &meta, None).unwrap();
+        assert_eq!(info.inputs[0].shape, vec![-1, 64]);
+        assert_eq!(
+            (info.inputs[0].datatype.as_str(), info.outputs[0].name.as_str()),
+            ("INT64", "y")
+        );
+        assert_eq!(info.max_batch_size, 16);
+        // The server's configuration wins over a max_batch_size in the metadata.
+        let config = json!({"max_batch_size": 4});
+        assert_eq!(
+            ModelInfo::from_metadata("m", &meta, Some(&config))
+                .unwrap()
+                .max_batch_size,
+            4
+        );
+
+        let no_inputs = ModelInfo::from_metadata("m", &json!({"outputs": []}), None).unwrap_err();
+        assert!(
+            format!("{no_inputs:#}").contains("lists no inputs"),
+            "{no_inputs:#}"
+        );
+        let bad = json!({"inputs": [{"name": "x", "shape": [1]}]});
+        let err = ModelInfo::from_metadata("m", &bad, None).unwrap_err();
+        assert!(format!("{err:#}").contains("without a datatype"), "{err:#}");
+    }
 }

@@ -33,6 +33,11 @@ pub struct BenchArgs {
     /// Spacing of requests in request-rate mode.
     #[arg(long, value_enum, default_value_t = Dist::Constant)]
     distribution: Dist,
+    /// The model's KServe v2 metadata (`{"inputs": [{"name", "datatype", "shape"}], …}`,
+    /// optionally with `max_batch_size`) from a file, for servers without the metadata
+    /// endpoint (TorchServe); default: ask the server.
+    #[arg(long)]
+    model_metadata: Option<PathBuf>,
     /// Input values: `random`, `zero`, or a JSON file in perf_analyzer's --input-data format.
     #[arg(long, default_value = "random")]
     input_data: String,
@@ -184,7 +189,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .build()?;
     let report = runtime.block_on(async {
         let client = Client::new(&args.url, Duration::from_millis(args.request_timeout))?;
-        let model = client.model(&args.model).await?;
+        let model = match &args.model_metadata {
+            None => client.model(&args.model).await.map_err(|e| {
+                if format!("{e:#}").contains("404") {
+                    e.context(
+                        "the server has no KServe v2 metadata for this model (a server without \
+                         the metadata endpoint, such as TorchServe, needs --model-metadata FILE)",
+                    )
+                } else {
+                    e
+                }
+            })?,
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--model-metadata {}", path.display()))?;
+                let meta: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("--model-metadata {}: not JSON", path.display()))?;
+                trident_bench::client::ModelInfo::from_metadata(&args.model, &meta, None)
+                    .with_context(|| format!("--model-metadata {}", path.display()))?
+            }
+        };
         let bodies = inputs::prepare(&model, &source, encoding, args.batch_size, &shapes)?;
         // One request before the load: a model that cannot answer fails here, clearly.
         client
