@@ -20,6 +20,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Train a model from a TOML configuration (checkpoints, metrics, TensorBoard, plots).
     Train(learn::TrainArgs),
+    /// Distill: a frozen teacher checkpoint teaches the configured student (`[distill]`).
+    Distill(learn::TrainArgs),
     /// Evaluate a checkpoint: metrics per class, ROC-AUC and a confusion matrix.
     Eval(learn::EvalArgs),
     /// Classify texts with a checkpoint; one JSON line per text.
@@ -40,7 +42,8 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve::run(args),
-        Command::Train(args) => learn::train(args),
+        Command::Train(args) => learn::train(args, false),
+        Command::Distill(args) => learn::train(args, true),
         Command::Eval(args) => learn::eval(args),
         Command::Predict(args) => learn::predict(args),
         Command::Bench(args) => bench::run(*args),

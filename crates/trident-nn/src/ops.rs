@@ -497,6 +497,105 @@ impl CustomOp2 for CrossEntropy {
     }
 }
 
+// ---------------------------------------------------------------- distillation
+
+/// Hinton's soft-target loss: `KL(softmax(teacher / T) ‖ softmax(student / T))` summed over
+/// classes and averaged over rows (PyTorch's `kl_div(log_softmax(s / T), softmax(t / T),
+/// reduction="batchmean")`), without the `T²` factor. `[n, c]` logits both. The teacher's
+/// logits are constants: the backward pass gives a gradient to the student only.
+pub fn distill_kl(student: &Tensor, teacher: &Tensor, temperature: f32) -> Result<Tensor> {
+    if !(temperature > 0.0 && temperature.is_finite()) {
+        bail!("distill_kl: the temperature must be positive, got {temperature}")
+    }
+    if student.dims() != teacher.dims() {
+        bail!(
+            "distill_kl: student logits {:?} and teacher logits {:?} differ in shape",
+            student.dims(),
+            teacher.dims()
+        )
+    }
+    let teacher = teacher.detach().contiguous()?;
+    student
+        .contiguous()?
+        .apply_op2(&teacher, DistillKl { t: temperature })
+}
+
+struct DistillKl {
+    t: f32,
+}
+
+/// `softmax(x / t)` of one row into `o`.
+fn tempered_softmax(x: &[f32], t: f32, o: &mut [f32]) {
+    o.iter_mut().zip(x).for_each(|(o, v)| *o = v / t);
+    softmax_in_place(o);
+}
+
+impl CustomOp2 for DistillKl {
+    fn name(&self) -> &'static str {
+        "trident-distill-kl"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let s = f32_slice(s1, l1, "distill_kl")?;
+        let t = f32_slice(s2, l2, "distill_kl")?;
+        let c = last_dim(l1, "distill_kl")?;
+        let n = s.len() / c;
+        let (mut p, mut q) = (vec![0f32; c], vec![0f32; c]);
+        let mut total = 0f64;
+        for i in 0..n {
+            tempered_softmax(&t[i * c..(i + 1) * c], self.t, &mut p);
+            // log q = s/T − logsumexp(s/T), computed stably.
+            let row = &s[i * c..(i + 1) * c];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) / self.t;
+            let lse = row.iter().map(|v| (v / self.t - max).exp()).sum::<f32>().ln() + max;
+            q.iter_mut().zip(row).for_each(|(q, v)| *q = v / self.t - lse);
+            total += p
+                .iter()
+                .zip(&q)
+                .filter(|(p, _)| **p > 0.0)
+                .map(|(p, lq)| (*p as f64) * ((*p as f64).ln() - *lq as f64))
+                .sum::<f64>();
+        }
+        Ok((
+            CpuStorage::F32(vec![(total / n.max(1) as f64) as f32]),
+            Shape::from(()),
+        ))
+    }
+
+    fn bwd(
+        &self,
+        student: &Tensor,
+        teacher: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        // d/ds KL = (softmax(s/T) − softmax(t/T)) / T, averaged over the n rows.
+        let g = grad.to_scalar::<f32>()?;
+        let c = student.dim(candle_core::D::Minus1)?;
+        let s = student.flatten_all()?.to_vec1::<f32>()?;
+        let t = teacher.flatten_all()?.to_vec1::<f32>()?;
+        let n = s.len() / c;
+        let scale = g / (n.max(1) as f32 * self.t);
+        let mut ds = vec![0f32; s.len()];
+        for_rows(&mut ds, c, |i, o| {
+            let mut p = vec![0f32; c];
+            tempered_softmax(&t[i * c..(i + 1) * c], self.t, &mut p);
+            tempered_softmax(&s[i * c..(i + 1) * c], self.t, o);
+            o.iter_mut().zip(&p).for_each(|(o, p)| *o = (*o - p) * scale);
+        });
+        Ok((
+            Some(Tensor::from_vec(ds, student.shape(), student.device())?),
+            None,
+        ))
+    }
+}
+
 // ---------------------------------------------------------------- batch norm
 
 /// Training-mode batch normalisation of `[b, c, h, w]` over (b, h, w) per channel, with

@@ -18,6 +18,19 @@ pub struct RunConfig {
     pub loader: LoaderSection,
     pub model: ModelConfig,
     pub train: TrainConfig,
+    /// `trident distill` only: the teacher and the loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<DistillSection>,
+}
+
+/// `[distill]`: a frozen teacher checkpoint teaches the `[model]` student.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistillSection {
+    /// A checkpoint directory of `trident train` (`<run>/best`).
+    pub teacher: PathBuf,
+    /// The loss: `{ kind = "soft", temperature, alpha }` or `{ kind = "hard" }`.
+    pub loss: trident_train::distill::KdLoss,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -276,6 +289,9 @@ impl RunConfig {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        if let Some(d) = &self.distill {
+            d.loss.validate().map_err(anyhow::Error::msg)?;
+        }
         let l = &self.loader;
         anyhow::ensure!(l.batch_size > 0, "loader.batch_size must be at least 1");
         match &self.data {

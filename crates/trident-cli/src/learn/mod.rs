@@ -95,8 +95,21 @@ fn install_signal_handlers(trainer: &Trainer) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn train(args: TrainArgs) -> anyhow::Result<()> {
+/// `trident train`, or with `distill` `trident distill` (which needs a `[distill]` section).
+pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
     let mut c = RunConfig::read(&args.config)?;
+    match (distill, &c.distill) {
+        (false, Some(_)) => bail!(
+            "{}: has a [distill] section: run it with `trident distill --config {}`",
+            args.config.display(),
+            args.config.display()
+        ),
+        (true, None) => bail!(
+            "{}: `trident distill` needs a [distill] section (teacher = \"<run>/best\", [distill.loss])",
+            args.config.display()
+        ),
+        _ => {}
+    }
     if let Some(d) = args.run_dir {
         c.run.dir = d;
     }
@@ -138,14 +151,77 @@ pub fn train(args: TrainArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The `[distill]` teacher, checked against the student before anything is trained: a
+/// checkpoint of `trident train` with the same classes and the same input (image shape and
+/// normalisation, or tokenizer).
+fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<Model>> {
+    let Some(d) = &c.distill else { return Ok(None) };
+    let dir = &d.teacher;
+    if !dir.join("trident.json").is_file() {
+        bail!(
+            "distill.teacher = {}: not a checkpoint of `trident train` (no trident.json); train the teacher first",
+            dir.display()
+        )
+    }
+    let teacher =
+        Model::load_checkpoint(dir).with_context(|| format!("distill.teacher = {}", dir.display()))?;
+    if teacher.card.classes != student.card.classes {
+        bail!(
+            "distill.teacher = {}: its classes {:?} differ from the student's {:?}",
+            dir.display(),
+            teacher.card.classes,
+            student.card.classes
+        )
+    }
+    match (&teacher.card.input, &student.card.input) {
+        (InputSpec::Image { .. }, InputSpec::Image { .. }) => {
+            let t = serde_json::to_string(&teacher.card.input)?;
+            let s = serde_json::to_string(&student.card.input)?;
+            if t != s {
+                bail!(
+                    "distill.teacher = {}: it was trained on input {t}, the student's data gives {s} \
+                     (both models see the same batches: use the teacher's image size and mean/std)",
+                    dir.display()
+                )
+            }
+        }
+        (InputSpec::Text { .. }, InputSpec::Text { .. }) => {
+            let tokenizer = |m: &Model| -> anyhow::Result<Option<Vec<u8>>> {
+                Ok(m.checkpoint_files()?
+                    .into_iter()
+                    .find(|(n, _)| n == "tokenizer.json")
+                    .map(|(_, b)| b))
+            };
+            if tokenizer(&teacher)? != tokenizer(student)? {
+                bail!(
+                    "distill.teacher = {}: its tokenizer.json differs from the student's (both models \
+                     read the same token ids: give the student the teacher's tokenizer)",
+                    dir.display()
+                )
+            }
+        }
+        _ => bail!(
+            "distill.teacher = {}: one model takes text and the other images",
+            dir.display()
+        ),
+    }
+    teacher.params.set_trainable("", false);
+    Ok(Some(teacher))
+}
+
+fn param_count(m: &Model) -> usize {
+    m.params.all().iter().map(|p| p.var.elem_count()).sum()
+}
+
 fn run<D: Dataset + 'static>(
     c: &RunConfig,
     config_file: &Path,
     resume: bool,
     stop_after: Option<u64>,
-    model: Model,
+    mut model: Model,
     splits: Splits<D>,
 ) -> anyhow::Result<()> {
+    let teacher = load_teacher(c, &model)?;
     let dir = &c.run.dir;
     let classes = model.card.classes.clone();
     let (tr, va, te) = splits.sizes;
@@ -160,6 +236,15 @@ fn run<D: Dataset + 'static>(
             .map(|p| p.var.elem_count())
             .sum::<usize>(),
     );
+    if let (Some(t), Some(d)) = (&teacher, &c.distill) {
+        eprintln!(
+            "teacher {}: {} parameters; the student has {:.1} % of them; loss {:?}",
+            d.teacher.display(),
+            param_count(t),
+            100.0 * param_count(&model) as f64 / param_count(t).max(1) as f64,
+            d.loss
+        );
+    }
     eprintln!("matrix products: {}", trident_nn::blas::backend());
     let mut trainer = Trainer::new(c.train.clone(), classes.clone(), dir);
     trainer.checkpoint_files = model.checkpoint_files()?;
@@ -174,13 +259,29 @@ fn run<D: Dataset + 'static>(
         write_atomic(&dir.join("config.toml"), resolved.as_bytes())?;
     }
     // Everything that shapes the run beyond [train] joins the resume check.
-    let data_hash = format!("{:?}|{:?}|{:?}|{}", c.data, c.loader, c.model, c.run.seed);
-    let summary = trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, &data_hash)?;
+    let data_hash = format!(
+        "{:?}|{:?}|{:?}|{}|{:?}",
+        c.data, c.loader, c.model, c.run.seed, c.distill
+    );
+    let summary = match (teacher, &c.distill) {
+        (Some(teacher), Some(d)) => {
+            let step = trident_train::distill::Distill {
+                student: model,
+                teacher,
+                loss: d.loss,
+            };
+            let s = trainer.fit(&step, &splits.train, splits.val.as_ref(), resume, &data_hash)?;
+            model = step.student;
+            s
+        }
+        _ => trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, &data_hash)?,
+    };
     if summary.interrupted {
         eprintln!(
-            "stopped at epoch {}, batch {}: resume with `trident train --config {} --resume`",
+            "stopped at epoch {}, batch {}: resume with `trident {} --config {} --resume`",
             summary.state.epoch + 1,
             summary.state.batch_in_epoch,
+            if c.distill.is_some() { "distill" } else { "train" },
             config_file.display()
         );
         if trainer.stop.load(Ordering::SeqCst) {

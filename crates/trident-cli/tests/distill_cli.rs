@@ -1,0 +1,182 @@
+//! `trident distill` end to end on generated IDX images: a CNN teacher is trained, then
+//! distilled into a narrower CNN. The teacher's weights must come out bit-identical, the
+//! student must learn, and bad teachers are refused before any training.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn trident(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trident"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run trident")
+}
+
+fn ok(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "trident failed: {}\n{err}", out.status);
+    err
+}
+
+fn failed(out: &Output) -> String {
+    assert!(!out.status.success(), "trident should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn write_idx(path: &Path, dims: &[u32], data: &[u8]) {
+    let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
+    for d in dims {
+        bytes.extend(d.to_be_bytes());
+    }
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// 8×8 images of four classes: the bright quadrant is the class, with noise.
+fn make(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    let (mut px, mut labels, mut s) = (Vec::new(), Vec::new(), seed);
+    for i in 0..n {
+        let label = (i % 4) as u8;
+        for r in 0..8 {
+            for c in 0..8 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let noise = (s >> 58) as u8;
+                let quadrant = (r / 4) * 2 + c / 4;
+                px.push(if quadrant == label as usize {
+                    150 + noise
+                } else {
+                    noise
+                });
+            }
+        }
+        labels.push(label);
+    }
+    (px, labels)
+}
+
+fn config(model: &str, run: &str, extra: &str) -> String {
+    format!(
+        r#"
+[run]
+dir = "{run}"
+[data]
+kind = "idx"
+train_images = "train-images"
+train_labels = "train-labels"
+test_images = "test-images"
+test_labels = "test-labels"
+classes = ["a", "b", "c", "d"]
+mean = 0.3
+std = 0.4
+[loader]
+batch_size = 16
+[model]
+{model}
+[train]
+epochs = 2
+lr = 1e-2
+{extra}"#
+    )
+}
+
+fn accuracy(dir: &Path) -> f64 {
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("test/metrics.json")).unwrap()).unwrap();
+    m["report"]["accuracy"].as_f64().unwrap()
+}
+
+#[test]
+fn a_student_learns_from_a_frozen_teacher() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (px, lab) = make(160, 1);
+    write_idx(&d.join("train-images"), &[160, 8, 8], &px);
+    write_idx(&d.join("train-labels"), &[160], &lab);
+    let (px, lab) = make(40, 2);
+    write_idx(&d.join("test-images"), &[40, 8, 8], &px);
+    write_idx(&d.join("test-labels"), &[40], &lab);
+
+    std::fs::write(
+        d.join("teacher.toml"),
+        config("kind = \"cnn\"\nwidth = 8", "teacher", ""),
+    )
+    .unwrap();
+    ok(&trident(&["train", "--config", "teacher.toml"], d));
+    let teacher_weights = std::fs::read(d.join("teacher/best/model.safetensors")).unwrap();
+
+    let distill = "[distill]\nteacher = \"teacher/best\"\n[distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.8\n";
+    std::fs::write(
+        d.join("student.toml"),
+        config("kind = \"cnn\"\nwidth = 2", "student", distill),
+    )
+    .unwrap();
+    let log = ok(&trident(&["distill", "--config", "student.toml"], d));
+    assert!(log.contains("teacher teacher/best"), "{log}");
+
+    // The teacher is untouched, bit for bit; the student learnt the four classes.
+    assert_eq!(
+        std::fs::read(d.join("teacher/best/model.safetensors")).unwrap(),
+        teacher_weights,
+        "the teacher's weights changed"
+    );
+    let acc = accuracy(&d.join("student"));
+    assert!(acc >= 0.9, "the distilled student reaches {acc} (chance is 0.25)");
+    // Its checkpoint is an ordinary one: `trident eval` reads it.
+    ok(&trident(&["eval", "--model", "student/best"], d));
+
+    // Hard (DeiT) distillation runs too.
+    let hard = "[distill]\nteacher = \"teacher/best\"\n[distill.loss]\nkind = \"hard\"\n";
+    std::fs::write(
+        d.join("hard.toml"),
+        config("kind = \"cnn\"\nwidth = 2", "hard", hard),
+    )
+    .unwrap();
+    ok(&trident(&["distill", "--config", "hard.toml"], d));
+    assert!(accuracy(&d.join("hard")) >= 0.9);
+
+    // Bad input, refused before a run directory is made.
+    let cases = [
+        (
+            "no-teacher",
+            distill.replace("teacher/best", "nowhere"),
+            "classes = [\"a\", \"b\", \"c\", \"d\"]",
+            "not a checkpoint",
+        ),
+        (
+            "classes",
+            distill.to_string(),
+            "classes = [\"a\", \"b\", \"c\", \"x\"]",
+            "differ from the student's",
+        ),
+        (
+            "norm",
+            distill.to_string(),
+            "classes = [\"a\", \"b\", \"c\", \"d\"]\nmean = 0.5",
+            "mean/std",
+        ),
+    ];
+    for (name, section, classes, want) in cases {
+        let text = config("kind = \"cnn\"\nwidth = 2", name, &section)
+            .replace("classes = [\"a\", \"b\", \"c\", \"d\"]", classes);
+        let text = if name == "norm" {
+            text.replace("mean = 0.3\n", "")
+        } else {
+            text
+        };
+        std::fs::write(d.join(format!("{name}.toml")), text).unwrap();
+        let err = failed(&trident(&["distill", "--config", &format!("{name}.toml")], d));
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(!d.join(name).exists(), "{name}: a run directory was made");
+    }
+    let err = failed(&trident(&["train", "--config", "student.toml"], d));
+    assert!(err.contains("trident distill --config"), "{err}");
+    let err = failed(&trident(&["distill", "--config", "teacher.toml"], d));
+    assert!(err.contains("needs a [distill] section"), "{err}");
+    let bad = config("kind = \"cnn\"\nwidth = 2", "t0", &distill.replace("2.0", "0.0"));
+    std::fs::write(d.join("t0.toml"), bad).unwrap();
+    let err = failed(&trident(&["distill", "--config", "t0.toml"], d));
+    assert!(err.contains("distill.temperature"), "{err}");
+}
