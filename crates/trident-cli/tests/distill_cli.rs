@@ -137,6 +137,54 @@ fn a_student_learns_from_a_frozen_teacher() {
     ok(&trident(&["distill", "--config", "hard.toml"], d));
     assert!(accuracy(&d.join("hard")) >= 0.9);
 
+    // Cached mode: the first run computes every batch's teacher logits once, a second run
+    // (another run directory, same teacher and data) computes none, and training itself
+    // never runs the teacher.
+    let cached = format!("{distill}mode = \"cached\"\ncache = \"logits.bin\"\n").replace(
+        "[distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.8\n",
+        "",
+    ) + "[distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.8\n";
+    for (run, first) in [("cached1", true), ("cached2", false)] {
+        std::fs::write(
+            d.join(format!("{run}.toml")),
+            config("kind = \"cnn\"\nwidth = 2", run, &cached),
+        )
+        .unwrap();
+        let log = ok(&trident(&["distill", "--config", &format!("{run}.toml")], d));
+        // "teacher logits: 1 view(s) of the training set, R of T batches computed, …"
+        let line = log
+            .lines()
+            .find(|l| l.contains("batches computed"))
+            .expect("a fill line");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "of" && words.len() > 1).unwrap();
+        let at = words[at + 1..].iter().position(|w| *w == "of").unwrap() + at + 1;
+        let (ran, total): (u64, u64) = (words[at - 1].parse().unwrap(), words[at + 1].parse().unwrap());
+        assert!(total > 0, "{line}");
+        assert_eq!(ran, if first { total } else { 0 }, "{run}: {line}");
+        assert!(
+            log.contains("teacher: 0 batches run during training"),
+            "{run}: {log}"
+        );
+        assert!(accuracy(&d.join(run)) >= 0.9, "{run}");
+    }
+    // The same cache for a changed teacher is refused before training.
+    let cache = std::fs::read(d.join("logits.bin")).unwrap();
+    let header_end = cache.iter().position(|&b| b == b'\n').unwrap();
+    let header = String::from_utf8(cache[..header_end].to_vec()).unwrap();
+    let fp_start = header.find("crc32c:").unwrap() + "crc32c:".len();
+    let mut stale = cache.clone();
+    stale[fp_start] = if stale[fp_start] == b'0' { b'1' } else { b'0' };
+    std::fs::write(d.join("logits.bin"), stale).unwrap();
+    std::fs::write(
+        d.join("stale.toml"),
+        config("kind = \"cnn\"\nwidth = 2", "stale", &cached),
+    )
+    .unwrap();
+    let err = failed(&trident(&["distill", "--config", "stale.toml"], d));
+    assert!(err.contains("stale teacher-logit cache"), "{err}");
+    assert!(!d.join("stale").exists());
+
     // Bad input, refused before a run directory is made.
     let cases = [
         (

@@ -5,10 +5,23 @@
 //! the student in training mode, and returns the student's logits with the distillation
 //! loss. Only the student's parameters are handed to the optimizer, and the KL kernel
 //! gives the teacher's logits no gradient, so the teacher cannot change.
+//!
+//! In cached mode ([`LogitCache`]) the teacher's logits are looked up by a hash of each
+//! example's content (so every augmented view has its own entry, and changed data simply
+//! misses) and computed only on a miss. Filled once before training
+//! ([`Distill::teacher_logits`] over the epochs' views), the cache is a file reused by
+//! later epochs and runs; it records a fingerprint of the teacher's weights and is refused
+//! for another teacher.
 
 use crate::trainer::{StepOutput, TrainStep};
 use candle_core::{Result, Tensor};
+use half::f16;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use trident_nn::{ops, Ctx, Params};
 
 /// The distillation loss.
@@ -65,6 +78,235 @@ impl KdLoss {
     }
 }
 
+/// A batch whose rows can be told apart by content: the cache's keys.
+pub trait RowKeys {
+    /// One key per example of the batch, a hash of exactly what the models see of it.
+    fn row_keys(&self) -> Result<Vec<u64>>;
+}
+
+/// 64-bit FNV-1a: a stable hash (the same in every build and run, unlike std's hasher), for
+/// content keys.
+pub fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// The FNV-1a offset basis: the starting value of [`fnv1a`].
+pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Teacher logits by example content, stored as f16, and the file they live in.
+pub struct LogitCache {
+    path: PathBuf,
+    teacher: String,
+    classes: usize,
+    map: HashMap<u64, Vec<f16>>,
+    /// Entries added since the file was read or written.
+    added: usize,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CacheHeader {
+    format: String,
+    teacher: String,
+    classes: usize,
+    entries: usize,
+}
+
+const CACHE_FORMAT: &str = "trident-teacher-logits/1";
+
+/// Why a cache file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Reading or writing failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The file holds another teacher's logits, or another class count.
+    #[error(
+        "{path}: a stale teacher-logit cache: it was made for teacher {cached} with {cached_classes} classes, \
+         the teacher is now {current} with {classes} classes; delete the file (or set distill.cache \
+         to another path) to rebuild it"
+    )]
+    Stale {
+        /// The file.
+        path: PathBuf,
+        /// Fingerprint in the file.
+        cached: String,
+        /// Class count in the file.
+        cached_classes: usize,
+        /// Fingerprint of the current teacher.
+        current: String,
+        /// Class count of the current teacher.
+        classes: usize,
+    },
+}
+
+/// A fingerprint of a teacher checkpoint: CRC-32C and length of its `model.safetensors`.
+pub fn teacher_fingerprint(checkpoint: &Path) -> std::result::Result<String, CacheError> {
+    let file = checkpoint.join("model.safetensors");
+    let bytes = std::fs::read(&file).map_err(|e| CacheError::Io {
+        path: file.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(format!("crc32c:{:08x}:{}", crc32c::crc32c(&bytes), bytes.len()))
+}
+
+impl LogitCache {
+    /// Opens the cache at `path` for `teacher` (a [`teacher_fingerprint`]) and `classes`:
+    /// reads it if it exists (refusing a stale one), else starts empty.
+    pub fn open(path: &Path, teacher: &str, classes: usize) -> std::result::Result<Self, CacheError> {
+        let io = |e: std::io::Error| CacheError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        };
+        let mut cache = LogitCache {
+            path: path.to_path_buf(),
+            teacher: teacher.to_string(),
+            classes,
+            map: HashMap::new(),
+            added: 0,
+        };
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cache),
+            Err(e) => return Err(io(e)),
+        };
+        let mut r = std::io::BufReader::new(file);
+        let mut line = String::new();
+        r.read_line(&mut line).map_err(io)?;
+        let header: CacheHeader = serde_json::from_str(&line).map_err(|e| CacheError::Io {
+            path: path.to_path_buf(),
+            message: format!("not a teacher-logit cache ({e})"),
+        })?;
+        if header.format != CACHE_FORMAT {
+            return Err(CacheError::Io {
+                path: path.to_path_buf(),
+                message: format!("format {:?}, expected {CACHE_FORMAT:?}", header.format),
+            });
+        }
+        if header.teacher != teacher || header.classes != classes {
+            return Err(CacheError::Stale {
+                path: path.to_path_buf(),
+                cached: header.teacher,
+                cached_classes: header.classes,
+                current: teacher.to_string(),
+                classes,
+            });
+        }
+        let mut entry = vec![0u8; 8 + 2 * classes];
+        for _ in 0..header.entries {
+            r.read_exact(&mut entry).map_err(|e| CacheError::Io {
+                path: path.to_path_buf(),
+                message: format!("truncated ({e})"),
+            })?;
+            let key = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
+            let logits = entry[8..]
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            cache.map.insert(key, logits);
+        }
+        Ok(cache)
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `[keys.len(), classes]` logits when every key is held.
+    pub fn get(&self, keys: &[u64]) -> Result<Option<Tensor>> {
+        let mut out = Vec::with_capacity(keys.len() * self.classes);
+        for k in keys {
+            match self.map.get(k) {
+                Some(v) => out.extend(v.iter().map(|x| x.to_f32())),
+                None => return Ok(None),
+            }
+        }
+        Tensor::from_vec(out, (keys.len(), self.classes), &candle_core::Device::Cpu).map(Some)
+    }
+
+    /// Stores `[keys.len(), classes]` logits.
+    pub fn insert(&mut self, keys: &[u64], logits: &Tensor) -> Result<()> {
+        let rows = logits.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
+        for (k, row) in keys.iter().zip(rows) {
+            if row.len() != self.classes {
+                candle_core::bail!(
+                    "teacher logits have {} classes, the cache {}",
+                    row.len(),
+                    self.classes
+                )
+            }
+            if self
+                .map
+                .insert(*k, row.into_iter().map(f16::from_f32).collect())
+                .is_none()
+            {
+                self.added += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the file atomically (temporary file, fsync, rename) if anything was added.
+    pub fn save(&mut self) -> std::result::Result<(), CacheError> {
+        if self.added == 0 && self.path.exists() {
+            return Ok(());
+        }
+        let io = |e: std::io::Error| CacheError::Io {
+            path: self.path.clone(),
+            message: e.to_string(),
+        };
+        let dir = self
+            .path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+        {
+            let mut w = std::io::BufWriter::new(tmp.as_file_mut());
+            let header = CacheHeader {
+                format: CACHE_FORMAT.into(),
+                teacher: self.teacher.clone(),
+                classes: self.classes,
+                entries: self.map.len(),
+            };
+            writeln!(w, "{}", serde_json::to_string(&header).expect("header")).map_err(io)?;
+            let mut keys: Vec<&u64> = self.map.keys().collect();
+            keys.sort_unstable();
+            for k in keys {
+                w.write_all(&k.to_le_bytes()).map_err(io)?;
+                for x in &self.map[k] {
+                    w.write_all(&x.to_le_bytes()).map_err(io)?;
+                }
+            }
+            w.flush().map_err(io)?;
+        }
+        tmp.as_file().sync_all().map_err(io)?;
+        tmp.persist(&self.path).map_err(|e| io(e.error))?;
+        self.added = 0;
+        Ok(())
+    }
+}
+
 /// A student trained on a frozen teacher's logits.
 pub struct Distill<S, T> {
     /// The model being trained.
@@ -73,11 +315,65 @@ pub struct Distill<S, T> {
     pub teacher: T,
     /// The loss.
     pub loss: KdLoss,
+    /// Cached mode: teacher logits by example content.
+    pub cache: Option<Mutex<LogitCache>>,
+    /// Teacher forward passes run (batches), for the report.
+    pub teacher_batches: AtomicU64,
+    /// Batches answered from the cache.
+    pub cached_batches: AtomicU64,
+}
+
+impl<S, T> Distill<S, T>
+where
+    S: TrainStep,
+    S::Batch: RowKeys,
+    T: TrainStep<Batch = S::Batch>,
+{
+    /// A distillation step; `cache` switches cached mode on.
+    pub fn new(student: S, teacher: T, loss: KdLoss, cache: Option<LogitCache>) -> Self {
+        Distill {
+            student,
+            teacher,
+            loss,
+            cache: cache.map(Mutex::new),
+            teacher_batches: AtomicU64::new(0),
+            cached_batches: AtomicU64::new(0),
+        }
+    }
+
+    /// The teacher's logits for `batch` (detached): from the cache when every row is
+    /// there, else by running the teacher in evaluation mode (and storing the result).
+    pub fn teacher_logits(&self, batch: &S::Batch) -> Result<Tensor> {
+        let Some(cache) = &self.cache else {
+            self.teacher_batches.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.teacher.forward(batch, &Ctx::eval())?.logits.detach());
+        };
+        let keys = batch.row_keys()?;
+        if let Some(t) = cache.lock().expect("cache lock").get(&keys)? {
+            self.cached_batches.fetch_add(1, Ordering::Relaxed);
+            return Ok(t);
+        }
+        self.teacher_batches.fetch_add(1, Ordering::Relaxed);
+        let logits = self.teacher.forward(batch, &Ctx::eval())?.logits.detach();
+        let mut c = cache.lock().expect("cache lock");
+        c.insert(&keys, &logits)?;
+        // The loss sees what later epochs will read back: the f16-rounded values.
+        Ok(c.get(&keys)?.unwrap_or(logits))
+    }
+
+    /// Writes the cache file (cached mode), atomically.
+    pub fn save_cache(&self) -> std::result::Result<(), CacheError> {
+        match &self.cache {
+            Some(c) => c.lock().expect("cache lock").save(),
+            None => Ok(()),
+        }
+    }
 }
 
 impl<S, T> TrainStep for Distill<S, T>
 where
     S: TrainStep,
+    S::Batch: RowKeys,
     T: TrainStep<Batch = S::Batch>,
 {
     type Batch = S::Batch;
@@ -88,7 +384,7 @@ where
             // Evaluation reports the student's own loss on the true labels.
             return Ok(out);
         }
-        let teacher = self.teacher.forward(batch, &Ctx::eval())?.logits.detach();
+        let teacher = self.teacher_logits(batch)?;
         let labels = Tensor::from_iter(out.labels.iter().map(|&l| l as u32), out.logits.device())?;
         Ok(StepOutput {
             loss: self.loss.compute(&out.logits, &teacher, &labels)?,
@@ -99,5 +395,71 @@ where
 
     fn params(&self) -> &Params {
         self.student.params()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn the_cache_round_trips_and_refuses_another_teacher() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/logits.bin");
+        let mut c = LogitCache::open(&path, "crc32c:1:2", 3).unwrap();
+        assert!(c.is_empty());
+        let logits = Tensor::new(&[[1.0f32, -2.5, 3.25], [0.1, 0.2, 70000.0]], &Device::Cpu).unwrap();
+        c.insert(&[7, 9], &logits).unwrap();
+        assert!(c.get(&[7, 8]).unwrap().is_none(), "a missing key misses");
+        c.save().unwrap();
+
+        let back = LogitCache::open(&path, "crc32c:1:2", 3).unwrap();
+        assert_eq!(back.len(), 2);
+        let got = back.get(&[9, 7]).unwrap().unwrap().to_vec2::<f32>().unwrap();
+        // f16: exact for these values but 0.1/0.2 (rounded) and 70000 (beyond f16: inf).
+        assert_eq!(got[1], vec![1.0, -2.5, 3.25]);
+        assert!((got[0][0] - 0.1).abs() < 1e-4 && (got[0][1] - 0.2).abs() < 1e-4);
+        assert!(got[0][2].is_infinite());
+
+        let stale = LogitCache::open(&path, "crc32c:ff:2", 3)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            stale.contains("stale") && stale.contains("crc32c:1:2") && stale.contains("crc32c:ff:2"),
+            "{stale}"
+        );
+        let classes = LogitCache::open(&path, "crc32c:1:2", 4)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            classes.contains("3 classes") && classes.contains("4 classes"),
+            "{classes}"
+        );
+
+        // A truncated file is an error, not a smaller cache.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let e = LogitCache::open(&path, "crc32c:1:2", 3)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("truncated"), "{e}");
+        std::fs::write(&path, b"hello\n").unwrap();
+        let e = LogitCache::open(&path, "crc32c:1:2", 3)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not a teacher-logit cache"), "{e}");
+    }
+
+    #[test]
+    fn fnv1a_is_the_reference_hash() {
+        // Test vectors of FNV-1a 64 (Fowler, Noll, Vo).
+        assert_eq!(fnv1a(b"", FNV_START), 0xcbf29ce484222325);
+        assert_eq!(fnv1a(b"a", FNV_START), 0xaf63dc4c8601ec8c);
+        assert_eq!(fnv1a(b"foobar", FNV_START), 0x85944171f73967e8);
     }
 }

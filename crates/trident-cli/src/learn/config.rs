@@ -31,6 +31,34 @@ pub struct DistillSection {
     pub teacher: PathBuf,
     /// The loss: `{ kind = "soft", temperature, alpha }` or `{ kind = "hard" }`.
     pub loss: trident_train::distill::KdLoss,
+    /// `online`: the teacher runs on every batch; `cached`: its logits are computed once per
+    /// example view and kept in `cache`.
+    #[serde(default)]
+    pub mode: DistillMode,
+    /// Cached mode's file (default: `teacher-logits.bin` in the teacher's run directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DistillMode {
+    #[default]
+    Online,
+    Cached,
+}
+
+impl DistillSection {
+    /// Where cached mode keeps the teacher's logits.
+    pub fn cache_path(&self) -> PathBuf {
+        self.cache.clone().unwrap_or_else(|| {
+            self.teacher
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .join("teacher-logits.bin")
+        })
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -5,12 +5,14 @@ pub mod task;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use config::DistillMode;
 use config::{DataConfig, RunConfig};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use task::{image_splits, read_text, text_splits, InputSpec, Model, ModelCard, Splits};
 use trident_data::Dataset;
 use trident_nn::Ctx;
+use trident_train::distill::{teacher_fingerprint, Distill, LogitCache};
 use trident_train::{evaluate, plot, TrainStep, Trainer};
 
 #[derive(Debug, Args)]
@@ -154,7 +156,7 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
 /// The `[distill]` teacher, checked against the student before anything is trained: a
 /// checkpoint of `trident train` with the same classes and the same input (image shape and
 /// normalisation, or tokenizer).
-fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<Model>> {
+fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<(Model, Option<LogitCache>)>> {
     let Some(d) = &c.distill else { return Ok(None) };
     let dir = &d.teacher;
     if !dir.join("trident.json").is_file() {
@@ -206,7 +208,59 @@ fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<Model>>
         ),
     }
     teacher.params.set_trainable("", false);
-    Ok(Some(teacher))
+    let cache = match d.mode {
+        DistillMode::Online => None,
+        DistillMode::Cached => {
+            let fingerprint = teacher_fingerprint(dir)?;
+            let cache = LogitCache::open(&d.cache_path(), &fingerprint, teacher.card.classes.len())?;
+            eprintln!(
+                "teacher-logit cache {}: {} entries for teacher {fingerprint}",
+                cache.path().display(),
+                cache.len()
+            );
+            Some(cache)
+        }
+    };
+    Ok(Some((teacher, cache)))
+}
+
+/// Cached mode: runs the teacher once over every view of the training set the run will
+/// see (one per epoch with augmentation, else one), storing what the cache lacks.
+fn fill_cache<S, T, D>(
+    step: &Distill<S, T>,
+    train: &trident_data::DataLoader<D, S::Batch>,
+    views: u64,
+) -> anyhow::Result<()>
+where
+    S: TrainStep,
+    S::Batch: trident_train::distill::RowKeys,
+    T: TrainStep<Batch = S::Batch>,
+    D: Dataset + 'static,
+{
+    let total = train.batches_per_epoch() as u64 * views;
+    let bar = indicatif::ProgressBar::new(total).with_style(
+        indicatif::ProgressStyle::with_template(
+            "teacher logits {bar:30} {pos}/{len} batches {elapsed} (eta {eta})",
+        )
+        .expect("template"),
+    );
+    let before = step.teacher_batches.load(Ordering::Relaxed);
+    let t0 = std::time::Instant::now();
+    for epoch in 0..views {
+        for batch in train.epoch(epoch) {
+            step.teacher_logits(&batch?)?;
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    step.save_cache()?;
+    let ran = step.teacher_batches.load(Ordering::Relaxed) - before;
+    eprintln!(
+        "teacher logits: {views} view(s) of the training set, {ran} of {total} batches computed, \
+         the rest from the cache ({:.1} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 fn param_count(m: &Model) -> usize {
@@ -236,7 +290,7 @@ fn run<D: Dataset + 'static>(
             .map(|p| p.var.elem_count())
             .sum::<usize>(),
     );
-    if let (Some(t), Some(d)) = (&teacher, &c.distill) {
+    if let (Some((t, _)), Some(d)) = (&teacher, &c.distill) {
         eprintln!(
             "teacher {}: {} parameters; the student has {:.1} % of them; loss {:?}",
             d.teacher.display(),
@@ -264,13 +318,23 @@ fn run<D: Dataset + 'static>(
         c.data, c.loader, c.model, c.run.seed, c.distill
     );
     let summary = match (teacher, &c.distill) {
-        (Some(teacher), Some(d)) => {
-            let step = trident_train::distill::Distill {
-                student: model,
-                teacher,
-                loss: d.loss,
-            };
+        (Some((teacher, cache)), Some(d)) => {
+            let step = Distill::new(model, teacher, d.loss, cache);
+            if step.cache.is_some() {
+                let augmented = c.data.image_options().is_some_and(|o| o.augment);
+                fill_cache(&step, &splits.train, if augmented { c.train.epochs } else { 1 })?;
+            }
+            let (ran0, cached0) = (
+                step.teacher_batches.load(Ordering::Relaxed),
+                step.cached_batches.load(Ordering::Relaxed),
+            );
             let s = trainer.fit(&step, &splits.train, splits.val.as_ref(), resume, &data_hash)?;
+            step.save_cache()?;
+            eprintln!(
+                "teacher: {} batches run during training, {} from the cache",
+                step.teacher_batches.load(Ordering::Relaxed) - ran0,
+                step.cached_batches.load(Ordering::Relaxed) - cached0
+            );
             model = step.student;
             s
         }

@@ -25,6 +25,37 @@ pub enum Batch {
     Image(Tensor, Vec<usize>),
 }
 
+impl trident_train::distill::RowKeys for Batch {
+    /// Images: the bytes of each normalised image (an augmented view is another key).
+    /// Text: the unpadded token ids of each row (padding depends on the batch).
+    fn row_keys(&self) -> candle_core::Result<Vec<u64>> {
+        use trident_train::distill::{fnv1a, FNV_START};
+        match self {
+            Batch::Image(x, _) => {
+                let rows = x.flatten_from(1)?.to_vec2::<f32>()?;
+                Ok(rows
+                    .iter()
+                    .map(|r| r.iter().fold(FNV_START, |h, v| fnv1a(&v.to_le_bytes(), h)))
+                    .collect())
+            }
+            Batch::Text(b, _) => {
+                let ids = b.ids.to_vec2::<u32>()?;
+                let mask = b.mask.to_vec2::<u32>()?;
+                Ok(ids
+                    .iter()
+                    .zip(&mask)
+                    .map(|(r, m)| {
+                        r.iter()
+                            .zip(m)
+                            .filter(|(_, m)| **m != 0)
+                            .fold(FNV_START, |h, (id, _)| fnv1a(&id.to_le_bytes(), h))
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
 /// Tokenised texts with labels.
 pub struct TokenSet {
     ids: Vec<Vec<u32>>,
