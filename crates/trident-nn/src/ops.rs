@@ -467,9 +467,7 @@ impl CustomOp2 for CrossEntropy {
                 bail!("cross_entropy: label {y} at row {i} is out of range for {c} classes")
             }
             let row = &x[i * c..(i + 1) * c];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let lse = row.iter().map(|v| (v - max).exp()).sum::<f32>().ln() + max;
-            total += (lse - row[y as usize]) as f64;
+            total += (log_sum_exp(row, 1.0) - row[y as usize]) as f64;
         }
         Ok((CpuStorage::F32(vec![(total / n as f64) as f32]), Shape::from(())))
     }
@@ -524,6 +522,12 @@ struct DistillKl {
     t: f32,
 }
 
+/// `log Σ exp(x / t)` of one row, computed stably (shifted by the row's maximum).
+fn log_sum_exp(row: &[f32], t: f32) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) / t;
+    row.iter().map(|v| (v / t - max).exp()).sum::<f32>().ln() + max
+}
+
 /// `softmax(x / t)` of one row into `o`.
 fn tempered_softmax(x: &[f32], t: f32, o: &mut [f32]) {
     o.iter_mut().zip(x).for_each(|(o, v)| *o = v / t);
@@ -546,20 +550,18 @@ impl CustomOp2 for DistillKl {
         let t = f32_slice(s2, l2, "distill_kl")?;
         let c = last_dim(l1, "distill_kl")?;
         let n = s.len() / c;
-        let (mut p, mut q) = (vec![0f32; c], vec![0f32; c]);
+        let mut p = vec![0f32; c];
         let mut total = 0f64;
         for i in 0..n {
             tempered_softmax(&t[i * c..(i + 1) * c], self.t, &mut p);
-            // log q = s/T − logsumexp(s/T), computed stably.
             let row = &s[i * c..(i + 1) * c];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) / self.t;
-            let lse = row.iter().map(|v| (v / self.t - max).exp()).sum::<f32>().ln() + max;
-            q.iter_mut().zip(row).for_each(|(q, v)| *q = v / self.t - lse);
+            let lse = log_sum_exp(row, self.t);
+            // Σ p (log p − log q), with log q = s/T − logsumexp(s/T).
             total += p
                 .iter()
-                .zip(&q)
+                .zip(row)
                 .filter(|(p, _)| **p > 0.0)
-                .map(|(p, lq)| (*p as f64) * ((*p as f64).ln() - *lq as f64))
+                .map(|(p, v)| (*p as f64) * ((*p as f64).ln() - (v / self.t - lse) as f64))
                 .sum::<f64>();
         }
         Ok((
