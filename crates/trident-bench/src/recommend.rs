@@ -201,18 +201,78 @@ fn remove_blocks(text: &str, key: &str, select: impl Fn(&str) -> bool) -> Result
     Ok(out)
 }
 
-/// A `trident serve` process for one candidate.
-struct Server {
+/// A `trident serve` process listening on an ephemeral loopback port (metrics off), killed
+/// when dropped.
+pub struct ServeProcess {
     child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
 }
 
-impl Drop for Server {
+impl Drop for ServeProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+impl ServeProcess {
+    /// Starts `trident serve` from the binary `trident` on `repository` and waits (60 s at
+    /// most) for its HTTP address; an early exit returns the server's log as the error.
+    pub fn spawn(trident: &Path, repository: &Path) -> Result<Self> {
+        let mut child = Command::new(trident)
+            .args(["serve", "--model-repository"])
+            .arg(repository)
+            .args([
+                "--http-address",
+                "127.0.0.1",
+                "--http-port",
+                "0",
+                "--allow-metrics",
+                "false",
+            ])
+            .env("NO_COLOR", "1")
+            .env("TRIDENT_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", trident.display()))?;
+        let stderr = child.stderr.take().context("server stderr")?;
+        // From here on, dropping `server` stops the process.
+        let mut server = ServeProcess {
+            child,
+            url: String::new(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the log to the end, so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut log = Vec::new();
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                if let Some(addr) = line.split("HTTP service listening on ").nth(1) {
+                    let _ = tx.send(Ok(addr.trim().to_string()));
+                }
+                log.push(line);
+            }
+            let _ = tx.send(Err(log.join("\n")));
+        });
+        server.url = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(addr)) => format!("http://{addr}"),
+            Ok(Err(log)) => bail!("trident serve exited: {log}"),
+            Err(_) => bail!("trident serve did not start within 60 s"),
+        };
+        Ok(server)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// A `trident serve` process for one candidate, on its own copy of the model.
+struct Server {
+    process: ServeProcess,
+    _dir: tempfile::TempDir,
 }
 
 fn start_server(search: &Search, c: &Candidate, config: &str) -> Result<Server> {
@@ -223,45 +283,9 @@ fn start_server(search: &Search, c: &Candidate, config: &str) -> Result<Server> 
         dir.path().join(&search.model).join("config.pbtxt"),
         rewrite_config(config, c)?,
     )?;
-    let mut child = Command::new(&search.trident)
-        .args(["serve", "--model-repository"])
-        .arg(dir.path())
-        .args([
-            "--http-address",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--allow-metrics",
-            "false",
-        ])
-        .env("NO_COLOR", "1")
-        .env("TRIDENT_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", search.trident.display()))?;
-    let stderr = child.stderr.take().context("server stderr")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut log = Vec::new();
-        for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
-            if let Some(addr) = line.split("HTTP service listening on ").nth(1) {
-                let _ = tx.send(Ok(addr.trim().to_string()));
-            }
-            log.push(line);
-        }
-        let _ = tx.send(Err(log.join("\n")));
-    });
-    let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Ok(addr)) => addr,
-        Ok(Err(log)) => bail!("the server for `{}` exited: {log}", c.name()),
-        Err(_) => bail!("the server for `{}` did not start within 60 s", c.name()),
-    };
-    Ok(Server {
-        child,
-        url: format!("http://{addr}"),
-        _dir: dir,
-    })
+    let process = ServeProcess::spawn(&search.trident, dir.path())
+        .with_context(|| format!("the server for `{}`", c.name()))?;
+    Ok(Server { process, _dir: dir })
 }
 
 /// Copies a directory tree (a model's files into a candidate repository).
@@ -299,7 +323,7 @@ async fn measure(
     progress: &mut impl FnMut(&str),
 ) -> Result<Outcome> {
     let server = start_server(search, c, config)?;
-    let client = Client::new(&server.url, Duration::from_secs(30))?;
+    let client = Client::new(&server.process.url, Duration::from_secs(30))?;
     // Wait until the model is ready.
     let deadline = Instant::now() + Duration::from_secs(60);
     let model = loop {
@@ -316,7 +340,7 @@ async fn measure(
         bodies: Arc::new(bodies),
         batch: 1,
     };
-    let (ticks0, t0) = (process_usage(server.child.id()).0, Instant::now());
+    let (ticks0, t0) = (process_usage(server.process.pid()).0, Instant::now());
     let mut levels: Vec<Row> = Vec::new();
     let mut concurrency = 1;
     while concurrency <= search.max_concurrency {
@@ -352,7 +376,7 @@ async fn measure(
         }
         concurrency *= 2;
     }
-    let (ticks1, rss) = process_usage(server.child.id());
+    let (ticks1, rss) = process_usage(server.process.pid());
     let best = levels
         .iter()
         .filter(|r| r.latency.p99_us as f64 <= search.p99_us && r.latency.errors == 0 && r.latency.count > 0)
@@ -392,6 +416,19 @@ pub fn undominated(outcomes: &[&Outcome]) -> Vec<Candidate> {
             }),
         })
         .map(|o| o.candidate.clone())
+        .collect()
+}
+
+/// Each of `kept` that `pick` selects, varied by each of `values` through `set`.
+fn variants<V: Copy>(
+    kept: &[Candidate],
+    pick: impl Fn(&Candidate) -> bool,
+    values: &[V],
+    set: impl Fn(&Candidate, V) -> Candidate,
+) -> Vec<Candidate> {
+    kept.iter()
+        .filter(|k| pick(k))
+        .flat_map(|k| values.iter().map(|&v| set(k, v)))
         .collect()
 }
 
@@ -449,16 +486,16 @@ pub async fn search(search: &Search, mut progress: impl FnMut(&str)) -> Result<V
     let mut kept = measure_all(engines.into_iter().map(base).collect(), &mut outcomes).await?;
     // (2) batching with each queue delay, for the engines kept.
     if max_batch > 0 {
-        let mut stage = kept.clone();
-        for k in &kept {
-            for &d in &search.queue_delays_us {
-                stage.push(Candidate {
-                    queue_delay_us: Some(d),
-                    ..k.clone()
-                });
-            }
-        }
-        kept = measure_all(stage, &mut outcomes).await?;
+        let delays = variants(
+            &kept,
+            |_| true,
+            &search.queue_delays_us,
+            |k, d| Candidate {
+                queue_delay_us: Some(d),
+                ..k.clone()
+            },
+        );
+        kept = measure_all([kept, delays].concat(), &mut outcomes).await?;
         // (3) preferred batch sizes for the batching settings kept.
         let sizes: Vec<u32> = search
             .preferred_batch_sizes
@@ -466,30 +503,26 @@ pub async fn search(search: &Search, mut progress: impl FnMut(&str)) -> Result<V
             .copied()
             .filter(|&p| p >= 1 && p <= max_batch)
             .collect();
-        if !sizes.is_empty() && kept.iter().any(|k| k.queue_delay_us.is_some()) {
-            let mut stage = kept.clone();
-            for k in kept.iter().filter(|k| k.queue_delay_us.is_some()) {
-                for &p in &sizes {
-                    stage.push(Candidate {
-                        preferred_batch_size: Some(p),
-                        ..k.clone()
-                    });
-                }
-            }
-            kept = measure_all(stage, &mut outcomes).await?;
+        let batching = |k: &Candidate| k.queue_delay_us.is_some();
+        if !sizes.is_empty() && kept.iter().any(batching) {
+            let preferred = variants(&kept, batching, &sizes, |k, p| Candidate {
+                preferred_batch_size: Some(p),
+                ..k.clone()
+            });
+            kept = measure_all([kept, preferred].concat(), &mut outcomes).await?;
         }
     }
     // (4) more instances for the settings kept.
-    let mut stage = Vec::new();
-    for &n in search.instances.iter().skip(1) {
-        for k in &kept {
-            stage.push(Candidate {
-                instances: n,
-                ..k.clone()
-            });
-        }
-    }
-    measure_all(stage, &mut outcomes).await?;
+    let more = variants(
+        &kept,
+        |_| true,
+        search.instances.get(1..).unwrap_or(&[]),
+        |k, n| Candidate {
+            instances: n,
+            ..k.clone()
+        },
+    );
+    measure_all(more, &mut outcomes).await?;
     Ok(outcomes)
 }
 

@@ -2,49 +2,15 @@
 //! model's metadata from a file (as for TorchServe) instead of the server, and the errors
 //! for a bad metadata file and for an unknown model.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::process::{Command, Output};
+use trident_bench::recommend::ServeProcess;
 
 /// Serves the `simple` fixture; returns the process and its `host:port`.
-fn serve() -> (Server, String) {
+fn serve() -> (ServeProcess, String) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trident"))
-        .args(["serve", "--model-repository"])
-        .arg(&repo)
-        .args([
-            "--http-address",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--allow-metrics",
-            "false",
-        ])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let server = Server(child);
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = loop {
-        let line = lines.next().expect("the server exited before listening").unwrap();
-        if let Some(addr) = line.split("HTTP service listening on ").nth(1) {
-            break addr.trim().to_string();
-        }
-    };
-    // Keep draining the log so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
+    let server = ServeProcess::spawn(Path::new(env!("CARGO_BIN_EXE_trident")), &repo).unwrap();
+    let addr = server.url.trim_start_matches("http://").to_string();
     (server, addr)
 }
 
