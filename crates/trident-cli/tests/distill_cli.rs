@@ -2,36 +2,10 @@
 //! distilled into a narrower CNN. The teacher's weights must come out bit-identical, the
 //! student must learn, and bad teachers are refused before any training.
 
+mod common;
+use common::{failed, ok_log, trident, write_idx};
+
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn trident(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_trident"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run trident")
-}
-
-fn ok(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "trident failed: {}\n{err}", out.status);
-    err
-}
-
-fn failed(out: &Output) -> String {
-    assert!(!out.status.success(), "trident should have failed");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn write_idx(path: &Path, dims: &[u32], data: &[u8]) {
-    let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
-    for d in dims {
-        bytes.extend(d.to_be_bytes());
-    }
-    bytes.extend(data);
-    std::fs::write(path, bytes).unwrap();
-}
 
 /// 8×8 images of four classes: the bright quadrant is the class, with noise.
 fn make(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
@@ -104,7 +78,7 @@ fn a_student_learns_from_a_frozen_teacher() {
         config("kind = \"cnn\"\nwidth = 8", "teacher", ""),
     )
     .unwrap();
-    ok(&trident(&["train", "--config", "teacher.toml"], d));
+    ok_log(&trident(&["train", "--config", "teacher.toml"], d));
     let teacher_weights = std::fs::read(d.join("teacher/best/model.safetensors")).unwrap();
 
     let distill = "[distill]\nteacher = \"teacher/best\"\n[distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.8\n";
@@ -113,7 +87,7 @@ fn a_student_learns_from_a_frozen_teacher() {
         config("kind = \"cnn\"\nwidth = 2", "student", distill),
     )
     .unwrap();
-    let log = ok(&trident(&["distill", "--config", "student.toml"], d));
+    let log = ok_log(&trident(&["distill", "--config", "student.toml"], d));
     assert!(log.contains("teacher teacher/best"), "{log}");
 
     // The teacher is untouched, bit for bit; the student learnt the four classes.
@@ -125,7 +99,7 @@ fn a_student_learns_from_a_frozen_teacher() {
     let acc = accuracy(&d.join("student"));
     assert!(acc >= 0.9, "the distilled student reaches {acc} (chance is 0.25)");
     // Its checkpoint is an ordinary one: `trident eval` reads it.
-    ok(&trident(&["eval", "--model", "student/best"], d));
+    ok_log(&trident(&["eval", "--model", "student/best"], d));
 
     // Hard (DeiT) distillation runs too.
     let hard = "[distill]\nteacher = \"teacher/best\"\n[distill.loss]\nkind = \"hard\"\n";
@@ -134,7 +108,7 @@ fn a_student_learns_from_a_frozen_teacher() {
         config("kind = \"cnn\"\nwidth = 2", "hard", hard),
     )
     .unwrap();
-    ok(&trident(&["distill", "--config", "hard.toml"], d));
+    ok_log(&trident(&["distill", "--config", "hard.toml"], d));
     assert!(accuracy(&d.join("hard")) >= 0.9);
 
     // Cached mode: the first run computes every batch's teacher logits once, a second run
@@ -150,7 +124,7 @@ fn a_student_learns_from_a_frozen_teacher() {
             config("kind = \"cnn\"\nwidth = 2", run, &cached),
         )
         .unwrap();
-        let log = ok(&trident(&["distill", "--config", &format!("{run}.toml")], d));
+        let log = ok_log(&trident(&["distill", "--config", &format!("{run}.toml")], d));
         // "teacher logits: 1 view(s) of the training set, R of T batches computed, …"
         let line = log
             .lines()

@@ -2,28 +2,11 @@
 //! fixture of trident-nn on a two-word-class text set, and a small CNN on generated IDX
 //! images. Checks the run directory, exact resume, and the errors for bad input.
 
+mod common;
+use common::{failed, ok, trident, write_idx};
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn trident(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_trident"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run trident")
-}
-
-fn ok(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "trident failed: {}\n{err}", out.status);
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn failed(out: &Output) -> String {
-    assert!(!out.status.success(), "trident should have failed");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 fn tiny_bert() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trident-nn/tests/fixtures/tiny_bert")
@@ -296,15 +279,6 @@ fn line_of(text: &str, needle: &str) -> usize {
         .position(|l| l.contains(needle))
         .expect("needle in text")
         + 1
-}
-
-fn write_idx(path: &Path, dims: &[u32], data: &[u8]) {
-    let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
-    for d in dims {
-        bytes.extend(d.to_be_bytes());
-    }
-    bytes.extend(data);
-    std::fs::write(path, bytes).unwrap();
 }
 
 #[test]
