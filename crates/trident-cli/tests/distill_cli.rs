@@ -201,4 +201,13 @@ fn a_student_learns_from_a_frozen_teacher() {
     std::fs::write(d.join("t0.toml"), bad).unwrap();
     let err = failed(&trident(&["distill", "--config", "t0.toml"], d));
     assert!(err.contains("distill.temperature"), "{err}");
+    // A cache path in online mode would be ignored: refused instead.
+    let ignored = config(
+        "kind = \"cnn\"\nwidth = 2",
+        "t1",
+        &distill.replace("teacher/best\"\n", "teacher/best\"\ncache = \"x.bin\"\n"),
+    );
+    std::fs::write(d.join("t1.toml"), ignored).unwrap();
+    let err = failed(&trident(&["distill", "--config", "t1.toml"], d));
+    assert!(err.contains("distill.cache is only used with"), "{err}");
 }

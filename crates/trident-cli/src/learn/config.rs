@@ -319,6 +319,10 @@ impl RunConfig {
     fn validate(&self) -> anyhow::Result<()> {
         if let Some(d) = &self.distill {
             d.loss.validate().map_err(anyhow::Error::msg)?;
+            anyhow::ensure!(
+                d.cache.is_none() || d.mode == DistillMode::Cached,
+                "distill.cache is only used with distill.mode = \"cached\" (the mode is online)"
+            );
         }
         let l = &self.loader;
         anyhow::ensure!(l.batch_size > 0, "loader.batch_size must be at least 1");

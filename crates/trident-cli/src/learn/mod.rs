@@ -283,12 +283,7 @@ fn run<D: Dataset + 'static>(
         "{}: {} trainable parameters of {}; data {tr} train / {va} val / {te} test, classes {classes:?}",
         config_file.display(),
         model.params.trainable_count(),
-        model
-            .params
-            .all()
-            .iter()
-            .map(|p| p.var.elem_count())
-            .sum::<usize>(),
+        param_count(&model),
     );
     if let (Some((t, _)), Some(d)) = (&teacher, &c.distill) {
         eprintln!(
