@@ -74,15 +74,18 @@ wait_ready() {  # wait_ready URL (GET returns 200)
   echo "not ready: $1"; return 1
 }
 
+bench_all() {  # bench_all SERVER PORT ROUND: every model variant in both encodings
+  for m in mlp_nobatch minilm_nobatch mlp_batched minilm_batched; do
+    for enc in json binary; do bench "${1}_${m}_${enc}_r$3" "127.0.0.1:$2" "$m" "" "$enc"; done
+  done
+}
+
 run_trident() {  # run_trident ROUND
   "$BIN" serve --model-repository "$PEERS/models/trident" --http-address 127.0.0.1 --http-port 18100 \
     --metrics-port 18102 > "$OUT/trident_r$1.log" 2>&1 &
   local pid=$!
   wait_ready http://127.0.0.1:18100/v2/health/ready
-  for m in mlp_nobatch minilm_nobatch mlp_batched minilm_batched; do
-    bench "trident_${m}_json_r$1" 127.0.0.1:18100 "$m" "" json
-    bench "trident_${m}_binary_r$1" 127.0.0.1:18100 "$m" "" binary
-  done
+  bench_all trident 18100 "$1"
   kill -TERM $pid; wait $pid || true
 }
 
@@ -93,10 +96,7 @@ run_triton() {
     --http-port 18200 --grpc-port 18201 --metrics-port 18202 > "$OUT/triton_r$1.log" 2>&1 &
   local pid=$!
   wait_ready http://127.0.0.1:18200/v2/health/ready
-  for m in mlp_nobatch minilm_nobatch mlp_batched minilm_batched; do
-    bench "triton_${m}_json_r$1" 127.0.0.1:18200 "$m" "" json
-    bench "triton_${m}_binary_r$1" 127.0.0.1:18200 "$m" "" binary
-  done
+  bench_all triton 18200 "$1"
   kill -TERM $pid; wait $pid || true
 }
 

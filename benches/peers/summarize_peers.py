@@ -76,7 +76,7 @@ def main():
                     best = [best_within(r, bounds[model]) for r in reps]
                     thr = med([b["inferences_per_s"] if b else 0.0 for b in best])
                     at = med([b["level"] for b in best if b])
-                    p50 = med([c1(r)["latency"]["p50_us"] / 1000 if c1(r) else None for r in reps])
+                    p50 = med([row["latency"]["p50_us"] / 1000 for row in map(c1, reps) if row])
                     rows[server] = (thr, at, p50)
                 if "trident" not in rows:
                     continue
