@@ -3,7 +3,7 @@
 //! student must learn, and bad teachers are refused before any training.
 
 mod common;
-use common::{failed, ok_log, trident, write_idx};
+use common::{failed, ok_log, tiny_bert, trident, write_idx, write_texts};
 
 use std::path::Path;
 
@@ -98,6 +98,32 @@ fn a_student_learns_from_a_frozen_teacher() {
     );
     let acc = accuracy(&d.join("student"));
     assert!(acc >= 0.9, "the distilled student reaches {acc} (chance is 0.25)");
+    // The run's report sets the student beside the teacher.
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("student/report.json")).unwrap()).unwrap();
+    let (s, t) = (&report["student"], &report["distill"]["teacher"]);
+    assert!(
+        s["params"].as_u64().unwrap() < t["params"].as_u64().unwrap(),
+        "{report}"
+    );
+    assert_eq!(s["test_accuracy"].as_f64().unwrap(), acc);
+    assert_eq!(t["test_accuracy"].as_f64().unwrap(), accuracy(&d.join("teacher")));
+    let retained = report["distill"]["accuracy_retained_pct"].as_f64().unwrap();
+    assert!((retained - 100.0 * acc / t["test_accuracy"].as_f64().unwrap()).abs() < 1e-9);
+    assert_eq!(
+        s["size_bytes"].as_u64().unwrap(),
+        std::fs::metadata(d.join("student/best/model.safetensors"))
+            .unwrap()
+            .len()
+    );
+    for m in [s, t] {
+        let l = &m["latency"];
+        assert!(l["samples"].as_u64().unwrap() > 0 && l["p50_ms"].as_f64().unwrap() > 0.0);
+        assert!(l["p50_ms"].as_f64() <= l["p99_ms"].as_f64(), "{l}");
+    }
+    assert_eq!(report["epoch_seconds"].as_array().unwrap().len(), 2);
+    assert!(report["peak_rss_bytes"].as_u64().unwrap() > 1 << 20);
+    assert_eq!(report["distill"]["mode"], "online");
     // Its checkpoint is an ordinary one: `trident eval` reads it.
     ok_log(&trident(&["eval", "--model", "student/best"], d));
 
@@ -210,4 +236,105 @@ fn a_student_learns_from_a_frozen_teacher() {
     std::fs::write(d.join("t1.toml"), ignored).unwrap();
     let err = failed(&trident(&["distill", "--config", "t1.toml"], d));
     assert!(err.contains("distill.cache is only used with"), "{err}");
+}
+
+fn text_run(d: &Path, run: &str, model: &str, extra: &str) -> String {
+    let cfg = format!(
+        r#"
+[run]
+dir = "{run}"
+seed = 3
+[data]
+kind = "text"
+files = ["reviews.tsv"]
+format = "tsv"
+text_field = "0"
+label_field = "1"
+max_len = 16
+[loader]
+batch_size = 8
+[model]
+{model}
+[train]
+epochs = 3
+lr = 3e-3
+warmup_steps = 2
+{extra}"#
+    );
+    let f = format!("{run}.toml");
+    std::fs::write(d.join(&f), cfg).unwrap();
+    f
+}
+
+/// Text students of a fine-tuned BERT teacher: a shallower BERT made of chosen teacher
+/// layers, and a BiLSTM reading the teacher's tokenizer; a student with another tokenizer
+/// or layers the teacher lacks is refused.
+#[test]
+fn text_students_learn_from_a_bert_teacher() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_texts(d);
+    let bert = tiny_bert();
+    let teacher = text_run(
+        d,
+        "teacher",
+        &format!(
+            "kind = \"bert\"\npretrained = \"{}\"\npooling = \"cls\"",
+            bert.display()
+        ),
+        "",
+    );
+    ok_log(&trident(&["train", "--config", &teacher], d));
+    let distill = "[distill]\nteacher = \"teacher/best\"\nmode = \"cached\"\n[distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.5\n";
+
+    // One encoder layer of the two: the teacher's layer 1 (and its embeddings and head).
+    let layers = "kind = \"bert\"\npretrained = \"teacher/best\"\npooling = \"cls\"\nlayers = [1]";
+    let f = text_run(d, "shallow", layers, distill);
+    let log = ok_log(&trident(&["distill", "--config", &f], d));
+    assert!(!log.contains("initialised (not in the pretrained file)"), "{log}");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("shallow/best/config.json")).unwrap()).unwrap();
+    assert_eq!(config["num_hidden_layers"], 1);
+    let names = String::from_utf8_lossy(&std::fs::read(d.join("shallow/best/model.safetensors")).unwrap())
+        .into_owned();
+    assert!(names.contains("bert.encoder.layer.0.") && !names.contains("bert.encoder.layer.1."));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("shallow/report.json")).unwrap()).unwrap();
+    let ratio = report["distill"]["param_ratio"].as_f64().unwrap();
+    assert!(ratio > 0.5 && ratio < 1.0, "one of two layers kept: {ratio}");
+    assert!(accuracy(&d.join("shallow")) >= 0.9, "{report}");
+    // The student's checkpoint loads alone.
+    ok_log(&trident(&["eval", "--model", "shallow/best"], d));
+
+    // A BiLSTM on the teacher's tokenizer.
+    let lstm = format!(
+        "kind = \"lstm\"\ntokenizer = \"{}\"\nembed = 16\nhidden = 16",
+        bert.join("tokenizer.json").display()
+    );
+    let f = text_run(d, "lstm", &lstm, distill);
+    ok_log(&trident(&["distill", "--config", &f], d));
+    assert!(accuracy(&d.join("lstm")) >= 0.9);
+
+    // Refused before training: another tokenizer (two words swap ids), missing layers.
+    let tok = std::fs::read_to_string(bert.join("tokenizer.json"))
+        .unwrap()
+        .replace("\"good\": 5", "\"good\": 9")
+        .replace("\"bad\": 9", "\"bad\": 5");
+    std::fs::write(d.join("other-tokenizer.json"), tok).unwrap();
+    let f = text_run(
+        d,
+        "other-tok",
+        "kind = \"lstm\"\ntokenizer = \"other-tokenizer.json\"\nembed = 16\nhidden = 16",
+        distill,
+    );
+    let err = failed(&trident(&["distill", "--config", &f], d));
+    assert!(err.contains("tokenizer.json differs"), "{err}");
+    assert!(!d.join("other-tok").exists());
+    let f = text_run(d, "deep", &layers.replace("[1]", "[0, 2]"), distill);
+    let err = failed(&trident(&["distill", "--config", &f], d));
+    assert!(
+        err.contains("model.layers = [0, 2]") && err.contains("0..2"),
+        "{err}"
+    );
+    assert!(!d.join("deep").exists());
 }

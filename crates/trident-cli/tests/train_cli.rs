@@ -3,33 +3,10 @@
 //! images. Checks the run directory, exact resume, and the errors for bad input.
 
 mod common;
-use common::{failed, ok, trident, write_idx};
+use common::{failed, ok, tiny_bert, trident, write_idx, write_texts};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-fn tiny_bert() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trident-nn/tests/fixtures/tiny_bert")
-}
-
-/// 80 short reviews: "good/great/love/fine" ones are positive, "bad/awful/hate/poor" negative.
-fn write_texts(dir: &Path) -> PathBuf {
-    let pos = ["good", "great", "love", "fine"];
-    let neg = ["bad", "awful", "hate", "poor"];
-    let mut text = String::new();
-    for i in 0..80 {
-        let (w, label) = if i % 2 == 0 {
-            (pos[i / 2 % 4], "positive")
-        } else {
-            (neg[i / 2 % 4], "negative")
-        };
-        let filler = ["the movie was", "it is a", "the plot is very", "film and"][i % 4];
-        text += &format!("{filler} {w}\t{label}\n");
-    }
-    let f = dir.join("reviews.tsv");
-    std::fs::write(&f, text).unwrap();
-    f
-}
 
 fn text_config(dir: &Path, data: &Path, run: &str, extra_data: &str) -> PathBuf {
     let cfg = format!(

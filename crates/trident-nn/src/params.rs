@@ -420,6 +420,39 @@ impl Loaded {
         names
     }
 
+    /// Keeps the numbered blocks `keep` under `prefix` (`prefix{i}.…`), renumbered
+    /// 0, 1, … in that order, and drops the other blocks: a shallower student starts from
+    /// chosen teacher layers (DistilBERT's "every other layer"). Errors name a block the
+    /// file lacks.
+    pub fn keep_layers(&mut self, prefix: &str, keep: &[usize]) -> Result<()> {
+        let mut out = HashMap::with_capacity(self.tensors.len());
+        for (k, v) in self.tensors.drain() {
+            let Some(rest) = k.strip_prefix(prefix) else {
+                out.insert(k, v);
+                continue;
+            };
+            let (num, tail) = rest.split_once('.').unwrap_or((rest, ""));
+            let Ok(i) = num.parse::<usize>() else {
+                out.insert(k, v);
+                continue;
+            };
+            for (new, _) in keep.iter().enumerate().filter(|(_, &old)| old == i) {
+                out.insert(format!("{prefix}{new}.{tail}"), v.clone());
+            }
+        }
+        self.tensors = out;
+        for (new, old) in keep.iter().enumerate() {
+            if !self
+                .tensors
+                .keys()
+                .any(|k| k.starts_with(&format!("{prefix}{new}.")))
+            {
+                candle_core::bail!("{}: has no block {prefix}{old}", self.origin)
+            }
+        }
+        Ok(())
+    }
+
     /// The shape of tensor `name`, if present.
     pub fn dims(&self, name: &str) -> Option<Vec<usize>> {
         self.tensors.get(name).map(|t| t.dims().to_vec())
@@ -558,6 +591,30 @@ fn initialise(shape: &Shape, init: Init, seed: u64, name: &str) -> Result<Tensor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_layers_renumbers_the_chosen_blocks_and_drops_the_rest() {
+        let t = |v: f32| Tensor::new(&[v], &Device::Cpu).unwrap();
+        let mut tensors = HashMap::new();
+        for i in 0..6 {
+            tensors.insert(format!("enc.layer.{i}.w"), t(i as f32));
+            tensors.insert(format!("enc.layer.{i}.sub.b"), t(10.0 + i as f32));
+        }
+        tensors.insert("enc.layer.norm".into(), t(-1.0)); // not a numbered block: kept
+        tensors.insert("head.w".into(), t(-2.0));
+        let mut l = Loaded::from_tensors(tensors, "test");
+        l.keep_layers("enc.layer.", &[4, 0, 2]).unwrap();
+        let v = |n: &str| l.tensors[n].to_vec1::<f32>().unwrap()[0];
+        assert_eq!(
+            (v("enc.layer.0.w"), v("enc.layer.1.w"), v("enc.layer.2.w")),
+            (4.0, 0.0, 2.0)
+        );
+        assert_eq!(v("enc.layer.1.sub.b"), 10.0);
+        assert_eq!((v("enc.layer.norm"), v("head.w")), (-1.0, -2.0));
+        assert_eq!(l.tensors.len(), 3 * 2 + 2);
+        let err = l.keep_layers("enc.layer.", &[0, 7]).unwrap_err().to_string();
+        assert!(err.contains("no block enc.layer.7"), "{err}");
+    }
 
     #[test]
     fn seeded_initialisation_is_reproducible_and_per_name() {

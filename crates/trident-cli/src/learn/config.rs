@@ -213,6 +213,11 @@ pub enum ModelConfig {
         /// Train only the head.
         #[serde(default)]
         freeze_encoder: bool,
+        /// Keep only these encoder layers of the pretrained model, in this order (a
+        /// shallower student initialised from its teacher, e.g. `[0, 2, 4]`: every other
+        /// layer of a 6-layer model). All layers when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        layers: Option<Vec<usize>>,
     },
     /// A ViT trained from scratch.
     Vit(VitConfig),

@@ -1,6 +1,7 @@
 //! `trident train`, `trident eval` and `trident predict`.
 
 pub mod config;
+pub mod report;
 pub mod task;
 
 use anyhow::{bail, Context};
@@ -312,7 +313,7 @@ fn run<D: Dataset + 'static>(
         "{:?}|{:?}|{:?}|{}|{:?}",
         c.data, c.loader, c.model, c.run.seed, c.distill
     );
-    let summary = match (teacher, &c.distill) {
+    let (summary, teacher) = match (teacher, &c.distill) {
         (Some((teacher, cache)), Some(d)) => {
             let step = Distill::new(model, teacher, d.loss, cache);
             if step.cache.is_some() {
@@ -331,10 +332,14 @@ fn run<D: Dataset + 'static>(
                 step.cached_batches.load(Ordering::Relaxed) - cached0
             );
             model = step.student;
-            s
+            (s, Some(step.teacher))
         }
-        _ => trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, &data_hash)?,
+        _ => (
+            trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, &data_hash)?,
+            None,
+        ),
     };
+    let peak_rss = report::peak_rss_bytes();
     if summary.interrupted {
         eprintln!(
             "stopped at epoch {}, batch {}: resume with `trident {} --config {} --resume`",
@@ -351,7 +356,9 @@ fn run<D: Dataset + 'static>(
     // Test the best checkpoint.
     let best = dir.join("best");
     trident_train::checkpoint::load_weights(&best, &model.params)?;
+    let t0 = std::time::Instant::now();
     let ev = evaluate(&model, &splits.test, classes.len())?;
+    let eval_seconds = t0.elapsed().as_secs_f64();
     let out = dir.join("test");
     write_report(&out, &ev, &classes)?;
     eprintln!(
@@ -361,6 +368,54 @@ fn run<D: Dataset + 'static>(
         ev.report.macro_f1,
         ev.loss,
         out.display()
+    );
+    let first = splits.test.epoch(0).next().context("the test split is empty")??;
+    let student = report::facts(
+        &model,
+        &ev,
+        eval_seconds,
+        &first,
+        Some(&best.join("model.safetensors")),
+    )?;
+    let distill = match (teacher, &c.distill) {
+        (Some(teacher), Some(d)) => {
+            let t0 = std::time::Instant::now();
+            let tev = evaluate(&teacher, &splits.test, classes.len())?;
+            let t = report::facts(
+                &teacher,
+                &tev,
+                t0.elapsed().as_secs_f64(),
+                &first,
+                Some(&d.teacher.join("model.safetensors")),
+            )?;
+            Some(report::DistillFacts {
+                mode: format!("{:?}", d.mode).to_lowercase(),
+                loss: format!("{:?}", d.loss),
+                param_ratio: student.params as f64 / t.params.max(1) as f64,
+                accuracy_retained_pct: 100.0 * student.test_accuracy / t.test_accuracy.max(1e-12),
+                macro_f1_retained_pct: 100.0 * student.test_macro_f1 / t.test_macro_f1.max(1e-12),
+                latency_speedup: t.latency.p50_ms / student.latency.p50_ms.max(1e-12),
+                teacher: t,
+            })
+        }
+        _ => None,
+    };
+    let epochs = report::epoch_seconds(dir);
+    let rep = report::RunReport {
+        student,
+        median_epoch_seconds: report::median(&epochs),
+        epoch_seconds: epochs,
+        peak_rss_bytes: peak_rss,
+        distill,
+    };
+    write_atomic(
+        &dir.join("report.json"),
+        serde_json::to_string_pretty(&rep)?.as_bytes(),
+    )?;
+    eprintln!(
+        "report → {}\n{}",
+        dir.join("report.json").display(),
+        rep.summary()
     );
     Ok(())
 }

@@ -25,6 +25,44 @@ pub enum Batch {
     Image(Tensor, Vec<usize>),
 }
 
+impl Batch {
+    /// Examples in the batch.
+    pub fn len(&self) -> usize {
+        match self {
+            Batch::Text(_, l) | Batch::Image(_, l) => l.len(),
+        }
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Example `i` alone, as a batch of one (text without the batch's padding).
+    pub fn row(&self, i: usize) -> candle_core::Result<Batch> {
+        match self {
+            Batch::Image(x, l) => Ok(Batch::Image(x.narrow(0, i, 1)?, vec![l[i]])),
+            Batch::Text(b, l) => {
+                let len = b
+                    .mask
+                    .narrow(0, i, 1)?
+                    .to_dtype(candle_core::DType::F32)?
+                    .sum_all()?
+                    .to_scalar::<f32>()? as usize;
+                let cut = |t: &Tensor| t.narrow(0, i, 1)?.narrow(1, 0, len.max(1));
+                Ok(Batch::Text(
+                    TextBatch {
+                        ids: cut(&b.ids)?,
+                        type_ids: cut(&b.type_ids)?,
+                        mask: cut(&b.mask)?,
+                    },
+                    vec![l[i]],
+                ))
+            }
+        }
+    }
+}
+
 impl trident_train::distill::RowKeys for Batch {
     /// Images: the bytes of each normalised image (an augmented view is another key).
     /// Text: the unpadded token ids of each row (padding depends on the batch).
@@ -216,13 +254,28 @@ impl Model {
                 pretrained,
                 pooling,
                 freeze_encoder,
+                layers,
             } => {
                 let dir = asset_dir(pretrained);
-                let config = BertConfig::read(&dir.join("config.json"))?;
+                let mut config = BertConfig::read(&dir.join("config.json"))?;
+                // A checkpoint's config.json already describes the kept layers.
+                if let (Some(keep), None) = (layers, weights_dir) {
+                    let n = config.num_hidden_layers;
+                    if keep.is_empty() || keep.iter().any(|&l| l >= n) {
+                        bail!(
+                            "model.layers = {keep:?}: {} has encoder layers 0..{n}; list one or more of them",
+                            dir.display()
+                        );
+                    }
+                    config.num_hidden_layers = keep.len();
+                }
                 let loaded = match weights_dir {
                     Some(_) => None,
                     None => {
                         let mut l = load_bert_weights(&dir)?;
+                        if let Some(keep) = layers {
+                            l.keep_layers("bert.encoder.layer.", keep)?;
+                        }
                         // A pretrained head for another label set is replaced by a new one.
                         if l.dims("classifier.weight")
                             .is_some_and(|d| d.first() != Some(&classes))
@@ -354,8 +407,18 @@ impl Model {
             Ok(())
         };
         match &self.card.model {
-            ModelConfig::Bert { pretrained, .. } => {
+            ModelConfig::Bert {
+                pretrained, layers, ..
+            } => {
                 copy(pretrained.join("config.json"), "config.json", &mut files)?;
+                if let Some(keep) = layers {
+                    // The checkpoint's config describes the student: only the kept layers.
+                    let (_, bytes) = files.last_mut().expect("just pushed");
+                    let mut json: serde_json::Value = serde_json::from_slice(bytes)
+                        .with_context(|| pretrained.join("config.json").display().to_string())?;
+                    json["num_hidden_layers"] = keep.len().into();
+                    *bytes = serde_json::to_vec_pretty(&json)?;
+                }
                 copy(pretrained.join("tokenizer.json"), "tokenizer.json", &mut files)?;
             }
             ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {

@@ -1,7 +1,7 @@
 //! Helpers shared by the CLI's end-to-end tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Runs the `trident` binary with `args` in `cwd`.
@@ -40,4 +40,28 @@ pub fn write_idx(path: &Path, dims: &[u32], data: &[u8]) {
     }
     bytes.extend(data);
     std::fs::write(path, bytes).unwrap();
+}
+
+/// The tiny random BERT fixture of trident-nn (2 layers, hidden 16, 50-token vocabulary).
+pub fn tiny_bert() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trident-nn/tests/fixtures/tiny_bert")
+}
+
+/// 80 short reviews: "good/great/love/fine" ones are positive, "bad/awful/hate/poor" negative.
+pub fn write_texts(dir: &Path) -> PathBuf {
+    let pos = ["good", "great", "love", "fine"];
+    let neg = ["bad", "awful", "hate", "poor"];
+    let mut text = String::new();
+    for i in 0..80 {
+        let (w, label) = if i % 2 == 0 {
+            (pos[i / 2 % 4], "positive")
+        } else {
+            (neg[i / 2 % 4], "negative")
+        };
+        let filler = ["the movie was", "it is a", "the plot is very", "film and"][i % 4];
+        text += &format!("{filler} {w}\t{label}\n");
+    }
+    let f = dir.join("reviews.tsv");
+    std::fs::write(&f, text).unwrap();
+    f
 }
