@@ -168,6 +168,29 @@ fn a_student_learns_from_a_frozen_teacher() {
         );
         assert!(accuracy(&d.join(run)) >= 0.9, "{run}");
     }
+    // Top-k storage: its own file beside the teacher (2 of 4 logits a row), a student
+    // that learns from it, and no top-k in online mode.
+    let top = distill.replace(
+        "teacher/best\"\n",
+        "teacher/best\"\nmode = \"cached\"\ntop_k = 2\n",
+    );
+    std::fs::write(
+        d.join("top.toml"),
+        config("kind = \"cnn\"\nwidth = 2", "top", &top),
+    )
+    .unwrap();
+    ok_log(&trident(&["distill", "--config", "top.toml"], d));
+    assert!(d.join("teacher/teacher-logits-top2.bin").is_file());
+    assert!(accuracy(&d.join("top")) >= 0.9);
+    let online_top = distill.replace("teacher/best\"\n", "teacher/best\"\ntop_k = 2\n");
+    std::fs::write(
+        d.join("t2.toml"),
+        config("kind = \"cnn\"\nwidth = 2", "t2", &online_top),
+    )
+    .unwrap();
+    let err = failed(&trident(&["distill", "--config", "t2.toml"], d));
+    assert!(err.contains("distill.top_k is only used with"), "{err}");
+
     // The same cache for a changed teacher is refused before training.
     let cache = std::fs::read(d.join("logits.bin")).unwrap();
     let header_end = cache.iter().position(|&b| b == b'\n').unwrap();

@@ -11,7 +11,8 @@
 //! misses) and computed only on a miss. Filled once before training
 //! ([`Distill::teacher_logits`] over the epochs' views), the cache is a file reused by
 //! later epochs and runs; it records a fingerprint of the teacher's weights and is refused
-//! for another teacher.
+//! for another teacher. With many classes it can keep only each row's top-k logits (see
+//! [`LogitCache::open`]).
 
 use crate::trainer::{StepOutput, TrainStep};
 use candle_core::{Result, Tensor};
@@ -102,9 +103,18 @@ pub struct LogitCache {
     path: PathBuf,
     teacher: String,
     classes: usize,
-    map: HashMap<u64, Vec<f16>>,
+    top_k: Option<usize>,
+    map: HashMap<u64, Entry>,
     /// Entries added since the file was read or written.
     added: usize,
+}
+
+/// One row: every logit (`idx` empty), or the top-k logits at `idx` and `fill` for the
+/// other classes.
+struct Entry {
+    idx: Vec<u32>,
+    val: Vec<f16>,
+    fill: f16,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -112,7 +122,17 @@ struct CacheHeader {
     format: String,
     teacher: String,
     classes: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    top_k: Option<usize>,
     entries: usize,
+}
+
+/// "10 classes" or "1000 classes, top 20".
+fn layout(classes: usize, top_k: Option<usize>) -> String {
+    match top_k {
+        Some(k) => format!("{classes} classes, top {k}"),
+        None => format!("{classes} classes"),
+    }
 }
 
 const CACHE_FORMAT: &str = "trident-teacher-logits/1";
@@ -128,10 +148,10 @@ pub enum CacheError {
         /// What went wrong.
         message: String,
     },
-    /// The file holds another teacher's logits, or another class count.
+    /// The file holds another teacher's logits, another class count or another top-k.
     #[error(
-        "{path}: a stale teacher-logit cache: it was made for teacher {cached} with {cached_classes} classes, \
-         the teacher is now {current} with {classes} classes; delete the file (or set distill.cache \
+        "{path}: a stale teacher-logit cache: it was made for teacher {cached} with {cached_layout}, \
+         the run needs teacher {current} with {layout}; delete the file (or set distill.cache \
          to another path) to rebuild it"
     )]
     Stale {
@@ -139,12 +159,12 @@ pub enum CacheError {
         path: PathBuf,
         /// Fingerprint in the file.
         cached: String,
-        /// Class count in the file.
-        cached_classes: usize,
+        /// Classes (and top-k) in the file.
+        cached_layout: String,
         /// Fingerprint of the current teacher.
         current: String,
-        /// Class count of the current teacher.
-        classes: usize,
+        /// Classes (and top-k) the run needs.
+        layout: String,
     },
 }
 
@@ -161,7 +181,29 @@ pub fn teacher_fingerprint(checkpoint: &Path) -> std::result::Result<String, Cac
 impl LogitCache {
     /// Opens the cache at `path` for `teacher` (a [`teacher_fingerprint`]) and `classes`:
     /// reads it if it exists (refusing a stale one), else starts empty.
-    pub fn open(path: &Path, teacher: &str, classes: usize) -> std::result::Result<Self, CacheError> {
+    ///
+    /// With `top_k = Some(k)` (k < classes) a row keeps its k largest logits and one fill
+    /// value for the other classes, chosen so that their total probability at temperature
+    /// 1 is the teacher's (`fill = logsumexp(rest) − ln(classes − k)`): the softmax at T = 1
+    /// is exact for the top k and for the mass of the rest, which is spread evenly. Each row
+    /// then costs `6k + 2` bytes instead of `2·classes`.
+    pub fn open(
+        path: &Path,
+        teacher: &str,
+        classes: usize,
+        top_k: Option<usize>,
+    ) -> std::result::Result<Self, CacheError> {
+        if let Some(k) = top_k {
+            if k == 0 || k >= classes {
+                return Err(CacheError::Io {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "top-k storage needs 0 < k < {classes} (the class count), got {k}; \
+                         without top-k every logit is kept"
+                    ),
+                });
+            }
+        }
         let io = |e: std::io::Error| CacheError::Io {
             path: path.to_path_buf(),
             message: e.to_string(),
@@ -170,6 +212,7 @@ impl LogitCache {
             path: path.to_path_buf(),
             teacher: teacher.to_string(),
             classes,
+            top_k,
             map: HashMap::new(),
             added: 0,
         };
@@ -191,29 +234,64 @@ impl LogitCache {
                 message: format!("format {:?}, expected {CACHE_FORMAT:?}", header.format),
             });
         }
-        if header.teacher != teacher || header.classes != classes {
+        if header.teacher != teacher || header.classes != classes || header.top_k != top_k {
             return Err(CacheError::Stale {
                 path: path.to_path_buf(),
                 cached: header.teacher,
-                cached_classes: header.classes,
+                cached_layout: layout(header.classes, header.top_k),
                 current: teacher.to_string(),
-                classes,
+                layout: layout(classes, top_k),
             });
         }
-        let mut entry = vec![0u8; 8 + 2 * classes];
+        let f16s = |b: &[u8]| -> Vec<f16> {
+            b.chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .collect()
+        };
+        let mut entry = vec![0u8; cache.entry_bytes()];
         for _ in 0..header.entries {
             r.read_exact(&mut entry).map_err(|e| CacheError::Io {
                 path: path.to_path_buf(),
                 message: format!("truncated ({e})"),
             })?;
             let key = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
-            let logits = entry[8..]
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]))
-                .collect();
-            cache.map.insert(key, logits);
+            let e = match top_k {
+                None => Entry {
+                    idx: Vec::new(),
+                    val: f16s(&entry[8..]),
+                    fill: f16::ZERO,
+                },
+                Some(k) => {
+                    let idx: Vec<u32> = entry[8..8 + 4 * k]
+                        .chunks_exact(4)
+                        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                        .collect();
+                    if let Some(bad) = idx.iter().find(|&&i| i as usize >= classes) {
+                        return Err(CacheError::Io {
+                            path: path.to_path_buf(),
+                            message: format!("corrupt: class index {bad} of {classes} classes"),
+                        });
+                    }
+                    let vals = f16s(&entry[8 + 4 * k..]);
+                    Entry {
+                        idx,
+                        fill: vals[k],
+                        val: vals[..k].to_vec(),
+                    }
+                }
+            };
+            cache.map.insert(key, e);
         }
         Ok(cache)
+    }
+
+    /// Bytes of one row in the file: key, then the logits (dense) or the top-k indices,
+    /// their logits and the fill value.
+    fn entry_bytes(&self) -> usize {
+        8 + match self.top_k {
+            None => 2 * self.classes,
+            Some(k) => 6 * k + 2,
+        }
     }
 
     /// Entries held.
@@ -235,9 +313,17 @@ impl LogitCache {
     pub fn get(&self, keys: &[u64]) -> Result<Option<Tensor>> {
         let mut out = Vec::with_capacity(keys.len() * self.classes);
         for k in keys {
-            match self.map.get(k) {
-                Some(v) => out.extend(v.iter().map(|x| x.to_f32())),
-                None => return Ok(None),
+            let Some(e) = self.map.get(k) else {
+                return Ok(None);
+            };
+            if e.idx.is_empty() {
+                out.extend(e.val.iter().map(|x| x.to_f32()));
+            } else {
+                let row = out.len();
+                out.resize(row + self.classes, e.fill.to_f32());
+                for (&i, v) in e.idx.iter().zip(&e.val) {
+                    out[row + i as usize] = v.to_f32();
+                }
             }
         }
         Tensor::from_vec(out, (keys.len(), self.classes), &candle_core::Device::Cpu).map(Some)
@@ -254,11 +340,27 @@ impl LogitCache {
                     self.classes
                 )
             }
-            if self
-                .map
-                .insert(*k, row.into_iter().map(f16::from_f32).collect())
-                .is_none()
-            {
+            let e = match self.top_k {
+                None => Entry {
+                    idx: Vec::new(),
+                    val: row.into_iter().map(f16::from_f32).collect(),
+                    fill: f16::ZERO,
+                },
+                Some(k) => {
+                    let mut order: Vec<usize> = (0..row.len()).collect();
+                    order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+                    let rest = &order[k..];
+                    let max = rest.iter().map(|&i| row[i]).fold(f32::NEG_INFINITY, f32::max);
+                    let sum: f64 = rest.iter().map(|&i| ((row[i] - max) as f64).exp()).sum();
+                    let fill = max as f64 + sum.ln() - (rest.len() as f64).ln();
+                    Entry {
+                        idx: order[..k].iter().map(|&i| i as u32).collect(),
+                        val: order[..k].iter().map(|&i| f16::from_f32(row[i])).collect(),
+                        fill: f16::from_f64(fill),
+                    }
+                }
+            };
+            if self.map.insert(*k, e).is_none() {
                 self.added += 1;
             }
         }
@@ -287,6 +389,7 @@ impl LogitCache {
                 format: CACHE_FORMAT.into(),
                 teacher: self.teacher.clone(),
                 classes: self.classes,
+                top_k: self.top_k,
                 entries: self.map.len(),
             };
             writeln!(w, "{}", serde_json::to_string(&header).expect("header")).map_err(io)?;
@@ -294,8 +397,15 @@ impl LogitCache {
             keys.sort_unstable();
             for k in keys {
                 w.write_all(&k.to_le_bytes()).map_err(io)?;
-                for x in &self.map[k] {
+                let e = &self.map[k];
+                for i in &e.idx {
+                    w.write_all(&i.to_le_bytes()).map_err(io)?;
+                }
+                for x in &e.val {
                     w.write_all(&x.to_le_bytes()).map_err(io)?;
+                }
+                if self.top_k.is_some() {
+                    w.write_all(&e.fill.to_le_bytes()).map_err(io)?;
                 }
             }
             w.flush().map_err(io)?;
@@ -407,14 +517,14 @@ mod tests {
     fn the_cache_round_trips_and_refuses_another_teacher() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/logits.bin");
-        let mut c = LogitCache::open(&path, "crc32c:1:2", 3).unwrap();
+        let mut c = LogitCache::open(&path, "crc32c:1:2", 3, None).unwrap();
         assert!(c.is_empty());
         let logits = Tensor::new(&[[1.0f32, -2.5, 3.25], [0.1, 0.2, 70000.0]], &Device::Cpu).unwrap();
         c.insert(&[7, 9], &logits).unwrap();
         assert!(c.get(&[7, 8]).unwrap().is_none(), "a missing key misses");
         c.save().unwrap();
 
-        let back = LogitCache::open(&path, "crc32c:1:2", 3).unwrap();
+        let back = LogitCache::open(&path, "crc32c:1:2", 3, None).unwrap();
         assert_eq!(back.len(), 2);
         let got = back.get(&[9, 7]).unwrap().unwrap().to_vec2::<f32>().unwrap();
         // f16: exact for these values but 0.1/0.2 (rounded) and 70000 (beyond f16: inf).
@@ -422,7 +532,7 @@ mod tests {
         assert!((got[0][0] - 0.1).abs() < 1e-4 && (got[0][1] - 0.2).abs() < 1e-4);
         assert!(got[0][2].is_infinite());
 
-        let stale = LogitCache::open(&path, "crc32c:ff:2", 3)
+        let stale = LogitCache::open(&path, "crc32c:ff:2", 3, None)
             .err()
             .unwrap()
             .to_string();
@@ -430,7 +540,7 @@ mod tests {
             stale.contains("stale") && stale.contains("crc32c:1:2") && stale.contains("crc32c:ff:2"),
             "{stale}"
         );
-        let classes = LogitCache::open(&path, "crc32c:1:2", 4)
+        let classes = LogitCache::open(&path, "crc32c:1:2", 4, None)
             .err()
             .unwrap()
             .to_string();
@@ -442,17 +552,89 @@ mod tests {
         // A truncated file is an error, not a smaller cache.
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
-        let e = LogitCache::open(&path, "crc32c:1:2", 3)
+        let e = LogitCache::open(&path, "crc32c:1:2", 3, None)
             .err()
             .unwrap()
             .to_string();
         assert!(e.contains("truncated"), "{e}");
         std::fs::write(&path, b"hello\n").unwrap();
-        let e = LogitCache::open(&path, "crc32c:1:2", 3)
+        let e = LogitCache::open(&path, "crc32c:1:2", 3, None)
             .err()
             .unwrap()
             .to_string();
         assert!(e.contains("not a teacher-logit cache"), "{e}");
+    }
+
+    #[test]
+    fn top_k_storage_keeps_the_top_probabilities_and_the_mass_of_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let (classes, k) = (50, 5);
+        let row: Vec<f32> = (0..classes)
+            .map(|i| ((i * 37 % 50) as f32 - 25.0) / 6.0)
+            .collect();
+        let logits = Tensor::from_vec(row.clone(), (1, classes), &Device::Cpu).unwrap();
+        let softmax = |z: &[f32]| -> Vec<f64> {
+            let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f64> = z.iter().map(|v| ((v - m) as f64).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.iter().map(|v| v / s).collect()
+        };
+        let p = softmax(&row);
+        let mut order: Vec<usize> = (0..classes).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+
+        let path = dir.path().join("top.bin");
+        let mut c = LogitCache::open(&path, "t", classes, Some(k)).unwrap();
+        c.insert(&[1], &logits).unwrap();
+        c.save().unwrap();
+        let back = LogitCache::open(&path, "t", classes, Some(k)).unwrap();
+        let got = back.get(&[1]).unwrap().unwrap().to_vec2::<f32>().unwrap();
+        let q = softmax(&got[0]);
+        // f16 logits: a relative error of about 1e-3 in each probability.
+        for &i in &order[..k] {
+            assert!(
+                (q[i] - p[i]).abs() < 2e-3 * p[i].max(1e-3),
+                "class {i}: {} vs {}",
+                q[i],
+                p[i]
+            );
+        }
+        let rest = |v: &[f64]| order[k..].iter().map(|&i| v[i]).sum::<f64>();
+        assert!((rest(&q) - rest(&p)).abs() < 2e-3, "{} vs {}", rest(&q), rest(&p));
+        // The rest share their mass evenly.
+        let first = q[order[k]];
+        assert!(order[k..].iter().all(|&i| q[i] == first));
+        // 8 + 6k + 2 bytes a row instead of 8 + 2·classes.
+        let header = std::fs::read(&path)
+            .unwrap()
+            .iter()
+            .position(|&b| b == b'\n')
+            .unwrap()
+            + 1;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len() as usize,
+            header + 8 + 6 * k + 2
+        );
+
+        // Another k, or none, is another cache; k must be below the class count.
+        let e = LogitCache::open(&path, "t", classes, Some(10))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("50 classes, top 5") && e.contains("50 classes, top 10"),
+            "{e}"
+        );
+        let e = LogitCache::open(&path, "t", classes, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("stale"), "{e}");
+        let e = LogitCache::open(&dir.path().join("x"), "t", 4, Some(4))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("0 < k < 4"), "{e}");
     }
 
     #[test]

@@ -35,9 +35,14 @@ pub struct DistillSection {
     /// example view and kept in `cache`.
     #[serde(default)]
     pub mode: DistillMode,
-    /// Cached mode's file (default: `teacher-logits.bin` in the teacher's run directory).
+    /// Cached mode's file (default: `teacher-logits.bin`, or `teacher-logits-top{k}.bin`,
+    /// in the teacher's run directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<PathBuf>,
+    /// Cached mode with many classes: keep each example's `top_k` largest teacher logits
+    /// (and one value standing for the rest) instead of all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -56,7 +61,10 @@ impl DistillSection {
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."))
-                .join("teacher-logits.bin")
+                .join(match self.top_k {
+                    Some(k) => format!("teacher-logits-top{k}.bin"),
+                    None => "teacher-logits.bin".into(),
+                })
         })
     }
 }
@@ -327,6 +335,10 @@ impl RunConfig {
             anyhow::ensure!(
                 d.cache.is_none() || d.mode == DistillMode::Cached,
                 "distill.cache is only used with distill.mode = \"cached\" (the mode is online)"
+            );
+            anyhow::ensure!(
+                d.top_k.is_none() || d.mode == DistillMode::Cached,
+                "distill.top_k is only used with distill.mode = \"cached\" (the mode is online)"
             );
         }
         let l = &self.loader;

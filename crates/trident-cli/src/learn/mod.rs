@@ -213,7 +213,7 @@ fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<(Model,
         DistillMode::Online => None,
         DistillMode::Cached => {
             let fingerprint = teacher_fingerprint(dir)?;
-            let cache = LogitCache::open(&d.cache_path(), &fingerprint, teacher.card.classes.len())?;
+            let cache = LogitCache::open(&d.cache_path(), &fingerprint, teacher.card.classes.len(), d.top_k)?;
             eprintln!(
                 "teacher-logit cache {}: {} entries for teacher {fingerprint}",
                 cache.path().display(),
