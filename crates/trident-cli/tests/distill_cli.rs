@@ -329,6 +329,30 @@ fn text_students_learn_from_a_bert_teacher() {
     // The student's checkpoint loads alone.
     ok_log(&trident(&["eval", "--model", "shallow/best"], d));
 
+    // Hidden-state matching (online): the student's embeddings and layer match the
+    // teacher's embeddings and last layer.
+    let hidden = "[distill]\nteacher = \"teacher/best\"\n[distill.hidden]\npairs = [[0, 0], [1, 2]]\nweight = 0.5\n[distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.5\n";
+    let f = text_run(d, "matched", layers, hidden);
+    ok_log(&trident(&["distill", "--config", &f], d));
+    assert!(accuracy(&d.join("matched")) >= 0.9);
+    for (name, section, want) in [
+        (
+            "pair-range",
+            hidden.replace("[1, 2]", "[1, 3]"),
+            "[1, 3] is out of range",
+        ),
+        (
+            "pair-cached",
+            hidden.replace("teacher/best\"\n", "teacher/best\"\nmode = \"cached\"\n"),
+            "distill.hidden needs distill.mode = \"online\"",
+        ),
+    ] {
+        let f = text_run(d, name, layers, &section);
+        let err = failed(&trident(&["distill", "--config", &f], d));
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(!d.join(name).exists());
+    }
+
     // A BiLSTM on the teacher's tokenizer.
     let lstm = format!(
         "kind = \"lstm\"\ntokenizer = \"{}\"\nembed = 16\nhidden = 16",
@@ -337,6 +361,10 @@ fn text_students_learn_from_a_bert_teacher() {
     let f = text_run(d, "lstm", &lstm, distill);
     ok_log(&trident(&["distill", "--config", &f], d));
     assert!(accuracy(&d.join("lstm")) >= 0.9);
+    // It has no transformer layers to match.
+    let f = text_run(d, "lstm-hidden", &lstm, hidden);
+    let err = failed(&trident(&["distill", "--config", &f], d));
+    assert!(err.contains("must both be one"), "{err}");
 
     // Refused before training: another tokenizer (two words swap ids), missing layers.
     let tok = std::fs::read_to_string(bert.join("tokenizer.json"))

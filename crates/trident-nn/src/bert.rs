@@ -239,7 +239,18 @@ impl BertClassifier {
     /// Logits `[batch, classes]`.
     pub fn forward(&self, b: &TextBatch, ctx: &Ctx) -> Result<Tensor> {
         let h = self.bert.forward(b, ctx)?;
-        let pooled = self.bert.pool(&h, b, self.pooling)?;
+        self.head(&h, b, ctx)
+    }
+
+    /// Logits and every hidden state (after the embeddings and after each layer).
+    pub fn forward_hidden(&self, b: &TextBatch, ctx: &Ctx) -> Result<(Tensor, Vec<Tensor>)> {
+        let states = self.bert.hidden_states(b, ctx)?;
+        let last = states.last().expect("embeddings at least");
+        Ok((self.head(last, b, ctx)?, states))
+    }
+
+    fn head(&self, h: &Tensor, b: &TextBatch, ctx: &Ctx) -> Result<Tensor> {
+        let pooled = self.bert.pool(h, b, self.pooling)?;
         self.classifier.forward(&self.drop.forward(&pooled, ctx)?)
     }
 }

@@ -14,7 +14,7 @@
 //! for another teacher. With many classes it can keep only each row's top-k logits (see
 //! [`LogitCache::open`]).
 
-use crate::trainer::{StepOutput, TrainStep};
+use crate::trainer::{HiddenStates, StepOutput, TrainStep};
 use candle_core::{Result, Tensor};
 use half::f16;
 use serde::{Deserialize, Serialize};
@@ -77,6 +77,36 @@ impl KdLoss {
             }
         }
     }
+}
+
+/// Hidden-state matching (TinyBERT, Jiao et al. 2020): `weight · mean over pairs of
+/// MSE(student state s, teacher state t)` over the real tokens, added to the logit loss.
+/// State 0 is the embeddings' output, state i the output of layer i. Student and teacher
+/// must have the same hidden size (TinyBERT's learned projection is not built).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HiddenMatch {
+    /// `[student state, teacher state]` pairs, e.g. `[[1, 2], [2, 4], [3, 6]]`.
+    pub pairs: Vec<[usize; 2]>,
+    /// The weight of the hidden-state term.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The mean squared error between `[batch, seq, hidden]` states over the tokens where
+/// `mask` (`[batch, seq]`, f32) is 1: `Σ((s − t)·mask)² / (Σmask · hidden)`. `teacher` gets
+/// no gradient.
+pub fn hidden_mse(student: &Tensor, teacher: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let hidden = student.dim(2)?;
+    let diff = (student - teacher.detach())?.broadcast_mul(&mask.unsqueeze(2)?)?;
+    let tokens = mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
+    diff.sqr()?
+        .sum_all()?
+        .affine(1.0 / (tokens as f64 * hidden as f64), 0.0)
 }
 
 /// A batch whose rows can be told apart by content: the cache's keys.
@@ -431,6 +461,8 @@ pub struct Distill<S, T> {
     pub teacher_batches: AtomicU64,
     /// Batches answered from the cache.
     pub cached_batches: AtomicU64,
+    /// Hidden-state matching (online mode only).
+    pub hidden: Option<HiddenMatch>,
 }
 
 impl<S, T> Distill<S, T>
@@ -448,7 +480,14 @@ where
             cache: cache.map(Mutex::new),
             teacher_batches: AtomicU64::new(0),
             cached_batches: AtomicU64::new(0),
+            hidden: None,
         }
+    }
+
+    /// Adds hidden-state matching: the teacher then runs on every batch (no cache).
+    pub fn with_hidden(mut self, hidden: HiddenMatch) -> Self {
+        self.hidden = Some(hidden);
+        self
     }
 
     /// The teacher's logits for `batch` (detached): from the cache when every row is
@@ -480,6 +519,50 @@ where
     }
 }
 
+impl<S, T> Distill<S, T>
+where
+    S: TrainStep,
+    S::Batch: RowKeys,
+    T: TrainStep<Batch = S::Batch>,
+{
+    /// A training step with hidden-state matching: both models return their states.
+    fn forward_matching(&self, h: &HiddenMatch, batch: &S::Batch, ctx: &Ctx) -> Result<StepOutput> {
+        if self.cache.is_some() {
+            candle_core::bail!("hidden-state matching runs the teacher online; it has no cached mode")
+        }
+        let missing = |who: &str| candle_core::Error::Msg(format!("the {who} has no hidden states to match"));
+        let (out, hs) = self
+            .student
+            .forward_hidden(batch, ctx)?
+            .ok_or_else(|| missing("student"))?;
+        let (tout, ht) = self
+            .teacher
+            .forward_hidden(batch, &Ctx::eval())?
+            .ok_or_else(|| missing("teacher"))?;
+        self.teacher_batches.fetch_add(1, Ordering::Relaxed);
+        let labels = Tensor::from_iter(out.labels.iter().map(|&l| l as u32), out.logits.device())?;
+        let mut loss = self.loss.compute(&out.logits, &tout.logits.detach(), &labels)?;
+        let scale = h.weight / h.pairs.len().max(1) as f64;
+        for &[s, t] in &h.pairs {
+            let state = |hs: &HiddenStates, i: usize, who: &str| {
+                hs.states.get(i).cloned().ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "distill.hidden: the {who} has states 0..={}, not {i}",
+                        hs.states.len() - 1
+                    ))
+                })
+            };
+            let mse = hidden_mse(&state(&hs, s, "student")?, &state(&ht, t, "teacher")?, &hs.mask)?;
+            loss = (loss + mse.affine(scale, 0.0)?)?;
+        }
+        Ok(StepOutput {
+            loss,
+            logits: out.logits,
+            labels: out.labels,
+        })
+    }
+}
+
 impl<S, T> TrainStep for Distill<S, T>
 where
     S: TrainStep,
@@ -489,6 +572,9 @@ where
     type Batch = S::Batch;
 
     fn forward(&self, batch: &Self::Batch, ctx: &Ctx) -> Result<StepOutput> {
+        if let (Some(h), true) = (&self.hidden, ctx.train) {
+            return self.forward_matching(h, batch, ctx);
+        }
         let out = self.student.forward(batch, ctx)?;
         if !ctx.train {
             // Evaluation reports the student's own loss on the true labels.
@@ -635,6 +721,99 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("0 < k < 4"), "{e}");
+    }
+
+    /// Fixed logits and hidden states, whatever the batch.
+    struct Fixed {
+        logits: Tensor,
+        states: Vec<Tensor>,
+        params: Params,
+    }
+
+    struct Rows(usize);
+
+    impl RowKeys for Rows {
+        fn row_keys(&self) -> Result<Vec<u64>> {
+            Ok((0..self.0 as u64).collect())
+        }
+    }
+
+    impl TrainStep for Fixed {
+        type Batch = Rows;
+        fn forward(&self, b: &Rows, _: &Ctx) -> Result<StepOutput> {
+            Ok(StepOutput {
+                loss: Tensor::new(0f32, &Device::Cpu)?,
+                logits: self.logits.clone(),
+                labels: vec![0; b.0],
+            })
+        }
+        fn params(&self) -> &Params {
+            &self.params
+        }
+        fn forward_hidden(&self, b: &Rows, ctx: &Ctx) -> Result<Option<(StepOutput, HiddenStates)>> {
+            let mask = Tensor::new(&[[1f32, 1.0, 0.0], [1.0, 0.0, 0.0]], &Device::Cpu)?;
+            let states = self.states.clone();
+            Ok(Some((self.forward(b, ctx)?, HiddenStates { states, mask })))
+        }
+    }
+
+    #[test]
+    fn hidden_matching_adds_the_weighted_mean_of_the_mapped_pairs() {
+        let dev = Device::Cpu;
+        let state = |v: f32| Tensor::full(v, (2, 3, 4), &dev).unwrap();
+        let logits = Tensor::new(&[[1f32, 0.0], [0.0, 2.0]], &dev).unwrap();
+        let fixed = |states| Fixed {
+            logits: logits.clone(),
+            states,
+            params: Params::new(),
+        };
+        let loss = KdLoss::Hard;
+        let plain = loss
+            .compute(&logits, &logits, &Tensor::new(&[0u32, 0], &dev).unwrap())
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        // Student states 0 and 1 are 1 and 3; the teacher's 0, 1, 2 are 0, 0 and 2.
+        let d = Distill::new(
+            fixed(vec![state(1.0), state(3.0)]),
+            fixed(vec![state(0.0), state(0.0), state(2.0)]),
+            loss,
+            None,
+        )
+        .with_hidden(HiddenMatch {
+            pairs: vec![[0, 0], [1, 2]],
+            weight: 2.0,
+        });
+        let got = d
+            .forward(&Rows(2), &Ctx::train(0, 0))
+            .unwrap()
+            .loss
+            .to_scalar::<f32>()
+            .unwrap();
+        // MSEs 1 and 1 (padding ignored), mean 1, weight 2.
+        assert!((got - (plain + 2.0)).abs() < 1e-6, "{got} vs {plain} + 2");
+        assert_eq!(d.teacher_batches.load(Ordering::Relaxed), 1);
+        // Evaluation is the student alone.
+        let eval = d
+            .forward(&Rows(2), &Ctx::eval())
+            .unwrap()
+            .loss
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(eval, 0.0);
+        // A state out of range is named.
+        let bad = Distill::new(fixed(vec![state(1.0)]), fixed(vec![state(0.0)]), loss, None).with_hidden(
+            HiddenMatch {
+                pairs: vec![[0, 3]],
+                weight: 1.0,
+            },
+        );
+        let e = bad
+            .forward(&Rows(2), &Ctx::train(0, 0))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("teacher has states 0..=0, not 3"), "{e}");
     }
 
     #[test]

@@ -33,6 +33,15 @@ pub struct StepOutput {
     pub labels: Vec<usize>,
 }
 
+/// Hidden states of a sequence model, for hidden-state distillation.
+#[derive(Debug, Clone)]
+pub struct HiddenStates {
+    /// `[batch, seq, hidden]` after the embeddings (index 0) and after each layer.
+    pub states: Vec<Tensor>,
+    /// `[batch, seq]`, 1 for real tokens and 0 for padding (f32).
+    pub mask: Tensor,
+}
+
 /// A model and its loss: what the trainer drives. Distillation, data parallelism and
 /// custom models implement this; the trainer owns only the loop.
 pub trait TrainStep {
@@ -42,6 +51,16 @@ pub trait TrainStep {
     fn forward(&self, batch: &Self::Batch, ctx: &Ctx) -> candle_core::Result<StepOutput>;
     /// The parameters the optimizer updates (trainable ones) and checkpoints save (all).
     fn params(&self) -> &Params;
+    /// [`TrainStep::forward`] that also returns the hidden states, for models that have
+    /// them (transformer encoders); `None` otherwise.
+    fn forward_hidden(
+        &self,
+        batch: &Self::Batch,
+        ctx: &Ctx,
+    ) -> candle_core::Result<Option<(StepOutput, HiddenStates)>> {
+        let _ = (batch, ctx);
+        Ok(None)
+    }
 }
 
 /// Early stopping and best-checkpoint selection.

@@ -1,6 +1,6 @@
 //! The distillation losses against PyTorch: values and gradients with respect to the
 //! student's logits (fixture: `tests/fixtures/make_distill_reference.py`), and no gradient
-//! for the teacher's logits.
+//! for the teacher's logits; the same for hidden-state matching.
 
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
@@ -71,6 +71,24 @@ fn losses_and_gradients_match_torch() {
     );
     let ds = kl.backward().unwrap().get(s.as_tensor()).unwrap().clone();
     assert!(max_diff(&ds, &r["kl.T4.grad"]) <= 1e-7);
+
+    // Hidden-state matching over the real tokens of a padded batch.
+    let hs = Var::from_tensor(&r["hidden.student"]).unwrap();
+    let ht = Var::from_tensor(&r["hidden.teacher"]).unwrap();
+    let mse = trident_train::distill::hidden_mse(hs.as_tensor(), ht.as_tensor(), &r["hidden.mask"]).unwrap();
+    let want = r["hidden.loss"].to_vec1::<f32>().unwrap()[0];
+    let got = mse.to_scalar::<f32>().unwrap();
+    assert!(
+        (got - want).abs() <= 1e-5 * want,
+        "hidden MSE {got} vs torch {want}"
+    );
+    let grads = mse.backward().unwrap();
+    let d = max_diff(grads.get(hs.as_tensor()).unwrap(), &r["hidden.grad"]);
+    assert!(d <= 1e-6, "hidden MSE gradient differs from torch by {d}");
+    assert!(
+        grads.get(ht.as_tensor()).is_none(),
+        "the teacher's states got a gradient"
+    );
 }
 
 #[test]

@@ -43,6 +43,10 @@ pub struct DistillSection {
     /// (and one value standing for the rest) instead of all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<usize>,
+    /// Hidden-state matching between transformer layers (online mode):
+    /// `[distill.hidden] pairs = [[student state, teacher state], …]`, `weight`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<trident_train::distill::HiddenMatch>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -336,6 +340,21 @@ impl RunConfig {
                 d.cache.is_none() || d.mode == DistillMode::Cached,
                 "distill.cache is only used with distill.mode = \"cached\" (the mode is online)"
             );
+            if let Some(h) = &d.hidden {
+                anyhow::ensure!(
+                    d.mode == DistillMode::Online,
+                    "distill.hidden needs distill.mode = \"online\": hidden states are not cached"
+                );
+                anyhow::ensure!(
+                    !h.pairs.is_empty(),
+                    "distill.hidden.pairs is empty: list [student state, teacher state] pairs"
+                );
+                anyhow::ensure!(
+                    h.weight >= 0.0 && h.weight.is_finite(),
+                    "distill.hidden.weight must be >= 0, got {}",
+                    h.weight
+                );
+            }
             anyhow::ensure!(
                 d.top_k.is_none() || d.mode == DistillMode::Cached,
                 "distill.top_k is only used with distill.mode = \"cached\" (the mode is online)"

@@ -208,6 +208,27 @@ fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<(Model,
             dir.display()
         ),
     }
+    if let Some(h) = &d.hidden {
+        let (Some((ts, tw)), Some((ss, sw))) = (teacher.hidden_layout(), student.hidden_layout()) else {
+            bail!("distill.hidden matches transformer (bert) layers; the teacher and the student must both be one")
+        };
+        if tw != sw {
+            bail!(
+                "distill.hidden: the student's hidden size is {sw}, the teacher's {tw}; matching needs \
+                 them equal (a learned projection is not built)"
+            )
+        }
+        for &[s, t] in &h.pairs {
+            if s >= ss || t >= ts {
+                bail!(
+                    "distill.hidden.pairs: [{s}, {t}] is out of range: the student has states 0..={}, \
+                     the teacher 0..={} (0 = embeddings, i = after layer i)",
+                    ss - 1,
+                    ts - 1
+                )
+            }
+        }
+    }
     teacher.params.set_trainable("", false);
     let cache = match d.mode {
         DistillMode::Online => None,
@@ -315,7 +336,10 @@ fn run<D: Dataset + 'static>(
     );
     let (summary, teacher) = match (teacher, &c.distill) {
         (Some((teacher, cache)), Some(d)) => {
-            let step = Distill::new(model, teacher, d.loss, cache);
+            let mut step = Distill::new(model, teacher, d.loss, cache);
+            if let Some(h) = &d.hidden {
+                step = step.with_hidden(h.clone());
+            }
             if step.cache.is_some() {
                 let augmented = c.data.image_options().is_some_and(|o| o.augment);
                 fill_cache(&step, &splits.train, if augmented { c.train.epochs } else { 1 })?;

@@ -15,6 +15,7 @@ use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, TextBatch,
 use trident_nn::rnn::{CellKind, RnnClassifier};
 use trident_nn::vision::{Cnn, Vit};
 use trident_nn::{ops, Ctx, Device, Loaded, Params, Tensor};
+use trident_train::trainer::HiddenStates;
 use trident_train::{StepOutput, TrainStep};
 
 /// A batch for any of the models.
@@ -235,9 +236,41 @@ impl TrainStep for Model {
     fn params(&self) -> &Params {
         &self.params
     }
+
+    fn forward_hidden(
+        &self,
+        batch: &Batch,
+        ctx: &Ctx,
+    ) -> candle_core::Result<Option<(StepOutput, HiddenStates)>> {
+        let (Batch::Text(b, labels), Net::Bert(m)) = (batch, &self.net) else {
+            return Ok(None);
+        };
+        let (logits, states) = m.forward_hidden(b, ctx)?;
+        let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
+        Ok(Some((
+            StepOutput {
+                loss: ops::cross_entropy(&logits, &y)?,
+                logits,
+                labels: labels.clone(),
+            },
+            HiddenStates {
+                states,
+                mask: b.mask.to_dtype(candle_core::DType::F32)?,
+            },
+        )))
+    }
 }
 
 impl Model {
+    /// Hidden states a transformer encoder exposes: their count (embeddings + layers) and
+    /// width; `None` for other networks.
+    pub fn hidden_layout(&self) -> Option<(usize, usize)> {
+        match &self.net {
+            Net::Bert(m) => Some((m.bert.config.num_hidden_layers + 1, m.bert.config.hidden_size)),
+            _ => None,
+        }
+    }
+
     /// Builds the model of `card`. `weights_dir` holds `model.safetensors` with every
     /// tensor (a checkpoint); without it, new layers are initialised from `seed` and a
     /// BERT encoder is loaded from its pretrained folder.
