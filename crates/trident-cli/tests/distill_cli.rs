@@ -329,6 +329,30 @@ fn text_students_learn_from_a_bert_teacher() {
     // The student's checkpoint loads alone.
     ok_log(&trident(&["eval", "--model", "shallow/best"], d));
 
+    // A narrower student (hidden 8 of 16): nothing of the teacher fits, so all of it is
+    // initialised, and its checkpoint describes its own width.
+    let narrow = format!("{layers}\nhidden = 8\nheads = 2\nintermediate = 16");
+    let f = text_run(d, "narrow", &narrow, distill);
+    let log = ok_log(&trident(&["distill", "--config", &f], d));
+    assert!(
+        log.contains("pretrained tensors of other shapes are initialised"),
+        "{log}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("narrow/best/config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (
+            &config["hidden_size"],
+            &config["num_attention_heads"],
+            &config["intermediate_size"]
+        ),
+        (&8.into(), &2.into(), &16.into())
+    );
+    ok_log(&trident(&["eval", "--model", "narrow/best"], d));
+    let f = text_run(d, "bad-heads", &narrow.replace("heads = 2", "heads = 3"), distill);
+    let err = failed(&trident(&["distill", "--config", &f], d));
+    assert!(err.contains("the heads must divide the hidden size"), "{err}");
+
     // Hidden-state matching (online): the student's embeddings and layer match the
     // teacher's embeddings and last layer.
     let hidden = "[distill]\nteacher = \"teacher/best\"\n[distill.hidden]\npairs = [[0, 0], [1, 2]]\nweight = 0.5\n[distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.5\n";
@@ -352,6 +376,10 @@ fn text_students_learn_from_a_bert_teacher() {
         assert!(err.contains(want), "{name}: {err}");
         assert!(!d.join(name).exists());
     }
+
+    let f = text_run(d, "narrow-hidden", &narrow, hidden);
+    let err = failed(&trident(&["distill", "--config", &f], d));
+    assert!(err.contains("hidden size is 8, the teacher's 16"), "{err}");
 
     // A BiLSTM on the teacher's tokenizer.
     let lstm = format!(

@@ -453,6 +453,22 @@ impl Loaded {
         Ok(())
     }
 
+    /// Drops the tensors whose shape differs from `shapes[name]` (a model of another width
+    /// initialised from this file "where shapes allow"); returns their names, sorted.
+    pub fn retain_matching(&mut self, shapes: &HashMap<String, Vec<usize>>) -> Vec<String> {
+        let mut dropped: Vec<String> = self
+            .tensors
+            .iter()
+            .filter(|(k, t)| shapes.get(*k).is_some_and(|s| s.as_slice() != t.dims()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        dropped.sort();
+        for k in &dropped {
+            self.tensors.remove(k);
+        }
+        dropped
+    }
+
     /// The shape of tensor `name`, if present.
     pub fn dims(&self, name: &str) -> Option<Vec<usize>> {
         self.tensors.get(name).map(|t| t.dims().to_vec())

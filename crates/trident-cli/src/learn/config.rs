@@ -230,6 +230,15 @@ pub enum ModelConfig {
         /// layer of a 6-layer model). All layers when absent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         layers: Option<Vec<usize>>,
+        /// A narrower student: its hidden size, attention heads and feed-forward width
+        /// (the pretrained model's when absent). Weights are taken from the pretrained file
+        /// where their shapes still fit; the rest are initialised.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hidden: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        heads: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        intermediate: Option<usize>,
     },
     /// A ViT trained from scratch.
     Vit(VitConfig),
@@ -244,6 +253,51 @@ pub enum ModelConfig {
     Lstm(RnnModel),
     /// Embedding + BiGRU text classifier.
     Gru(RnnModel),
+}
+
+/// Width overrides of a BERT student (`model.hidden`, `model.heads`, `model.intermediate`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BertWidth {
+    pub hidden: Option<usize>,
+    pub heads: Option<usize>,
+    pub intermediate: Option<usize>,
+}
+
+impl BertWidth {
+    /// The overrides of a model config (none for other kinds).
+    pub fn of(m: &ModelConfig) -> Self {
+        match m {
+            ModelConfig::Bert {
+                hidden,
+                heads,
+                intermediate,
+                ..
+            } => BertWidth {
+                hidden: *hidden,
+                heads: *heads,
+                intermediate: *intermediate,
+            },
+            _ => BertWidth::default(),
+        }
+    }
+
+    /// Whether any width is overridden.
+    pub fn any(&self) -> bool {
+        self.hidden.is_some() || self.heads.is_some() || self.intermediate.is_some()
+    }
+
+    /// Applies the overrides to a `config.json` value.
+    pub fn apply_json(&self, json: &mut serde_json::Value) {
+        for (key, v) in [
+            ("hidden_size", self.hidden),
+            ("num_attention_heads", self.heads),
+            ("intermediate_size", self.intermediate),
+        ] {
+            if let Some(v) = v {
+                json[key] = v.into();
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! Builds datasets, loaders and models from a [`RunConfig`], and the [`TrainStep`] that
 //! ties a model to its loss.
 
-use super::config::{DataConfig, ModelConfig, RunConfig};
+use super::config::{BertWidth, DataConfig, ModelConfig, RunConfig};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -288,9 +288,25 @@ impl Model {
                 pooling,
                 freeze_encoder,
                 layers,
+                ..
             } => {
                 let dir = asset_dir(pretrained);
                 let mut config = BertConfig::read(&dir.join("config.json"))?;
+                let width = BertWidth::of(&card.model);
+                // A checkpoint's config.json already describes the student's width.
+                if width.any() && weights_dir.is_none() {
+                    config.hidden_size = width.hidden.unwrap_or(config.hidden_size);
+                    config.num_attention_heads = width.heads.unwrap_or(config.num_attention_heads);
+                    config.intermediate_size = width.intermediate.unwrap_or(config.intermediate_size);
+                    let (h, a) = (config.hidden_size, config.num_attention_heads);
+                    if h == 0 || a == 0 || h % a != 0 || config.intermediate_size == 0 {
+                        bail!(
+                            "model.hidden = {h}, model.heads = {a}, model.intermediate = {}: the heads must \
+                             divide the hidden size and every width be at least 1",
+                            config.intermediate_size
+                        );
+                    }
+                }
                 // A checkpoint's config.json already describes the kept layers.
                 if let (Some(keep), None) = (layers, weights_dir) {
                     let n = config.num_hidden_layers;
@@ -319,12 +335,28 @@ impl Model {
                                 dir.display()
                             );
                         }
+                        if width.any() {
+                            // Initialised "where shapes allow": a throwaway build gives the
+                            // student's shapes, and weights of other shapes are dropped.
+                            let probe = Params::new();
+                            BertClassifier::new(&probe.builder(seed, None), &config, classes, *pooling)?;
+                            let shapes = probe
+                                .all()
+                                .into_iter()
+                                .map(|p| (p.name.clone(), p.var.dims().to_vec()))
+                                .collect();
+                            let dropped = l.retain_matching(&shapes);
+                            eprintln!(
+                                "narrow student: {} pretrained tensors of other shapes are initialised instead",
+                                dropped.len()
+                            );
+                        }
                         Some(l)
                     }
                 };
                 let pb = params.builder(seed, loaded);
                 let m = BertClassifier::new(&pb, &config, classes, *pooling)?;
-                if weights_dir.is_none() {
+                if weights_dir.is_none() && !width.any() {
                     let fresh: Vec<_> = params
                         .initialised_names()
                         .into_iter()
@@ -444,12 +476,16 @@ impl Model {
                 pretrained, layers, ..
             } => {
                 copy(pretrained.join("config.json"), "config.json", &mut files)?;
-                if let Some(keep) = layers {
-                    // The checkpoint's config describes the student: only the kept layers.
+                let width = BertWidth::of(&self.card.model);
+                if layers.is_some() || width.any() {
+                    // The checkpoint's config describes the student: its layers and widths.
                     let (_, bytes) = files.last_mut().expect("just pushed");
                     let mut json: serde_json::Value = serde_json::from_slice(bytes)
                         .with_context(|| pretrained.join("config.json").display().to_string())?;
-                    json["num_hidden_layers"] = keep.len().into();
+                    if let Some(keep) = layers {
+                        json["num_hidden_layers"] = keep.len().into();
+                    }
+                    width.apply_json(&mut json);
                     *bytes = serde_json::to_vec_pretty(&json)?;
                 }
                 copy(pretrained.join("tokenizer.json"), "tokenizer.json", &mut files)?;
