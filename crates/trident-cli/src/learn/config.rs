@@ -524,10 +524,16 @@ lr = 5e-5
         assert!(e.contains("line 16") && e.contains("invalid type"), "{e}");
         let bad = GOOD.replace(
             "pretrained = \"data/minilm\"",
+            "pretrained = \"data/minilm\"\ndepth = 3",
+        );
+        let e = RunConfig::parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("unknown field `depth`"), "{e}");
+        let bad = GOOD.replace(
+            "pretrained = \"data/minilm\"",
             "pretrained = \"data/minilm\"\nlayers = 3",
         );
         let e = RunConfig::parse(&bad).unwrap_err().to_string();
-        assert!(e.contains("unknown field `layers`"), "{e}");
+        assert!(e.contains("line 11") && e.contains("expected a sequence"), "{e}");
         let bad = GOOD.replace("kind = \"bert\"\npretrained = \"data/minilm\"", "kind = \"cnn\"");
         let e = RunConfig::parse(&bad).unwrap_err().to_string();
         assert!(e.contains("text model"), "{e}");
