@@ -105,6 +105,14 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp =
         tempfile::NamedTempFile::new_in(dir).with_context(|| format!("cannot write in {}", dir.display()))?;
     std::io::Write::write_all(&mut tmp, bytes).with_context(|| format!("writing {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        // NamedTempFile is private (0600); reports are ordinary, shareable files.
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     tmp.persist(path)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())

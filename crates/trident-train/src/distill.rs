@@ -413,6 +413,13 @@ impl LogitCache {
             .unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(io)?;
         let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+        #[cfg(unix)]
+        {
+            // NamedTempFile is private (0600); the cache is an ordinary, shareable file.
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(0o644);
+            tmp.as_file().set_permissions(mode).map_err(io)?;
+        }
         {
             let mut w = std::io::BufWriter::new(tmp.as_file_mut());
             let header = CacheHeader {
@@ -612,6 +619,12 @@ mod tests {
 
         let back = LogitCache::open(&path, "crc32c:1:2", 3, None).unwrap();
         assert_eq!(back.len(), 2);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o644, "the cache is readable by others, like any output");
+        }
         let got = back.get(&[9, 7]).unwrap().unwrap().to_vec2::<f32>().unwrap();
         // f16: exact for these values but 0.1/0.2 (rounded) and 70000 (beyond f16: inf).
         assert_eq!(got[1], vec![1.0, -2.5, 3.25]);
