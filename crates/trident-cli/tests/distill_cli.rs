@@ -359,6 +359,21 @@ fn text_students_learn_from_a_bert_teacher() {
     let f = text_run(d, "matched", layers, hidden);
     ok_log(&trident(&["distill", "--config", &f], d));
     assert!(accuracy(&d.join("matched")) >= 0.9);
+    // Interrupted after 2 optimizer steps and resumed, it ends with the same weights.
+    let f = text_run(d, "matched-parts", layers, hidden);
+    let log = ok_log(&trident(
+        &["distill", "--config", &f, "--stop-after-steps", "2"],
+        d,
+    ));
+    assert!(log.contains("resume with `trident distill"), "{log}");
+    ok_log(&trident(&["distill", "--config", &f, "--resume"], d));
+    for file in ["last/model.safetensors", "last/optimizer.safetensors"] {
+        assert!(
+            std::fs::read(d.join("matched").join(file)).unwrap()
+                == std::fs::read(d.join("matched-parts").join(file)).unwrap(),
+            "{file} differs between the uninterrupted and the resumed distillation"
+        );
+    }
     for (name, section, want) in [
         (
             "pair-range",
