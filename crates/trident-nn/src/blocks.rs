@@ -431,6 +431,27 @@ impl Sublayer {
     }
 }
 
+impl Sublayer {
+    /// The profiler's name for this block and the FLOPs of its forward matrix products
+    /// (input `dims` = `[…, hidden]`): Q/K/V and output projections plus the two attention
+    /// products, or the two feed-forward projections.
+    fn cost(&self, dims: &[usize]) -> (&'static str, u64) {
+        let d = dims.last().copied().unwrap_or(1).max(1);
+        let m = (dims.iter().product::<usize>() / d) as u64;
+        let d = d as u64;
+        match &self.inner {
+            Inner::Attention { batch, .. } => {
+                let seq = m / (*batch as u64).max(1);
+                ("attention-block", 2 * m * d * 4 * d + 4 * m * seq * d)
+            }
+            Inner::FeedForward { inter, .. } => {
+                let i = inter.weight.dims().first().copied().unwrap_or(0) as u64;
+                ("feed-forward-block", 4 * m * d * i)
+            }
+        }
+    }
+}
+
 impl CustomOp2 for Sublayer {
     fn name(&self) -> &'static str {
         "trident-sublayer"
@@ -443,6 +464,8 @@ impl CustomOp2 for Sublayer {
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let (kind, flops) = self.cost(l1.dims());
+        let _span = crate::trace::op_span_flops(kind, "op.fwd", flops);
         let x = f32_slice(s1, l1, "sublayer")?;
         // `apply` checked the last dimension against the layer norm.
         let d = l1.dims().last().copied().unwrap_or(1);
@@ -481,6 +504,8 @@ impl CustomOp2 for Sublayer {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (kind, flops) = self.cost(x.dims());
+        let _span = crate::trace::op_span_flops(kind, "op.bwd", 2 * flops);
         let g = g.contiguous()?;
         let d = x.dim(candle_core::D::Minus1)?;
         let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());

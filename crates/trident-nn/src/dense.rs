@@ -90,6 +90,13 @@ impl Linear {
     }
 }
 
+/// `2·m·n·k` for `x` `[…, k]` times `w` `[n, k]`ᵀ.
+fn linear_flops(x: &[usize], w: &[usize]) -> u64 {
+    let k = x.last().copied().unwrap_or(0).max(1);
+    let m = x.iter().product::<usize>() / k;
+    2 * (m * k * w.first().copied().unwrap_or(0)) as u64
+}
+
 impl CustomOp2 for Linear {
     fn name(&self) -> &'static str {
         "trident-linear"
@@ -102,6 +109,7 @@ impl CustomOp2 for Linear {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span_flops("linear", "op.fwd", linear_flops(l1.dims(), l2.dims()));
         let x = f32_slice(s1, l1, "linear")?;
         let w = f32_slice(s2, l2, "linear weight")?;
         self.forward(x, l1, w, l2, None)
@@ -114,6 +122,7 @@ impl CustomOp2 for Linear {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span_flops("linear", "op.bwd", 2 * linear_flops(x.dims(), w.dims()));
         let (dx, dw, _) = self.backward(x, w, g, false)?;
         Ok((Some(dx), Some(dw)))
     }
@@ -133,6 +142,7 @@ impl CustomOp3 for Linear {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span_flops("linear", "op.fwd", linear_flops(l1.dims(), l2.dims()));
         let x = f32_slice(s1, l1, "linear")?;
         let w = f32_slice(s2, l2, "linear weight")?;
         let bias = f32_slice(s3, l3, "linear bias")?;
@@ -147,6 +157,7 @@ impl CustomOp3 for Linear {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span_flops("linear", "op.bwd", 2 * linear_flops(x.dims(), w.dims()));
         let (dx, dw, db) = self.backward(x, w, g, true)?;
         Ok((Some(dx), Some(dw), db))
     }
@@ -461,6 +472,7 @@ impl CustomOp1 for Attention {
     }
 
     fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let (b, s, width3) = l.shape().dims3()?;
         let qkv = f32_slice(st, l, "attention")?;
         let out = self.forward_slices(qkv, b, s, width3);
@@ -468,6 +480,7 @@ impl CustomOp1 for Attention {
     }
 
     fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         let (b, s, width3) = qkv.dims3()?;
         let grad = grad.contiguous()?;
         let dqkv = {
@@ -500,6 +513,7 @@ impl CustomOp1 for Gelu {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s, l, "gelu")?;
         let mut out = vec![0f32; x.len()];
         for_rows(&mut out, BLOCK, |c, o| {
@@ -510,6 +524,7 @@ impl CustomOp1 for Gelu {
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &GeluGrad)?))
     }
 }
@@ -529,6 +544,7 @@ impl CustomOp2 for GeluGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s1, l1, "gelu backward")?;
         let g = f32_slice(s2, l2, "gelu backward")?;
         if x.len() != g.len() {

@@ -18,6 +18,7 @@ pub mod params;
 pub mod rnn;
 pub mod runtime;
 mod scratch;
+pub mod trace;
 pub mod transformer;
 pub mod vision;
 

@@ -121,6 +121,7 @@ impl CustomOp3 for LayerNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s1, l1, "layer_norm")?;
         let g = f32_slice(s2, l2, "layer_norm gamma")?;
         let b = f32_slice(s3, l3, "layer_norm beta")?;
@@ -148,6 +149,7 @@ impl CustomOp3 for LayerNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         let d = x.dim(candle_core::D::Minus1)?;
         let grad = grad.contiguous()?;
         let (sx, lx) = x.storage_and_layout();
@@ -292,6 +294,7 @@ impl CustomOp3 for AddLayerNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s1, l1, "add_layer_norm")?;
         let r = f32_slice(s2, l2, "add_layer_norm residual")?;
         let gb = f32_slice(s3, l3, "add_layer_norm gamma/beta")?;
@@ -319,6 +322,7 @@ impl CustomOp3 for AddLayerNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         let d = x.dim(candle_core::D::Minus1)?;
         let grad = grad.contiguous()?;
         let (dx, dg, db) = {
@@ -378,6 +382,7 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s, l, "softmax")?;
         let d = last_dim(l, "softmax")?;
         let mut out = vec![0f32; x.len()];
@@ -386,6 +391,7 @@ impl CustomOp1 for Softmax {
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         Ok(Some(res.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxGrad)?))
     }
 }
@@ -405,6 +411,7 @@ impl CustomOp2 for SoftmaxGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let y = f32_slice(s1, l1, "softmax backward")?;
         let g = f32_slice(s2, l2, "softmax backward")?;
         let d = last_dim(l1, "softmax backward")?;
@@ -454,6 +461,7 @@ impl CustomOp2 for CrossEntropy {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s1, l1, "cross_entropy")?;
         let labels = labels_of(s2, l2)?;
         let c = last_dim(l1, "cross_entropy")?;
@@ -479,6 +487,7 @@ impl CustomOp2 for CrossEntropy {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         let g = grad.to_scalar::<f32>()?;
         let c = logits.dim(candle_core::D::Minus1)?;
         let x = logits.flatten_all()?.to_vec1::<f32>()?;
@@ -546,6 +555,7 @@ impl CustomOp2 for DistillKl {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let s = f32_slice(s1, l1, "distill_kl")?;
         let t = f32_slice(s2, l2, "distill_kl")?;
         let c = last_dim(l1, "distill_kl")?;
@@ -577,6 +587,7 @@ impl CustomOp2 for DistillKl {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         // d/ds KL = (softmax(s/T) − softmax(t/T)) / T, averaged over the n rows.
         let g = grad.to_scalar::<f32>()?;
         let c = student.dim(candle_core::D::Minus1)?;
@@ -663,6 +674,7 @@ impl CustomOp3 for BatchNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s1, l1, "batch_norm")?;
         let g = f32_slice(s2, l2, "batch_norm gamma")?;
         let bt = f32_slice(s3, l3, "batch_norm beta")?;
@@ -697,6 +709,7 @@ impl CustomOp3 for BatchNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         let (b, c, h, w) = x.dims4()?;
         let hw = h * w;
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
@@ -822,6 +835,7 @@ impl CustomOp1 for Unfold {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s, l, "unfold")?;
         let (b, c, h, w, oh, ow) = self.geometry(l.dims())?;
         let per = oh * ow * c * self.k * self.k;
@@ -837,6 +851,7 @@ impl CustomOp1 for Unfold {
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let _span = crate::trace::op_span(self.name(), "op.bwd");
         let (b, c, h, w, oh, ow) = self.geometry(arg.dims())?;
         let g = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let per = oh * ow * c * self.k * self.k;

@@ -8,6 +8,7 @@ pub mod distill;
 pub mod metrics;
 pub mod optim;
 pub mod plot;
+pub mod profile;
 pub mod tensorboard;
 pub mod trainer;
 

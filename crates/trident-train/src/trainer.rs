@@ -200,6 +200,8 @@ pub struct FitSummary {
     pub early_stopped: bool,
     /// Final trainer state.
     pub state: TrainerState,
+    /// The profile, when profiling was on.
+    pub profile: Option<crate::profile::ProfileReport>,
 }
 
 /// Evaluation of a model on a loader.
@@ -284,6 +286,17 @@ pub struct Trainer {
     pub progress: bool,
     /// Stop after this many optimizer steps in this process (tests simulate interruption).
     pub stop_after_steps: Option<u64>,
+    /// Profile the steps (phases, operators, trace, diagnosis); off when `None`.
+    pub profile: Option<crate::profile::ProfileOptions>,
+}
+
+/// Stops the process-wide trace recorder however `fit` ends.
+struct TraceGuard;
+
+impl Drop for TraceGuard {
+    fn drop(&mut self) {
+        trident_nn::trace::stop();
+    }
 }
 
 impl Trainer {
@@ -297,6 +310,7 @@ impl Trainer {
             stop: Arc::new(AtomicBool::new(false)),
             progress: true,
             stop_after_steps: None,
+            profile: None,
         }
     }
 
@@ -403,6 +417,7 @@ impl Trainer {
             interrupted: false,
             early_stopped: false,
             state: state.clone(),
+            profile: None,
         };
         if state.finished {
             summary.records = records;
@@ -412,6 +427,16 @@ impl Trainer {
         let save_last = |state: &TrainerState, optimizer: &Optimizer| {
             checkpoint::save(&last, step.params(), optimizer, state, &self.checkpoint_files)
         };
+        use crate::profile::{Phase, PhaseTimer};
+        let (recorder, _trace_guard) = match &self.profile {
+            Some(_) => {
+                let r = trident_nn::trace::start();
+                trident_nn::trace::set_recording(false);
+                (Some(r), Some(TraceGuard))
+            }
+            None => (None, None),
+        };
+        let mut timer = PhaseTimer::new(recorder.clone());
 
         'epochs: while state.epoch < c.epochs {
             let epoch = state.epoch;
@@ -425,19 +450,27 @@ impl Trainer {
             let mut batches = train.epoch_from(epoch, state.batch_in_epoch as usize);
             let mut i = state.batch_in_epoch;
             while i < per_epoch {
+                if in_group == 0 {
+                    let next = state.optimizer_step + 1;
+                    timer.begin_step(self.profile.as_ref().is_some_and(|p| p.covers(next)));
+                }
                 let batch = batches
                     .next()
                     .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
+                timer.mark(Phase::Data);
                 let ctx = Ctx::train(c.seed, state.micro_step);
                 let store = step.params();
                 store.begin_step();
                 let out = step.forward(&batch, &ctx)?;
+                let loss = out.loss.to_scalar::<f32>()? as f64;
+                timer.mark(Phase::Forward);
                 let grads = out.loss.backward()?;
                 // The first micro-batch of a group overwrites the sums, later ones add.
                 for (a, p) in acc.iter_mut().zip(&params) {
                     store.gradient_into(&grads, p, a, in_group > 0)?;
                 }
-                let loss = out.loss.to_scalar::<f32>()? as f64;
+                drop(grads);
+                timer.mark(Phase::Backward);
                 if !loss.is_finite() {
                     return Err(TrainError::Invalid(format!(
                         "loss became {loss} at epoch {epoch}, batch {i}: lower the learning rate or clip gradients"
@@ -452,6 +485,7 @@ impl Trainer {
                 in_group += 1;
                 i += 1;
                 bar.inc(1);
+                timer.mark(Phase::Other);
                 if in_group == c.grad_accum || i == per_epoch {
                     if in_group > 1 {
                         let scale = 1.0 / in_group as f32;
@@ -463,6 +497,7 @@ impl Trainer {
                     }
                     let lr = schedule.lr(state.optimizer_step);
                     optimizer.step(&params, &acc, lr)?;
+                    timer.mark(Phase::Optimizer);
                     in_group = 0;
                     state.optimizer_step += 1;
                     state.batch_in_epoch = i;
@@ -487,6 +522,8 @@ impl Trainer {
                     if (stop_now || periodic) && i < per_epoch {
                         save_last(&state, &optimizer)?;
                     }
+                    timer.mark(Phase::Other);
+                    timer.end_step(state.optimizer_step);
                     if stop_now && i < per_epoch {
                         bar.abandon_with_message("interrupted: checkpoint written");
                         summary.interrupted = true;
@@ -570,6 +607,20 @@ impl Trainer {
         }
         summary.records = records;
         summary.state = state;
+        if let (Some(opts), Some(rec)) = (&self.profile, &recorder) {
+            trident_nn::trace::stop();
+            let events = rec.take();
+            let report = crate::profile::analyse(&timer.rows, &events, opts);
+            crate::profile::write(&opts.dir, &timer.rows, &events, &report).map_err(io_err(&opts.dir))?;
+            if self.progress {
+                eprintln!(
+                    "{}  wrote {}/{{trace.json,steps.csv,ops.csv,summary.txt}}",
+                    report.text(8),
+                    opts.dir.display()
+                );
+            }
+            summary.profile = Some(report);
+        }
         Ok(summary)
     }
 

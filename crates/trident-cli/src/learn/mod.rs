@@ -33,6 +33,32 @@ pub struct TrainArgs {
     /// Stop (checkpointing, as on Ctrl-C) after this many optimizer steps.
     #[arg(long, hide = true)]
     stop_after_steps: Option<u64>,
+    /// Profile the run: step phases, Trident's operators, a Chrome trace and a diagnosis of
+    /// the bottleneck, written to `<run>/profile/`.
+    #[arg(long)]
+    profile: bool,
+    /// Profile only optimizer steps N..M (1-based, inclusive), or step N; implies --profile.
+    #[arg(long, value_name = "N..M", value_parser = parse_steps)]
+    profile_steps: Option<(u64, u64)>,
+}
+
+/// `N..M` or `N` (1-based optimizer steps).
+fn parse_steps(s: &str) -> Result<(u64, u64), String> {
+    let num = |t: &str| {
+        t.trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| format!("`{t}` is not a step number (1, 2, …)"))
+    };
+    let (a, b) = match s.split_once("..") {
+        Some((a, b)) => (num(a)?, num(b.trim_start_matches('='))?),
+        None => (num(s)?, num(s)?),
+    };
+    if a > b {
+        return Err(format!("{s}: the first step is after the last"));
+    }
+    Ok((a, b))
 }
 
 #[derive(Debug, Args)]
@@ -113,7 +139,7 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
         ),
         _ => {}
     }
-    if let Some(d) = args.run_dir {
+    if let Some(d) = args.run_dir.clone() {
         c.run.dir = d;
     }
     if let Some(e) = args.epochs {
@@ -129,27 +155,13 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
                 eprintln!("initialised (not in the pretrained file): {}", fresh.join(", "));
             }
             let splits = text_splits(&c, &model, &set)?;
-            run(
-                &c,
-                &args.config,
-                args.resume,
-                args.stop_after_steps,
-                model,
-                splits,
-            )
+            run(&c, &args, model, splits)
         }
         DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
             let (splits, classes, shape) = image_splits(&c)?;
             let card = card_for(&c, classes, Some(shape));
             let model = Model::build(&card, c.run.seed, None)?;
-            run(
-                &c,
-                &args.config,
-                args.resume,
-                args.stop_after_steps,
-                model,
-                splits,
-            )
+            run(&c, &args, model, splits)
         }
     }
 }
@@ -291,12 +303,11 @@ fn param_count(m: &Model) -> usize {
 
 fn run<D: Dataset + 'static>(
     c: &RunConfig,
-    config_file: &Path,
-    resume: bool,
-    stop_after: Option<u64>,
+    args: &TrainArgs,
     mut model: Model,
     splits: Splits<D>,
 ) -> anyhow::Result<()> {
+    let (config_file, resume) = (&args.config, args.resume);
     let teacher = load_teacher(c, &model)?;
     let dir = &c.run.dir;
     let classes = model.card.classes.clone();
@@ -323,7 +334,14 @@ fn run<D: Dataset + 'static>(
     trainer
         .checkpoint_files
         .push(("run.toml".into(), resolved.clone().into_bytes()));
-    trainer.stop_after_steps = stop_after;
+    trainer.stop_after_steps = args.stop_after_steps;
+    if args.profile || args.profile_steps.is_some() {
+        trainer.profile = Some(trident_train::profile::ProfileOptions {
+            steps: args.profile_steps,
+            dir: dir.join("profile"),
+            num_workers: c.loader.num_workers,
+        });
+    }
     install_signal_handlers(&trainer)?;
     std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     if !resume {

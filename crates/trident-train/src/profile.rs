@@ -1,0 +1,629 @@
+//! The training profiler (PR-1, PR-3, PR-4): where each optimizer step's time goes, which
+//! operators take it, and a diagnosis of the bottleneck.
+//!
+//! How each figure is measured:
+//! - **Step phases** (`steps.csv`): wall-clock intervals of the training loop itself,
+//!   measured by [`PhaseTimer`] marks that tile the step: `data` (waiting for the loader),
+//!   `forward`, `backward` (autograd and gathering gradients into flat buffers),
+//!   `optimizer` (averaging, clipping, the AdamW/SGD pass), `comm` (gradient exchange;
+//!   0 without data parallelism) and `other` (metrics, logging, checkpoints). Their sum
+//!   is the step time by construction; `other` says how much the named phases miss.
+//! - **Operators** (`ops.csv`): spans around Trident's own kernels (`trident_nn::trace`),
+//!   forward and backward, with FLOPs for matrix products; *self* time excludes kernels
+//!   nested inside (a softmax backward runs the softmax-grad kernel). Work candle does
+//!   itself (elementwise arithmetic, reshapes, its autograd bookkeeping) has no span: it is
+//!   the step time the table does not cover, reported as such.
+//! - **Regions**: `trident_nn::trace::region("name")` guards in user code.
+//!
+//! Profiling is off unless asked for; off, the loop takes no timestamps and spans record
+//! nothing.
+
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use trident_nn::trace::{self, Event, Recorder};
+
+/// What to profile.
+#[derive(Debug, Clone, Default)]
+pub struct ProfileOptions {
+    /// Only optimizer steps `first..=last` (1-based); all steps when `None`.
+    pub steps: Option<(u64, u64)>,
+    /// Where `trace.json`, `steps.csv`, `ops.csv` and `summary.txt` go.
+    pub dir: PathBuf,
+    /// The data loader's background workers (for the diagnosis).
+    pub num_workers: usize,
+}
+
+impl ProfileOptions {
+    /// Whether optimizer step `step` (1-based) is profiled.
+    pub fn covers(&self, step: u64) -> bool {
+        self.steps.is_none_or(|(a, b)| (a..=b).contains(&step))
+    }
+}
+
+/// The phases of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the next batch.
+    Data,
+    /// Forward pass and loss.
+    Forward,
+    /// Backward pass and gradient gathering.
+    Backward,
+    /// Optimizer update (with averaging and clipping).
+    Optimizer,
+    /// Gradient communication.
+    Comm,
+    /// Bookkeeping: metrics, logging, checkpoints.
+    Other,
+}
+
+/// Phase names, in column order.
+pub const PHASES: [&str; 6] = ["data", "forward", "backward", "optimizer", "comm", "other"];
+
+impl Phase {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One profiled optimizer step, milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepPhases {
+    /// Optimizer step (1-based).
+    pub step: u64,
+    /// Milliseconds per phase, in [`PHASES`] order.
+    pub ms: [f64; 6],
+    /// The whole step.
+    pub total_ms: f64,
+}
+
+/// Tiles the training loop into phases: each [`PhaseTimer::mark`] gives the time since the
+/// previous mark to a phase. Inactive, it does nothing.
+pub struct PhaseTimer {
+    active: bool,
+    last: Instant,
+    step_start: Instant,
+    cur: [f64; 6],
+    recorder: Option<std::sync::Arc<Recorder>>,
+    /// The steps profiled so far.
+    pub rows: Vec<StepPhases>,
+}
+
+impl PhaseTimer {
+    /// A timer recording into `recorder` (phase spans for the trace) when it is `Some`.
+    pub fn new(recorder: Option<std::sync::Arc<Recorder>>) -> Self {
+        let now = Instant::now();
+        PhaseTimer {
+            active: false,
+            last: now,
+            step_start: now,
+            cur: [0.0; 6],
+            recorder,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Starts a step (profiled when `active`): the next mark measures from now.
+    pub fn begin_step(&mut self, active: bool) {
+        self.active = active && self.recorder.is_some();
+        trace::set_recording(self.active);
+        if self.active {
+            let now = Instant::now();
+            self.last = now;
+            self.step_start = now;
+            self.cur = [0.0; 6];
+        }
+    }
+
+    /// Gives the time since the previous mark to `phase`.
+    #[inline]
+    pub fn mark(&mut self, phase: Phase) {
+        if !self.active {
+            return;
+        }
+        let now = Instant::now();
+        self.cur[phase.index()] += (now - self.last).as_secs_f64() * 1e3;
+        if let Some(r) = &self.recorder {
+            let start_ns = r.ns(self.last);
+            r.push(Event {
+                name: PHASES[phase.index()].into(),
+                cat: "phase",
+                start_ns,
+                dur_ns: r.ns(now).saturating_sub(start_ns),
+                tid: trace::thread_id(),
+                flops: 0,
+            });
+        }
+        self.last = now;
+    }
+
+    /// Ends optimizer step `step`.
+    pub fn end_step(&mut self, step: u64) {
+        if !self.active {
+            return;
+        }
+        // The step ends at its last mark, so its phases tile it exactly.
+        let now = self.last;
+        let total_ms = (now - self.step_start).as_secs_f64() * 1e3;
+        if let Some(r) = &self.recorder {
+            let start_ns = r.ns(self.step_start);
+            r.push(Event {
+                name: format!("step {step}").into(),
+                cat: "step",
+                start_ns,
+                dur_ns: r.ns(now).saturating_sub(start_ns),
+                tid: trace::thread_id(),
+                flops: 0,
+            });
+        }
+        self.rows.push(StepPhases {
+            step,
+            ms: self.cur,
+            total_ms,
+        });
+        self.active = false;
+        trace::set_recording(false);
+    }
+}
+
+/// Median, mean and coefficient of variation of a phase over the profiled steps.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseStats {
+    /// Phase name.
+    pub phase: &'static str,
+    /// Median milliseconds.
+    pub median_ms: f64,
+    /// Mean milliseconds.
+    pub mean_ms: f64,
+    /// Largest step's milliseconds.
+    pub max_ms: f64,
+    /// Standard deviation / mean.
+    pub cv: f64,
+    /// Share of the summed step time.
+    pub share: f64,
+}
+
+/// One operator's row of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpRow {
+    /// Kernel name.
+    pub name: String,
+    /// `fwd` or `bwd`.
+    pub pass: &'static str,
+    /// Calls.
+    pub calls: u64,
+    /// Milliseconds, nested kernels excluded.
+    pub self_ms: f64,
+    /// Milliseconds, nested kernels included.
+    pub total_ms: f64,
+    /// Self time over the profiled steps' time.
+    pub share: f64,
+    /// GFLOP/s of self time (matrix products).
+    pub gflops: Option<f64>,
+}
+
+/// A finding of the diagnosis.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    /// `data-bound`, `optimizer-bound`, `communication-bound`, `high-variance`.
+    pub rule: &'static str,
+    /// The measured evidence.
+    pub evidence: String,
+    /// What to change.
+    pub suggestion: String,
+}
+
+/// Everything the profiler concluded.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileReport {
+    /// Steps profiled.
+    pub steps: usize,
+    /// Per-phase statistics.
+    pub phases: Vec<PhaseStats>,
+    /// Median step milliseconds.
+    pub median_step_ms: f64,
+    /// Operators by self time.
+    pub ops: Vec<OpRow>,
+    /// Share of the profiled step time inside Trident's kernels (the rest is candle's own
+    /// work and the loop).
+    pub kernel_share: f64,
+    /// User regions: name → (calls, milliseconds).
+    pub regions: Vec<(String, u64, f64)>,
+    /// The diagnosis.
+    pub findings: Vec<Finding>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Self time of each event: its duration less that of the events directly nested in it
+/// on the same thread.
+fn self_times(events: &[Event]) -> Vec<u64> {
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    order.sort_by_key(|&i| {
+        (
+            events[i].tid,
+            events[i].start_ns,
+            std::cmp::Reverse(events[i].dur_ns),
+        )
+    });
+    let mut selft: Vec<u64> = events.iter().map(|e| e.dur_ns).collect();
+    let mut stack: Vec<usize> = Vec::new();
+    for &i in &order {
+        let e = &events[i];
+        while let Some(&top) = stack.last() {
+            let t = &events[top];
+            if t.tid == e.tid && e.start_ns < t.start_ns + t.dur_ns {
+                break;
+            }
+            stack.pop();
+        }
+        if let Some(&parent) = stack.last() {
+            selft[parent] = selft[parent].saturating_sub(e.dur_ns);
+        }
+        stack.push(i);
+    }
+    selft
+}
+
+/// Builds the report from the timer's rows and the recorded events.
+pub fn analyse(rows: &[StepPhases], events: &[Event], opts: &ProfileOptions) -> ProfileReport {
+    let step_total: f64 = rows.iter().map(|r| r.total_ms).sum::<f64>().max(1e-9);
+    let phases: Vec<PhaseStats> = PHASES
+        .iter()
+        .enumerate()
+        .map(|(i, &phase)| {
+            let mut v: Vec<f64> = rows.iter().map(|r| r.ms[i]).collect();
+            let n = v.len().max(1) as f64;
+            let mean = v.iter().sum::<f64>() / n;
+            let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+            PhaseStats {
+                phase,
+                mean_ms: mean,
+                max_ms: v.iter().cloned().fold(0.0, f64::max),
+                cv: if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
+                share: v.iter().sum::<f64>() / step_total,
+                median_ms: median(&mut v),
+            }
+        })
+        .collect();
+    // Only kernels nest inside kernels; phases and regions contain them, so self times are
+    // computed over the kernel events alone.
+    let kernels: Vec<Event> = events
+        .iter()
+        .filter(|e| e.cat == "op.fwd" || e.cat == "op.bwd")
+        .cloned()
+        .collect();
+    let selft = self_times(&kernels);
+    let mut by: HashMap<(String, &'static str), (u64, u64, u64, u64)> = HashMap::new();
+    for (e, s) in kernels.iter().zip(&selft) {
+        let pass = if e.cat == "op.fwd" { "fwd" } else { "bwd" };
+        let row = by.entry((e.name.to_string(), pass)).or_default();
+        row.0 += 1;
+        row.1 += s;
+        row.2 += e.dur_ns;
+        row.3 += e.flops;
+    }
+    let mut ops: Vec<OpRow> = by
+        .into_iter()
+        .map(|((name, pass), (calls, s, t, flops))| OpRow {
+            name,
+            pass,
+            calls,
+            self_ms: s as f64 / 1e6,
+            total_ms: t as f64 / 1e6,
+            share: s as f64 / 1e6 / step_total,
+            gflops: (flops > 0 && s > 0).then(|| flops as f64 / s as f64),
+        })
+        .collect();
+    ops.sort_by(|a, b| b.self_ms.total_cmp(&a.self_ms));
+    let kernel_share = ops.iter().map(|o| o.self_ms).sum::<f64>() / step_total;
+    let mut regions: HashMap<String, (u64, f64)> = HashMap::new();
+    for e in events.iter().filter(|e| e.cat == "region") {
+        let r = regions.entry(e.name.to_string()).or_default();
+        r.0 += 1;
+        r.1 += e.dur_ns as f64 / 1e6;
+    }
+    let mut regions: Vec<(String, u64, f64)> = regions.into_iter().map(|(k, (c, ms))| (k, c, ms)).collect();
+    regions.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let mut totals: Vec<f64> = rows.iter().map(|r| r.total_ms).collect();
+    let median_step_ms = median(&mut totals);
+    let findings = diagnose(rows, &phases, median_step_ms, opts);
+    ProfileReport {
+        steps: rows.len(),
+        phases,
+        median_step_ms,
+        ops,
+        kernel_share,
+        regions,
+        findings,
+    }
+}
+
+/// The diagnosis rules, each with its threshold:
+/// - data-bound: the loader wait is ≥ 20 % of the step time;
+/// - optimizer-bound: the optimizer is ≥ 25 %;
+/// - communication-bound: gradient exchange is ≥ 20 %;
+/// - high variance: a step (after the first, which warms caches) takes ≥ 2x the median
+///   step and the step time's coefficient of variation is ≥ 0.25; the phase that grew is
+///   named.
+pub fn diagnose(
+    rows: &[StepPhases],
+    phases: &[PhaseStats],
+    median_step_ms: f64,
+    opts: &ProfileOptions,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let share = |p: &str| phases.iter().find(|s| s.phase == p).map_or(0.0, |s| s.share);
+    let pct = |x: f64| format!("{:.0} %", 100.0 * x);
+    if share("data") >= 0.20 {
+        let w = opts.num_workers;
+        out.push(Finding {
+            rule: "data-bound",
+            evidence: format!(
+                "waiting for data takes {} of each step (median {:.1} ms of {:.1} ms) with num_workers = {w}",
+                pct(share("data")),
+                phases[0].median_ms,
+                median_step_ms
+            ),
+            suggestion: format!(
+                "set loader.num_workers = {} (and loader.prefetch ≥ 2) so batches are ready before they are needed",
+                (w + 1).max(2)
+            ),
+        });
+    }
+    if share("optimizer") >= 0.25 {
+        out.push(Finding {
+            rule: "optimizer-bound",
+            evidence: format!("the optimizer takes {} of each step", pct(share("optimizer"))),
+            suggestion: "raise train.grad_accum or the batch size so each update serves more examples; \
+                         use adamw (one fused pass per parameter) rather than a chain of tensor ops"
+                .into(),
+        });
+    }
+    if share("comm") >= 0.20 {
+        out.push(Finding {
+            rule: "communication-bound",
+            evidence: format!("gradient exchange takes {} of each step", pct(share("comm"))),
+            suggestion: "larger buckets, gradient accumulation, or fewer ranks per machine".into(),
+        });
+    }
+    let steady: Vec<&StepPhases> = rows.iter().skip(1).collect();
+    if steady.len() >= 3 {
+        let n = steady.len() as f64;
+        let mean = steady.iter().map(|r| r.total_ms).sum::<f64>() / n;
+        let sd = (steady.iter().map(|r| (r.total_ms - mean).powi(2)).sum::<f64>() / n).sqrt();
+        let worst = steady
+            .iter()
+            .max_by(|a, b| a.total_ms.total_cmp(&b.total_ms))
+            .expect("non-empty");
+        if worst.total_ms >= 2.0 * median_step_ms && sd / mean >= 0.25 {
+            let grew = (0..6)
+                .max_by(|&a, &b| {
+                    let da = worst.ms[a] - phases[a].median_ms;
+                    let db = worst.ms[b] - phases[b].median_ms;
+                    da.total_cmp(&db)
+                })
+                .expect("six phases");
+            out.push(Finding {
+                rule: "high-variance",
+                evidence: format!(
+                    "step {} took {:.1} ms against a median of {:.1} ms (coefficient of variation {:.2}); \
+                     its {} phase took {:.1} ms against a median of {:.1} ms",
+                    worst.step,
+                    worst.total_ms,
+                    median_step_ms,
+                    sd / mean,
+                    PHASES[grew],
+                    worst.ms[grew],
+                    phases[grew].median_ms
+                ),
+                suggestion: "look for other work on the machine (the system monitor), memory pressure, or \
+                             uneven batches (padding to the longest sequence); profile those steps alone \
+                             with --profile-steps"
+                    .into(),
+            });
+        }
+    }
+    out
+}
+
+impl ProfileReport {
+    /// The terminal summary.
+    pub fn text(&self, top: usize) -> String {
+        let mut s = format!(
+            "profile: {} steps, median step {:.1} ms\n  phases (median ms, share):",
+            self.steps, self.median_step_ms
+        );
+        for p in &self.phases {
+            s += &format!("  {} {:.1} ({:.0} %)", p.phase, p.median_ms, 100.0 * p.share);
+        }
+        s += "\n  top operators (self time, Trident kernels):";
+        for o in self.ops.iter().take(top) {
+            s += &format!("  {}.{} {:.0} %", o.name, o.pass, 100.0 * o.share);
+        }
+        s += &format!(
+            "\n  kernels cover {:.0} % of step time; the rest is candle's own ops, autograd and the loop\n",
+            100.0 * self.kernel_share
+        );
+        for (name, calls, ms) in &self.regions {
+            s += &format!("  region {name}: {calls} calls, {ms:.1} ms\n");
+        }
+        if self.findings.is_empty() {
+            s += "  diagnosis: no bottleneck rule fired\n";
+        }
+        for f in &self.findings {
+            s += &format!("  diagnosis: {} — {} → {}\n", f.rule, f.evidence, f.suggestion);
+        }
+        s
+    }
+}
+
+/// Chrome trace JSON (Perfetto / chrome://tracing) of `events`.
+pub fn chrome_trace(events: &[Event]) -> serde_json::Value {
+    let ev: Vec<serde_json::Value> = events
+        .iter()
+        .map(|e| {
+            let mut v = serde_json::json!({
+                "name": e.name,
+                "cat": e.cat,
+                "ph": "X",
+                "ts": e.start_ns as f64 / 1e3,
+                "dur": e.dur_ns as f64 / 1e3,
+                "pid": 1,
+                "tid": e.tid,
+            });
+            if e.flops > 0 {
+                v["args"] = serde_json::json!({ "flops": e.flops });
+            }
+            v
+        })
+        .collect();
+    serde_json::json!({ "traceEvents": ev, "displayTimeUnit": "ms" })
+}
+
+/// Writes `trace.json`, `steps.csv`, `ops.csv` and `summary.txt` into `dir`.
+pub fn write(
+    dir: &Path,
+    rows: &[StepPhases],
+    events: &[Event],
+    report: &ProfileReport,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let put = |name: &str, bytes: &[u8]| -> std::io::Result<()> {
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, dir.join(name))
+    };
+    put(
+        "trace.json",
+        serde_json::to_string(&chrome_trace(events))?.as_bytes(),
+    )?;
+    let mut csv = format!("step,{},total_ms\n", PHASES.map(|p| format!("{p}_ms")).join(","));
+    for r in rows {
+        csv += &format!(
+            "{},{},{:.4}\n",
+            r.step,
+            r.ms.map(|v| format!("{v:.4}")).join(","),
+            r.total_ms
+        );
+    }
+    put("steps.csv", csv.as_bytes())?;
+    let mut ops = String::from("op,pass,calls,self_ms,total_ms,share,gflops\n");
+    for o in &report.ops {
+        ops += &format!(
+            "{},{},{},{:.4},{:.4},{:.5},{}\n",
+            o.name,
+            o.pass,
+            o.calls,
+            o.self_ms,
+            o.total_ms,
+            o.share,
+            o.gflops.map_or(String::new(), |g| format!("{g:.2}"))
+        );
+    }
+    put("ops.csv", ops.as_bytes())?;
+    put("summary.txt", report.text(usize::MAX).as_bytes())?;
+    put("report.json", serde_json::to_string_pretty(report)?.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(step: u64, ms: [f64; 6]) -> StepPhases {
+        StepPhases {
+            step,
+            ms,
+            total_ms: ms.iter().sum(),
+        }
+    }
+
+    fn rules(rows: &[StepPhases]) -> Vec<&'static str> {
+        analyse(rows, &[], &ProfileOptions::default())
+            .findings
+            .iter()
+            .map(|f| f.rule)
+            .collect()
+    }
+
+    #[test]
+    fn each_rule_fires_on_its_evidence_and_none_on_a_balanced_step() {
+        let balanced: Vec<_> = (1..=6)
+            .map(|s| row(s, [0.5, 30.0, 60.0, 5.0, 0.0, 1.0]))
+            .collect();
+        assert!(rules(&balanced).is_empty(), "{:?}", rules(&balanced));
+        let data: Vec<_> = (1..=6)
+            .map(|s| row(s, [40.0, 30.0, 60.0, 5.0, 0.0, 1.0]))
+            .collect();
+        assert_eq!(rules(&data), ["data-bound"]);
+        let f = &analyse(&data, &[], &ProfileOptions::default()).findings[0];
+        assert!(f.suggestion.contains("num_workers = 2"), "{f:?}");
+        let opt: Vec<_> = (1..=6)
+            .map(|s| row(s, [0.5, 30.0, 60.0, 40.0, 0.0, 1.0]))
+            .collect();
+        assert_eq!(rules(&opt), ["optimizer-bound"]);
+        let comm: Vec<_> = (1..=6)
+            .map(|s| row(s, [0.5, 30.0, 60.0, 5.0, 30.0, 1.0]))
+            .collect();
+        assert_eq!(rules(&comm), ["communication-bound"]);
+        // Step 5's backward swings from 60 to 600 ms (the seed's 1.6 s → 30 s).
+        let mut swing = balanced.clone();
+        swing[4] = row(5, [0.5, 30.0, 600.0, 5.0, 0.0, 1.0]);
+        swing[2] = row(3, [0.5, 30.0, 200.0, 5.0, 0.0, 1.0]);
+        assert_eq!(rules(&swing), ["high-variance"]);
+        let f = &analyse(&swing, &[], &ProfileOptions::default()).findings[0];
+        assert!(
+            f.evidence.contains("step 5") && f.evidence.contains("backward"),
+            "{f:?}"
+        );
+        // A slow first step alone (warm-up) is not variance.
+        let mut first = balanced.clone();
+        first[0] = row(1, [0.5, 300.0, 600.0, 5.0, 0.0, 1.0]);
+        assert!(rules(&first).is_empty());
+    }
+
+    #[test]
+    fn self_time_excludes_nested_kernels_on_the_same_thread() {
+        let ev = |name: &'static str, start_ns, dur_ns, tid| Event {
+            name: name.into(),
+            cat: "op.bwd",
+            start_ns,
+            dur_ns,
+            tid,
+            flops: 0,
+        };
+        // softmax (0..100) holds softmax-grad (10..40); another thread overlaps in time.
+        let events = [
+            ev("softmax", 0, 100, 1),
+            ev("softmax-grad", 10, 30, 1),
+            ev("linear", 20, 50, 2),
+        ];
+        assert_eq!(self_times(&events), [70, 30, 50]);
+        let rows = [row(1, [0.0, 0.0, 0.0002, 0.0, 0.0, 0.0])];
+        let r = analyse(&rows, &events, &ProfileOptions::default());
+        let softmax = r.ops.iter().find(|o| o.name == "softmax").unwrap();
+        assert_eq!(
+            (softmax.self_ms, softmax.total_ms, softmax.calls),
+            (70e-6, 100e-6, 1)
+        );
+    }
+
+    #[test]
+    fn steps_outside_the_window_are_not_profiled() {
+        let o = ProfileOptions {
+            steps: Some((3, 4)),
+            ..Default::default()
+        };
+        assert_eq!((1..=6).filter(|&s| o.covers(s)).collect::<Vec<_>>(), [3, 4]);
+        assert!(ProfileOptions::default().covers(1_000_000));
+    }
+}
