@@ -156,6 +156,17 @@ fn profiling_writes_phases_operators_and_a_trace() {
         "the first kernel runs inside step 1"
     );
 
+    // The system monitor: samples per core and a heat map.
+    let monitor = csv(&dir.join("monitor.csv"));
+    assert!(
+        monitor[0][0] == "t_s" && monitor[0][1] == "cpu0",
+        "{:?}",
+        monitor[0]
+    );
+    assert!(std::fs::read(dir.join("cpu_heatmap.png"))
+        .unwrap()
+        .starts_with(b"\x89PNG"));
+
     // A window: only steps 2 and 3.
     let f = config(d, "window");
     ok_log(&trident(&["train", "--config", &f, "--profile-steps", "2..3"], d));

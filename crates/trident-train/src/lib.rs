@@ -6,6 +6,7 @@
 pub mod checkpoint;
 pub mod distill;
 pub mod metrics;
+pub mod monitor;
 pub mod optim;
 pub mod plot;
 pub mod profile;

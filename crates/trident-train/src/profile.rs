@@ -33,6 +33,8 @@ pub struct ProfileOptions {
     pub dir: PathBuf,
     /// The data loader's background workers (for the diagnosis).
     pub num_workers: usize,
+    /// Cores this process may use (for the oversubscription rule; 0 = ask the OS).
+    pub cores: usize,
 }
 
 impl ProfileOptions {
@@ -231,6 +233,8 @@ pub struct ProfileReport {
     pub kernel_share: f64,
     /// User regions: name → (calls, milliseconds).
     pub regions: Vec<(String, u64, f64)>,
+    /// The system monitor's summary, when it ran.
+    pub monitor: Option<crate::monitor::MonitorSummary>,
     /// The diagnosis.
     pub findings: Vec<Finding>,
 }
@@ -274,8 +278,13 @@ fn self_times(events: &[Event]) -> Vec<u64> {
     selft
 }
 
-/// Builds the report from the timer's rows and the recorded events.
-pub fn analyse(rows: &[StepPhases], events: &[Event], opts: &ProfileOptions) -> ProfileReport {
+/// Builds the report from the timer's rows, the recorded events and the monitor's samples.
+pub fn analyse(
+    rows: &[StepPhases],
+    events: &[Event],
+    samples: &[crate::monitor::Sample],
+    opts: &ProfileOptions,
+) -> ProfileReport {
     let step_total: f64 = rows.iter().map(|r| r.total_ms).sum::<f64>().max(1e-9);
     let phases: Vec<PhaseStats> = PHASES
         .iter()
@@ -336,8 +345,13 @@ pub fn analyse(rows: &[StepPhases], events: &[Event], opts: &ProfileOptions) -> 
     regions.sort_by(|a, b| b.2.total_cmp(&a.2));
     let mut totals: Vec<f64> = rows.iter().map(|r| r.total_ms).collect();
     let median_step_ms = median(&mut totals);
-    let findings = diagnose(rows, &phases, median_step_ms, opts);
+    let monitor = (!samples.is_empty()).then(|| crate::monitor::summarise(samples));
+    let mut findings = diagnose(rows, &phases, median_step_ms, opts);
+    if let Some(m) = &monitor {
+        findings.extend(oversubscribed(m, opts.cores));
+    }
     ProfileReport {
+        monitor,
         steps: rows.len(),
         phases,
         median_step_ms,
@@ -436,6 +450,27 @@ pub fn diagnose(
     out
 }
 
+/// Oversubscription: on average more of this process's threads were runnable than it has
+/// cores (by 25 %), so threads wait for a core instead of working.
+pub fn oversubscribed(m: &crate::monitor::MonitorSummary, cores: usize) -> Option<Finding> {
+    let cores = if cores > 0 {
+        cores
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
+    (m.mean_runnable > 1.25 * cores as f64).then(|| Finding {
+        rule: "oversubscribed",
+        evidence: format!(
+            "on average {:.1} of the process's {} threads were runnable on {cores} cores",
+            m.mean_runnable, m.max_threads
+        ),
+        suggestion: format!(
+            "run at most {cores} busy threads: lower loader.num_workers, or RAYON_NUM_THREADS / \
+             OPENBLAS_NUM_THREADS when other work shares the machine"
+        ),
+    })
+}
+
 impl ProfileReport {
     /// The terminal summary.
     pub fn text(&self, top: usize) -> String {
@@ -454,6 +489,20 @@ impl ProfileReport {
             "\n  kernels cover {:.0} % of step time; the rest is candle's own ops, autograd and the loop\n",
             100.0 * self.kernel_share
         );
+        if let Some(m) = &self.monitor {
+            s += &format!(
+                "  monitor: {} samples; core busy {}; peak RSS {:.0} MiB; up to {} threads, {:.1} runnable on average\n",
+                m.samples,
+                m.mean_core_busy
+                    .iter()
+                    .map(|b| format!("{:.0} %", 100.0 * b))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                m.peak_rss as f64 / (1 << 20) as f64,
+                m.max_threads,
+                m.mean_runnable
+            );
+        }
         for (name, calls, ms) in &self.regions {
             s += &format!("  region {name}: {calls} calls, {ms:.1} ms\n");
         }
@@ -548,7 +597,7 @@ mod tests {
     }
 
     fn rules(rows: &[StepPhases]) -> Vec<&'static str> {
-        analyse(rows, &[], &ProfileOptions::default())
+        analyse(rows, &[], &[], &ProfileOptions::default())
             .findings
             .iter()
             .map(|f| f.rule)
@@ -565,7 +614,7 @@ mod tests {
             .map(|s| row(s, [40.0, 30.0, 60.0, 5.0, 0.0, 1.0]))
             .collect();
         assert_eq!(rules(&data), ["data-bound"]);
-        let f = &analyse(&data, &[], &ProfileOptions::default()).findings[0];
+        let f = &analyse(&data, &[], &[], &ProfileOptions::default()).findings[0];
         assert!(f.suggestion.contains("num_workers = 2"), "{f:?}");
         let opt: Vec<_> = (1..=6)
             .map(|s| row(s, [0.5, 30.0, 60.0, 40.0, 0.0, 1.0]))
@@ -580,7 +629,7 @@ mod tests {
         swing[4] = row(5, [0.5, 30.0, 600.0, 5.0, 0.0, 1.0]);
         swing[2] = row(3, [0.5, 30.0, 200.0, 5.0, 0.0, 1.0]);
         assert_eq!(rules(&swing), ["high-variance"]);
-        let f = &analyse(&swing, &[], &ProfileOptions::default()).findings[0];
+        let f = &analyse(&swing, &[], &[], &ProfileOptions::default()).findings[0];
         assert!(
             f.evidence.contains("step 5") && f.evidence.contains("backward"),
             "{f:?}"
@@ -609,11 +658,29 @@ mod tests {
         ];
         assert_eq!(self_times(&events), [70, 30, 50]);
         let rows = [row(1, [0.0, 0.0, 0.0002, 0.0, 0.0, 0.0])];
-        let r = analyse(&rows, &events, &ProfileOptions::default());
+        let r = analyse(&rows, &events, &[], &ProfileOptions::default());
         let softmax = r.ops.iter().find(|o| o.name == "softmax").unwrap();
         assert_eq!(
             (softmax.self_ms, softmax.total_ms, softmax.calls),
             (70e-6, 100e-6, 1)
+        );
+    }
+
+    #[test]
+    fn oversubscription_needs_more_runnable_threads_than_cores() {
+        let m = |runnable| crate::monitor::MonitorSummary {
+            samples: 10,
+            cores: 2,
+            mean_core_busy: vec![1.0, 1.0],
+            peak_rss: 1,
+            max_threads: 9,
+            mean_runnable: runnable,
+        };
+        assert!(oversubscribed(&m(2.0), 2).is_none());
+        let f = oversubscribed(&m(4.6), 2).unwrap();
+        assert!(
+            f.evidence.contains("4.6") && f.evidence.contains("2 cores"),
+            "{f:?}"
         );
     }
 

@@ -437,6 +437,10 @@ impl Trainer {
             None => (None, None),
         };
         let mut timer = PhaseTimer::new(recorder.clone());
+        let monitor = self
+            .profile
+            .as_ref()
+            .map(|_| crate::monitor::Monitor::start(std::time::Duration::from_millis(100)));
 
         'epochs: while state.epoch < c.epochs {
             let epoch = state.epoch;
@@ -610,11 +614,13 @@ impl Trainer {
         if let (Some(opts), Some(rec)) = (&self.profile, &recorder) {
             trident_nn::trace::stop();
             let events = rec.take();
-            let report = crate::profile::analyse(&timer.rows, &events, opts);
+            let samples = monitor.map(|m| m.finish()).unwrap_or_default();
+            let report = crate::profile::analyse(&timer.rows, &events, &samples, opts);
             crate::profile::write(&opts.dir, &timer.rows, &events, &report).map_err(io_err(&opts.dir))?;
+            crate::monitor::write(&opts.dir, &samples).map_err(io_err(&opts.dir))?;
             if self.progress {
                 eprintln!(
-                    "{}  wrote {}/{{trace.json,steps.csv,ops.csv,summary.txt}}",
+                    "{}  wrote {}/{{trace.json,steps.csv,ops.csv,monitor.csv,cpu_heatmap.png,summary.txt}}",
                     report.text(8),
                     opts.dir.display()
                 );
