@@ -338,6 +338,10 @@ fn text_students_learn_from_a_bert_teacher() {
         log.contains("pretrained tensors of other shapes are initialised"),
         "{log}"
     );
+    assert!(
+        log.contains("embeddings projected onto the 8 leading principal directions"),
+        "{log}"
+    );
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.join("narrow/best/config.json")).unwrap()).unwrap();
     assert_eq!(
@@ -404,6 +408,15 @@ fn text_students_learn_from_a_bert_teacher() {
     let f = text_run(d, "lstm", &lstm, distill);
     ok_log(&trident(&["distill", "--config", &f], d));
     assert!(accuracy(&d.join("lstm")) >= 0.9);
+    // Its embedding table can start from the teacher's, projected to its width.
+    let pca = format!("{lstm}\nembeddings = \"teacher/best\"");
+    let f = text_run(d, "lstm-pca", &pca, distill);
+    let log = ok_log(&trident(&["distill", "--config", &f], d));
+    assert!(
+        log.contains("projected onto their 16 leading principal directions"),
+        "{log}"
+    );
+    assert!(accuracy(&d.join("lstm-pca")) >= 0.9);
     // It has no transformer layers to match.
     let f = text_run(d, "lstm-hidden", &lstm, hidden);
     let err = failed(&trident(&["distill", "--config", &f], d));
@@ -423,6 +436,9 @@ fn text_students_learn_from_a_bert_teacher() {
     );
     let err = failed(&trident(&["distill", "--config", &f], d));
     assert!(err.contains("tokenizer.json differs"), "{err}");
+    let f = text_run(d, "wide-embed", &pca.replace("embed = 16", "embed = 32"), distill);
+    let err = failed(&trident(&["distill", "--config", &f], d));
+    assert!(err.contains("model.embed = 32 is wider than"), "{err}");
     assert!(!d.join("other-tok").exists());
     let f = text_run(d, "deep", &layers.replace("[1]", "[0, 2]"), distill);
     let err = failed(&trident(&["distill", "--config", &f], d));

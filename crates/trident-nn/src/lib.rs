@@ -15,6 +15,7 @@ pub mod layers;
 pub mod math;
 pub mod ops;
 pub mod params;
+pub mod pca;
 pub mod rnn;
 pub mod runtime;
 mod scratch;

@@ -469,6 +469,16 @@ impl Loaded {
         dropped
     }
 
+    /// Adds or replaces tensor `name`.
+    pub fn insert(&mut self, name: &str, t: Tensor) {
+        self.tensors.insert(name.to_string(), t);
+    }
+
+    /// Tensor `name` as stored, if present.
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.get(name)
+    }
+
     /// The shape of tensor `name`, if present.
     pub fn dims(&self, name: &str) -> Option<Vec<usize>> {
         self.tensors.get(name).map(|t| t.dims().to_vec())

@@ -304,6 +304,11 @@ impl BertWidth {
 #[serde(deny_unknown_fields)]
 pub struct RnnModel {
     pub tokenizer: PathBuf,
+    /// Start the embedding table from this BERT folder or checkpoint's token embeddings,
+    /// projected onto their `embed` leading principal directions (its tokenizer must be
+    /// `tokenizer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<PathBuf>,
     #[serde(default = "embed")]
     pub embed: usize,
     #[serde(default = "embed")]

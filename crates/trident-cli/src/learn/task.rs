@@ -95,6 +95,40 @@ impl trident_train::distill::RowKeys for Batch {
     }
 }
 
+/// `embedding.weight` for a recurrent student: the word embeddings of the BERT folder or
+/// checkpoint `from` projected onto their `dim` leading principal directions, scaled to unit
+/// standard deviation (the scale of a fresh `N(0, 1)` table).
+fn projected_embeddings(from: &Path, vocab: usize, dim: usize) -> anyhow::Result<Loaded> {
+    let l = load_bert_weights(from)?;
+    let name = "bert.embeddings.word_embeddings.weight";
+    let table = l
+        .tensor(name)
+        .with_context(|| format!("model.embeddings = {}: no {name}", from.display()))?;
+    let (rows, width) = table.dims2()?;
+    if rows != vocab {
+        bail!(
+            "model.embeddings = {}: {rows} token embeddings, the tokenizer has {vocab} tokens \
+             (use that model's tokenizer.json)",
+            from.display()
+        );
+    }
+    if dim > width {
+        bail!(
+            "model.embed = {dim} is wider than {}'s {width}-wide embeddings",
+            from.display()
+        );
+    }
+    let p = trident_nn::pca::project(table, dim)?;
+    let std = p.sqr()?.mean_all()?.to_scalar::<f32>()?.sqrt().max(1e-12);
+    let mut out = Loaded::from_tensors(Default::default(), &from.display().to_string());
+    out.insert("embedding.weight", p.affine(1.0 / std as f64, 0.0)?);
+    eprintln!(
+        "embeddings: {}'s {width}-wide token embeddings projected onto their {dim} leading principal directions",
+        from.display()
+    );
+    Ok(out)
+}
+
 /// Tokenised texts with labels.
 pub struct TokenSet {
     ids: Vec<Vec<u32>>,
@@ -335,6 +369,32 @@ impl Model {
                                 dir.display()
                             );
                         }
+                        let word = "bert.embeddings.word_embeddings.weight";
+                        if let Some(d) = l.dims(word).filter(|d| d.get(1) != Some(&config.hidden_size)) {
+                            // A narrower width: the teacher's embeddings (word, position,
+                            // segment; summed in the model) projected onto the leading
+                            // principal directions of its word embeddings.
+                            let k = config.hidden_size;
+                            if k > d[1] {
+                                bail!("model.hidden = {k} is wider than the pretrained {}; only narrower students are supported", d[1]);
+                            }
+                            let (mean, basis) = trident_nn::pca::basis(l.tensor(word).expect("present"), k)?;
+                            for name in [
+                                word,
+                                "bert.embeddings.position_embeddings.weight",
+                                "bert.embeddings.token_type_embeddings.weight",
+                            ] {
+                                if let Some(t) = l.tensor(name) {
+                                    let t = t.to_dtype(candle_core::DType::F32)?;
+                                    let t = if name == word { t.broadcast_sub(&mean)? } else { t };
+                                    l.insert(name, t.matmul(&basis)?);
+                                }
+                            }
+                            eprintln!(
+                                "narrow student: embeddings projected onto the {k} leading principal directions of {}'s",
+                                dir.display()
+                            );
+                        }
                         if width.any() {
                             // Initialised "where shapes allow": a throwaway build gives the
                             // student's shapes, and weights of other shapes are dropped.
@@ -433,8 +493,12 @@ impl Model {
                 };
                 let tok = Tokenizer::from_file(&tok_file)?;
                 let vocab = tok.vocab_size();
+                let loaded = match (&r.embeddings, weights_dir) {
+                    (Some(from), None) => Some(projected_embeddings(from, vocab, r.embed)?),
+                    _ => None,
+                };
                 let m = RnnClassifier::new(
-                    &params.builder(seed, None),
+                    &params.builder(seed, loaded),
                     kind,
                     vocab,
                     r.embed,
