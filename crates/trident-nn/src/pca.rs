@@ -56,23 +56,23 @@ fn orthonormal(m: Vec<f32>, dim: usize, k: usize) -> Vec<f32> {
         .map(|j| (0..dim).map(|i| m[i * k + j] as f64).collect())
         .collect();
     for j in 0..k {
-        for p in 0..j {
-            let dot: f64 = (0..dim).map(|i| cols[j][i] * cols[p][i]).sum();
-            for i in 0..dim {
-                cols[j][i] -= dot * cols[p][i];
-            }
+        let (done, rest) = cols.split_at_mut(j);
+        let c = &mut rest[0];
+        for p in done.iter() {
+            let dot: f64 = c.iter().zip(p).map(|(a, b)| a * b).sum();
+            c.iter_mut().zip(p).for_each(|(a, b)| *a -= dot * b);
         }
-        let norm = cols[j].iter().map(|v| v * v).sum::<f64>().sqrt();
+        let norm = c.iter().map(|v| v * v).sum::<f64>().sqrt();
         if norm < 1e-12 {
-            cols[j] = (0..dim).map(|i| if i == j { 1.0 } else { 0.0 }).collect();
+            *c = (0..dim).map(|i| if i == j { 1.0 } else { 0.0 }).collect();
         } else {
-            cols[j].iter_mut().for_each(|v| *v /= norm);
+            c.iter_mut().for_each(|v| *v /= norm);
         }
     }
     let mut out = vec![0f32; dim * k];
     for (j, c) in cols.iter().enumerate() {
-        for i in 0..dim {
-            out[i * k + j] = c[i] as f32;
+        for (i, v) in c.iter().enumerate() {
+            out[i * k + j] = *v as f32;
         }
     }
     out
