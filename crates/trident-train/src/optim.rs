@@ -4,6 +4,8 @@
 //! candle's AdamW is about ten tensor operations with fresh allocations per parameter; here
 //! each parameter is updated in one multi-threaded pass over its buffer (m, v and the
 //! weight together), with PyTorch's exact formulas so results agree with `torch.optim`.
+//! `fused = false` runs candle-nn's chain of tensor operations instead (the same ops, so
+//! the same bits), to check and measure the fused pass against.
 
 use candle_core::{Device, Result, Tensor};
 use rayon::prelude::*;
@@ -29,6 +31,9 @@ pub enum OptimizerConfig {
         /// Decoupled weight decay.
         #[serde(default = "wd")]
         weight_decay: f64,
+        /// One fused pass per parameter (default), or candle-nn's chain of tensor ops.
+        #[serde(default = "yes")]
+        fused: bool,
     },
     /// SGD with (optionally Nesterov) momentum and L2 weight decay, as `torch.optim.SGD`.
     Sgd {
@@ -56,6 +61,9 @@ fn eps() -> f64 {
 fn wd() -> f64 {
     0.01
 }
+fn yes() -> bool {
+    true
+}
 
 impl Default for OptimizerConfig {
     fn default() -> Self {
@@ -64,6 +72,7 @@ impl Default for OptimizerConfig {
             beta2: beta2(),
             eps: eps(),
             weight_decay: wd(),
+            fused: true,
         }
     }
 }
@@ -78,6 +87,8 @@ pub struct Optimizer {
     m: HashMap<String, Vec<f32>>,
     /// Second moment (AdamW), by parameter name.
     v: HashMap<String, Vec<f32>>,
+    /// The unfused AdamW's moments, kept as tensors (as candle-nn keeps them).
+    tensors: HashMap<String, (Tensor, Tensor)>,
 }
 
 impl Optimizer {
@@ -88,6 +99,7 @@ impl Optimizer {
             steps: 0,
             m: HashMap::new(),
             v: HashMap::new(),
+            tensors: HashMap::new(),
         }
     }
 
@@ -112,6 +124,41 @@ impl Optimizer {
                     beta2,
                     eps,
                     weight_decay,
+                    fused: false,
+                } => {
+                    // candle-nn's AdamW::step, operation for operation.
+                    let theta = p.var.as_tensor();
+                    let shape = theta.shape().clone();
+                    let zeros = || Tensor::zeros(shape.clone(), candle_core::DType::F32, &Device::Cpu);
+                    let (mt, vt) = match self.tensors.remove(&p.name) {
+                        Some(s) => s,
+                        None => match (self.m.remove(&p.name), self.v.remove(&p.name)) {
+                            (Some(m), Some(v)) => (
+                                Tensor::from_vec(m, shape.clone(), &Device::Cpu)?,
+                                Tensor::from_vec(v, shape.clone(), &Device::Cpu)?,
+                            ),
+                            _ => (zeros()?, zeros()?),
+                        },
+                    };
+                    let g = Tensor::from_slice(g, shape.clone(), &Device::Cpu)?;
+                    let scale_m = 1f64 / (1f64 - beta1.powi(t));
+                    let scale_v = 1f64 / (1f64 - beta2.powi(t));
+                    let next_m = ((&mt * beta1)? + (&g * (1.0 - beta1))?)?;
+                    let next_v = ((&vt * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
+                    let m_hat = (&next_m * scale_m)?;
+                    let v_hat = (&next_v * scale_v)?;
+                    let next_theta = (theta * (1f64 - lr * weight_decay))?;
+                    let adjusted = (m_hat / (v_hat.sqrt()? + eps)?)?;
+                    let next_theta = (next_theta - (adjusted * lr)?)?;
+                    p.var.set(&next_theta)?;
+                    self.tensors.insert(p.name.clone(), (next_m, next_v));
+                }
+                OptimizerConfig::Adamw {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                    fused: true,
                 } => {
                     let m = self.m.entry(p.name.clone()).or_insert_with(m);
                     let v = self.v.entry(p.name.clone()).or_insert_with(|| vec![0.0; n]);
@@ -159,6 +206,10 @@ impl Optimizer {
     /// The state as named tensors (`m.<param>`, `v.<param>`) for a checkpoint.
     pub fn state_tensors(&self) -> Result<HashMap<String, Tensor>> {
         let mut out = HashMap::new();
+        for (k, (m, v)) in &self.tensors {
+            out.insert(format!("m.{k}"), m.flatten_all()?);
+            out.insert(format!("v.{k}"), v.flatten_all()?);
+        }
         for (prefix, map) in [("m", &self.m), ("v", &self.v)] {
             for (k, val) in map {
                 out.insert(
@@ -174,6 +225,7 @@ impl Optimizer {
     pub fn load_state(&mut self, tensors: &HashMap<String, Tensor>, steps: u64) -> Result<()> {
         self.m.clear();
         self.v.clear();
+        self.tensors.clear();
         for (k, t) in tensors {
             let v = t.to_vec1::<f32>()?;
             match k.split_once('.') {

@@ -1,5 +1,5 @@
-//! Fused AdamW and SGD (momentum, Nesterov) against `torch.optim` over three steps with
-//! the same gradients. Fixture: trident-nn/tests/fixtures/make_reference.py.
+//! Fused and unfused AdamW and SGD (momentum, Nesterov) against `torch.optim` over three
+//! steps with the same gradients. Fixture: trident-nn/tests/fixtures/make_reference.py.
 
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
@@ -24,6 +24,18 @@ fn adamw_and_sgd_match_torch_optim_over_three_steps() {
                 beta2: 0.999,
                 eps: 1e-8,
                 weight_decay: 0.1,
+                fused: true,
+            },
+            0.01,
+        ),
+        (
+            "adamw",
+            OptimizerConfig::Adamw {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                fused: false,
             },
             0.01,
         ),
