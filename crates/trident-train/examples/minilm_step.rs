@@ -3,6 +3,7 @@
 //! both use the same weights, token ids and labels. Not a test: run it on a quiet machine.
 //!
 //!     cargo run --release -p trident-train --example minilm_step -- data/minilm 10
+//!     ADAMW=unfused cargo run …   # candle-nn's AdamW op chain instead of the fused pass
 
 use candle_core::{Device, Tensor};
 use std::time::Instant;
@@ -40,11 +41,15 @@ fn main() -> anyhow::Result<()> {
     let b = TextBatch::new(ids, vec![0; batch * seq], vec![1; batch * seq], batch, seq)?;
     let labels = Tensor::from_iter((0..batch as u32).map(|i| i % 3), &Device::Cpu)?;
     let trainable = params.trainable();
+    // ADAMW=unfused: candle-nn's chain of tensor ops instead of the fused pass.
+    let fused = std::env::var("ADAMW").map_or(true, |v| v != "unfused");
+    eprintln!("AdamW: {}", if fused { "fused" } else { "unfused (candle-nn's ops)" });
     let mut opt = Optimizer::new(OptimizerConfig::Adamw {
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: 0.01,
+        fused,
     });
     let (mut fw, mut bw, mut op) = (Vec::new(), Vec::new(), Vec::new());
     let mut g: Vec<Vec<f32>> = trainable.iter().map(|p| vec![0f32; p.var.elem_count()]).collect();
