@@ -43,7 +43,14 @@ fn main() -> anyhow::Result<()> {
     let trainable = params.trainable();
     // ADAMW=unfused: candle-nn's chain of tensor ops instead of the fused pass.
     let fused = std::env::var("ADAMW").map_or(true, |v| v != "unfused");
-    eprintln!("AdamW: {}", if fused { "fused" } else { "unfused (candle-nn's ops)" });
+    eprintln!(
+        "AdamW: {}",
+        if fused {
+            "fused"
+        } else {
+            "unfused (candle-nn's ops)"
+        }
+    );
     let mut opt = Optimizer::new(OptimizerConfig::Adamw {
         beta1: 0.9,
         beta2: 0.999,
