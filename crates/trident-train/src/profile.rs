@@ -346,7 +346,7 @@ pub fn analyse(
     let mut totals: Vec<f64> = rows.iter().map(|r| r.total_ms).collect();
     let median_step_ms = median(&mut totals);
     let monitor = (!samples.is_empty()).then(|| crate::monitor::summarise(samples));
-    let mut findings = diagnose(rows, &phases, median_step_ms, opts);
+    let mut findings = diagnose(rows, &phases, median_step_ms, monitor.as_ref(), opts);
     if let Some(m) = &monitor {
         findings.extend(oversubscribed(m, opts.cores));
     }
@@ -373,6 +373,7 @@ pub fn diagnose(
     rows: &[StepPhases],
     phases: &[PhaseStats],
     median_step_ms: f64,
+    monitor: Option<&crate::monitor::MonitorSummary>,
     opts: &ProfileOptions,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -380,24 +381,39 @@ pub fn diagnose(
     let pct = |x: f64| format!("{:.0} %", 100.0 * x);
     if share("data") >= 0.20 {
         let w = opts.num_workers;
+        // With every core already busy, more workers only compete with the model.
+        let busy =
+            monitor.map(|m| m.mean_core_busy.iter().sum::<f64>() / m.mean_core_busy.len().max(1) as f64);
+        let suggestion = match busy {
+            Some(b) if b >= 0.9 && w >= 1 => format!(
+                "the cores are already {:.0} % busy, so more loader workers would compete with the model for \
+                 them: make loading cheaper instead (decode and resize once ahead of training, smaller \
+                 images, fewer transforms)",
+                100.0 * b
+            ),
+            _ => format!(
+                "set loader.num_workers = {} (and loader.prefetch ≥ 2) so batches are ready before they are needed",
+                (w + 1).max(2)
+            ),
+        };
         out.push(Finding {
             rule: "data-bound",
             evidence: format!(
-                "waiting for data takes {} of each step (median {:.1} ms of {:.1} ms) with num_workers = {w}",
+                "waiting for data takes {} of the profiled time (median step: {:.1} ms of {:.1} ms) with num_workers = {w}",
                 pct(share("data")),
                 phases[0].median_ms,
                 median_step_ms
             ),
-            suggestion: format!(
-                "set loader.num_workers = {} (and loader.prefetch ≥ 2) so batches are ready before they are needed",
-                (w + 1).max(2)
-            ),
+            suggestion,
         });
     }
     if share("optimizer") >= 0.25 {
         out.push(Finding {
             rule: "optimizer-bound",
-            evidence: format!("the optimizer takes {} of each step", pct(share("optimizer"))),
+            evidence: format!(
+                "the optimizer takes {} of the profiled time",
+                pct(share("optimizer"))
+            ),
             suggestion: "raise train.grad_accum or the batch size so each update serves more examples; \
                          use adamw (one fused pass per parameter) rather than a chain of tensor ops"
                 .into(),
@@ -406,7 +422,10 @@ pub fn diagnose(
     if share("comm") >= 0.20 {
         out.push(Finding {
             rule: "communication-bound",
-            evidence: format!("gradient exchange takes {} of each step", pct(share("comm"))),
+            evidence: format!(
+                "gradient exchange takes {} of the profiled time",
+                pct(share("comm"))
+            ),
             suggestion: "larger buckets, gradient accumulation, or fewer ranks per machine".into(),
         });
     }
@@ -665,6 +684,35 @@ mod tests {
         assert_eq!(
             (softmax.self_ms, softmax.total_ms, softmax.calls),
             (70e-6, 100e-6, 1)
+        );
+    }
+
+    #[test]
+    fn a_data_bound_run_on_saturated_cores_is_told_to_load_cheaper_not_wider() {
+        let data: Vec<_> = (1..=6)
+            .map(|s| row(s, [40.0, 30.0, 60.0, 5.0, 0.0, 1.0]))
+            .collect();
+        let busy = |b: f64| crate::monitor::MonitorSummary {
+            samples: 10,
+            cores: 2,
+            mean_core_busy: vec![b, b],
+            peak_rss: 1,
+            max_threads: 6,
+            mean_runnable: 2.0,
+        };
+        let opts = ProfileOptions {
+            num_workers: 2,
+            ..Default::default()
+        };
+        let analyse_with = |b: f64| {
+            let r = analyse(&data, &[], &[], &opts);
+            diagnose(&data, &r.phases, r.median_step_ms, Some(&busy(b)), &opts)
+        };
+        assert!(analyse_with(0.5)[0].suggestion.contains("num_workers = 3"));
+        let f = &analyse_with(0.97)[0];
+        assert!(
+            f.suggestion.contains("97 % busy") && f.suggestion.contains("cheaper"),
+            "{f:?}"
         );
     }
 
