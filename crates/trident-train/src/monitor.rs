@@ -213,9 +213,7 @@ pub fn write(dir: &Path, samples: &[Sample]) -> std::io::Result<()> {
             s.runnable
         );
     }
-    let tmp = dir.join(".monitor.csv.tmp");
-    std::fs::write(&tmp, csv)?;
-    std::fs::rename(&tmp, dir.join("monitor.csv"))?;
+    crate::write_atomic(&dir.join("monitor.csv"), csv.as_bytes())?;
     if cores > 0 && !samples.is_empty() {
         heatmap(&dir.join("cpu_heatmap.png"), samples, cores).map_err(std::io::Error::other)?;
     }

@@ -568,11 +568,7 @@ pub fn write(
     report: &ProfileReport,
 ) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let put = |name: &str, bytes: &[u8]| -> std::io::Result<()> {
-        let tmp = dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, dir.join(name))
-    };
+    let put = |name: &str, bytes: &[u8]| crate::write_atomic(&dir.join(name), bytes);
     put(
         "trace.json",
         serde_json::to_string(&chrome_trace(events))?.as_bytes(),

@@ -464,9 +464,7 @@ fn run<D: Dataset + 'static>(
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| tmp.display().to_string())?;
-    std::fs::rename(&tmp, path).with_context(|| path.display().to_string())
+    trident_train::write_atomic(path, bytes).with_context(|| path.display().to_string())
 }
 
 fn write_report(
