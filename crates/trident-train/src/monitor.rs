@@ -67,6 +67,12 @@ fn status_field(status: &str, key: &str) -> Option<u64> {
         .ok()
 }
 
+/// This process's peak resident memory so far (`VmHWM`), where /proc has it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status_field(&status, "VmHWM:").map(|kb| kb * 1024)
+}
+
 fn runnable_threads() -> u64 {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return 0;

@@ -239,7 +239,9 @@ pub struct ProfileReport {
     pub findings: Vec<Finding>,
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (0 for none).
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => 0.0,
@@ -290,7 +292,7 @@ pub fn analyse(
         .iter()
         .enumerate()
         .map(|(i, &phase)| {
-            let mut v: Vec<f64> = rows.iter().map(|r| r.ms[i]).collect();
+            let v: Vec<f64> = rows.iter().map(|r| r.ms[i]).collect();
             let n = v.len().max(1) as f64;
             let mean = v.iter().sum::<f64>() / n;
             let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
@@ -300,7 +302,7 @@ pub fn analyse(
                 max_ms: v.iter().cloned().fold(0.0, f64::max),
                 cv: if mean > 0.0 { var.sqrt() / mean } else { 0.0 },
                 share: v.iter().sum::<f64>() / step_total,
-                median_ms: median(&mut v),
+                median_ms: median(&v),
             }
         })
         .collect();
@@ -343,8 +345,8 @@ pub fn analyse(
     }
     let mut regions: Vec<(String, u64, f64)> = regions.into_iter().map(|(k, (c, ms))| (k, c, ms)).collect();
     regions.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let mut totals: Vec<f64> = rows.iter().map(|r| r.total_ms).collect();
-    let median_step_ms = median(&mut totals);
+    let totals: Vec<f64> = rows.iter().map(|r| r.total_ms).collect();
+    let median_step_ms = median(&totals);
     let monitor = (!samples.is_empty()).then(|| crate::monitor::summarise(samples));
     let mut findings = diagnose(rows, &phases, median_step_ms, monitor.as_ref(), opts);
     if let Some(m) = &monitor {

@@ -297,10 +297,6 @@ where
     Ok(())
 }
 
-fn param_count(m: &Model) -> usize {
-    m.params.all().iter().map(|p| p.var.elem_count()).sum()
-}
-
 fn run<D: Dataset + 'static>(
     c: &RunConfig,
     args: &TrainArgs,
@@ -316,14 +312,14 @@ fn run<D: Dataset + 'static>(
         "{}: {} trainable parameters of {}; data {tr} train / {va} val / {te} test, classes {classes:?}",
         config_file.display(),
         model.params.trainable_count(),
-        param_count(&model),
+        model.param_count(),
     );
     if let (Some((t, _)), Some(d)) = (&teacher, &c.distill) {
         eprintln!(
             "teacher {}: {} parameters; the student has {:.1} % of them; loss {:?}",
             d.teacher.display(),
-            param_count(t),
-            100.0 * param_count(&model) as f64 / param_count(t).max(1) as f64,
+            t.param_count(),
+            100.0 * model.param_count() as f64 / t.param_count().max(1) as f64,
             d.loss
         );
     }
@@ -382,7 +378,7 @@ fn run<D: Dataset + 'static>(
             None,
         ),
     };
-    let peak_rss = report::peak_rss_bytes();
+    let peak_rss = trident_train::monitor::peak_rss_bytes();
     if summary.interrupted {
         eprintln!(
             "stopped at epoch {}, batch {}: resume with `trident {} --config {} --resume`",
@@ -443,10 +439,10 @@ fn run<D: Dataset + 'static>(
         }
         _ => None,
     };
-    let epochs = report::epoch_seconds(dir);
+    let epochs: Vec<f64> = summary.records.iter().map(|r| r.epoch_seconds).collect();
     let rep = report::RunReport {
         student,
-        median_epoch_seconds: report::median(&epochs),
+        median_epoch_seconds: trident_train::profile::median(&epochs),
         epoch_seconds: epochs,
         peak_rss_bytes: peak_rss,
         distill,

@@ -9,14 +9,14 @@
 //! - `latency`: single-example forward passes (batch 1, evaluation mode, padding trimmed
 //!   for text) over the first test examples after a warm-up; percentiles in milliseconds.
 //! - `test_examples_per_second`: the batched test-set evaluation (`eval_batch_size`).
-//! - `epoch_seconds`: the training part of each epoch, from `metrics.jsonl`.
+//! - `epoch_seconds`: the training part of each epoch, as the trainer recorded it.
 
 use super::task::{Batch, Model};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
 use trident_nn::Ctx;
-use trident_train::trainer::{EpochRecord, Evaluation};
+use trident_train::trainer::Evaluation;
 use trident_train::TrainStep;
 
 /// Batch-1 forward latency.
@@ -76,48 +76,13 @@ pub fn facts(
     weights: Option<&Path>,
 ) -> anyhow::Result<ModelFacts> {
     Ok(ModelFacts {
-        params: model.params.all().iter().map(|p| p.var.elem_count()).sum(),
+        params: model.param_count(),
         size_bytes: weights.and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len()),
         test_accuracy: ev.report.accuracy,
         test_macro_f1: ev.report.macro_f1,
         test_examples_per_second: ev.labels.len() as f64 / eval_seconds.max(1e-9),
         latency: latency(model, first_test_batch, 200)?,
     })
-}
-
-/// The peak resident memory of this process so far (`VmHWM`), where /proc has it.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb = s.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
-    kb.trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(|k| k * 1024)
-}
-
-/// The training seconds of each epoch recorded in `<run>/metrics.jsonl`.
-pub fn epoch_seconds(run_dir: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .map(|s| {
-            s.lines()
-                .filter_map(|l| serde_json::from_str::<EpochRecord>(l).ok())
-                .map(|r| r.epoch_seconds)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The median of `v` (0 for none).
-pub fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// The whole report.

@@ -296,6 +296,11 @@ impl TrainStep for Model {
 }
 
 impl Model {
+    /// Elements of every parameter tensor (buffers included).
+    pub fn param_count(&self) -> usize {
+        self.params.all().iter().map(|p| p.var.elem_count()).sum()
+    }
+
     /// Hidden states a transformer encoder exposes: their count (embeddings + layers) and
     /// width; `None` for other networks.
     pub fn hidden_layout(&self) -> Option<(usize, usize)> {
