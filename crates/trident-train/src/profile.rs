@@ -33,8 +33,6 @@ pub struct ProfileOptions {
     pub dir: PathBuf,
     /// The data loader's background workers (for the diagnosis).
     pub num_workers: usize,
-    /// Cores this process may use (for the oversubscription rule; 0 = ask the OS).
-    pub cores: usize,
 }
 
 impl ProfileOptions {
@@ -350,7 +348,8 @@ pub fn analyse(
     let monitor = (!samples.is_empty()).then(|| crate::monitor::summarise(samples));
     let mut findings = diagnose(rows, &phases, median_step_ms, monitor.as_ref(), opts);
     if let Some(m) = &monitor {
-        findings.extend(oversubscribed(m, opts.cores));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        findings.extend(oversubscribed(m, cores));
     }
     ProfileReport {
         monitor,
@@ -476,11 +475,6 @@ pub fn diagnose(
 /// the default pools shows about 1.5 per core: rayon's workers spin a while before they
 /// sleep, and count as runnable then.)
 pub fn oversubscribed(m: &crate::monitor::MonitorSummary, cores: usize) -> Option<Finding> {
-    let cores = if cores > 0 {
-        cores
-    } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    };
     (m.mean_runnable > 2.0 * cores as f64).then(|| Finding {
         rule: "oversubscribed",
         evidence: format!(

@@ -336,7 +336,6 @@ fn run<D: Dataset + 'static>(
             steps: args.profile_steps,
             dir: dir.join("profile"),
             num_workers: c.loader.num_workers,
-            cores: 0,
         });
     }
     install_signal_handlers(&trainer)?;
