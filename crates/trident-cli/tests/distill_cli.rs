@@ -3,7 +3,7 @@
 //! student must learn, and bad teachers are refused before any training.
 
 mod common;
-use common::{failed, ok_log, tiny_bert, trident, write_idx, write_texts};
+use common::{failed, ok_log, reviews_data, tiny_bert, trident, write_idx, write_texts};
 
 use std::path::Path;
 
@@ -262,19 +262,13 @@ fn a_student_learns_from_a_frozen_teacher() {
 }
 
 fn text_run(d: &Path, run: &str, model: &str, extra: &str) -> String {
+    let reviews = reviews_data("reviews.tsv");
     let cfg = format!(
         r#"
 [run]
 dir = "{run}"
 seed = 3
-[data]
-kind = "text"
-files = ["reviews.tsv"]
-format = "tsv"
-text_field = "0"
-label_field = "1"
-max_len = 16
-[loader]
+{reviews}[loader]
 batch_size = 8
 [model]
 {model}

@@ -2,24 +2,18 @@
 //! operator table, the Chrome trace and the step window.
 
 mod common;
-use common::{ok_log, tiny_bert, trident, write_texts};
+use common::{ok_log, reviews_data, tiny_bert, trident, write_texts};
 
 use std::path::Path;
 
 fn config(d: &Path, run: &str) -> String {
+    let reviews = reviews_data("reviews.tsv");
     let cfg = format!(
         r#"
 [run]
 dir = "{run}"
 seed = 1
-[data]
-kind = "text"
-files = ["reviews.tsv"]
-format = "tsv"
-text_field = "0"
-label_field = "1"
-max_len = 16
-[loader]
+{reviews}[loader]
 batch_size = 8
 num_workers = 1
 [model]

@@ -3,7 +3,7 @@
 //! images. Checks the run directory, exact resume, and the errors for bad input.
 
 mod common;
-use common::{failed, ok, tiny_bert, trident, write_idx, write_texts};
+use common::{failed, ok, reviews_data, tiny_bert, trident, write_idx, write_texts};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,14 +15,7 @@ fn text_config(dir: &Path, data: &Path, run: &str, extra_data: &str) -> PathBuf 
 dir = "{run}"
 seed = 3
 
-[data]
-kind = "text"
-files = ["{data}"]
-format = "tsv"
-text_field = "0"
-label_field = "1"
-max_len = 16
-{extra_data}
+{reviews}{extra_data}
 
 [loader]
 batch_size = 8
@@ -42,7 +35,7 @@ max_grad_norm = 1.0
 grad_accum = 2
 log_every = 1
 "#,
-        data = data.display(),
+        reviews = reviews_data(&data.display().to_string()),
         bert = tiny_bert().display(),
     );
     let f = dir.join(format!("{run}.toml"));

@@ -16,29 +16,16 @@ fn reference() -> HashMap<String, Tensor> {
 fn adamw_and_sgd_match_torch_optim_over_three_steps() {
     let r = reference();
     let v = |t: &Tensor| t.to_vec1::<f32>().unwrap();
+    let adamw = |fused| OptimizerConfig::Adamw {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        fused,
+    };
     let cases = [
-        (
-            "adamw",
-            OptimizerConfig::Adamw {
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.1,
-                fused: true,
-            },
-            0.01,
-        ),
-        (
-            "adamw",
-            OptimizerConfig::Adamw {
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.1,
-                fused: false,
-            },
-            0.01,
-        ),
+        ("adamw", adamw(true), 0.01),
+        ("adamw", adamw(false), 0.01),
         (
             "sgd",
             OptimizerConfig::Sgd {

@@ -65,3 +65,17 @@ pub fn write_texts(dir: &Path) -> PathBuf {
     std::fs::write(&f, text).unwrap();
     f
 }
+
+/// The `[data]` section for the reviews of [`write_texts`] in `file` (max 16 tokens).
+pub fn reviews_data(file: &str) -> String {
+    format!(
+        r#"[data]
+kind = "text"
+files = ["{file}"]
+format = "tsv"
+text_field = "0"
+label_field = "1"
+max_len = 16
+"#
+    )
+}
