@@ -383,6 +383,28 @@ lr = 5e-3
     assert_eq!(m["classes"], serde_json::json!(["blue", "red"]));
     let acc = m["report"]["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.9, "colour is learnt: accuracy {acc}");
+    // The same run in bf16 mixed precision learns as well, and is not the f32 run again.
+    let bf16_cfg = d.join("vit-bf16.toml");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("dir = \"vit\"", "dir = \"vit-bf16\"")
+        .replace("[train]\n", "[train]\nprecision = \"bf16\"\n");
+    std::fs::write(&bf16_cfg, text).unwrap();
+    ok(&trident(&["train", "--config", bf16_cfg.to_str().unwrap()], d));
+    let m16: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("vit-bf16/test/metrics.json")).unwrap()).unwrap();
+    let acc16 = m16["report"]["accuracy"].as_f64().unwrap();
+    assert!(acc16 >= 0.9, "bf16 learns colour too: accuracy {acc16}");
+    let first_loss = |run: &str| -> f64 {
+        let log = std::fs::read_to_string(d.join(run).join("metrics.jsonl")).unwrap();
+        let line: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+        line["train_loss"].as_f64().unwrap()
+    };
+    let (l32, l16) = (first_loss("vit"), first_loss("vit-bf16"));
+    assert!(
+        l32 != l16 && (l32 - l16).abs() < 0.05 * l32,
+        "f32 {l32}, bf16 {l16}"
+    );
     // predict classifies image files with the training preprocessing (resize, normalise).
     let out = ok(&trident(
         &[

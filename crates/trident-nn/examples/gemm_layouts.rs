@@ -2,10 +2,15 @@
 //! matmul against Trident's `blas::gemm` (OpenBLAS when present, rows split over rayon) for
 //! the forward product and both backward products.
 //!
-//!     cargo run -p trident-nn --example gemm_layouts
+//! The same three products in bf16 with f32 accumulation (`trident_nn::bf16::gemm`, AMX
+//! where the CPU has it) follow, from f32 operands (rounded while packing) as the
+//! mixed-precision linear layer uses them.
+//!
+//!     cargo run --release -p trident-nn --example gemm_layouts
 
 use candle_core::{Device, Tensor};
 use std::time::Instant;
+use trident_nn::bf16::{self, Operand};
 use trident_nn::blas::{self, Mat};
 
 fn median_ms(mut f: impl FnMut()) -> f64 {
@@ -22,6 +27,8 @@ fn median_ms(mut f: impl FnMut()) -> f64 {
 }
 
 fn main() -> candle_core::Result<()> {
+    // As `trident train` runs: freed buffers are reused rather than unmapped.
+    trident_nn::runtime::keep_freed_memory();
     let dev = Device::Cpu;
     let (m, k, n) = (1024, 384, 1536);
     let flop = 2.0 * (m * k * n) as f64;
@@ -70,6 +77,24 @@ fn main() -> candle_core::Result<()> {
     report(
         "trident gᵀ · x (weight gradient)",
         median_ms(|| blas::gemm(n, k, m, 1.0, Mat::new(&gv, n).t(), Mat::new(&xv, k), 0.0, &mut dw)),
+    );
+    println!("bf16 kernel: {}", bf16::backend());
+    let (xo, wo, go) = (
+        Operand::F32(Mat::new(&xv, k)),
+        Operand::F32(Mat::new(&wv, k)),
+        Operand::F32(Mat::new(&gv, n)),
+    );
+    report(
+        "bf16    x · wᵀ (forward)",
+        median_ms(|| bf16::gemm(m, n, k, xo, wo.t(), 0.0, &mut out)),
+    );
+    report(
+        "bf16    g · w (input gradient)",
+        median_ms(|| bf16::gemm(m, k, n, go, wo, 0.0, &mut dx)),
+    );
+    report(
+        "bf16    gᵀ · x (weight gradient)",
+        median_ms(|| bf16::gemm(n, k, m, go.t(), xo, 0.0, &mut dw)),
     );
     Ok(())
 }

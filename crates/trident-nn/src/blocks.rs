@@ -19,13 +19,15 @@
 //! otherwise be left out of the backward pass and its sinks never written. The anchor is a
 //! `Var`, which candle's backward pass skips, and the op returns no gradient for it.
 
-use crate::blas::{self, Mat};
+use crate::bf16::{self, Operand};
+use crate::blas::Mat;
 use crate::dense::{affine, column_sums, Attention, BLOCK};
 use crate::ops::{cpu_slice, f32_slice, for_rows, layer_norm_grads, normalize_row, DropMask};
 use crate::params::GradSink;
 use crate::scratch;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::sync::Mutex;
 
 /// A linear layer's weight (`[out, in]`) and bias (`[out]`), with the sinks their gradients
@@ -57,12 +59,23 @@ impl SinkLinear {
         Ok((n, k))
     }
 
-    /// Adds `gᵀ · x` (`g` the output gradient as `[m, n]` with row stride `ld`, `x` the
-    /// input `[m, k]`) into the weight sink and the column sums of `g` into the bias sink.
-    fn write_grads(&self, g: Mat, x: &[f32], m: usize, n: usize, k: usize, bias_grad: Option<&[f32]>) {
+    /// Adds `gᵀ · x` (`g` the output gradient `[m, n]`, `x` the input `[m, k]`) into the
+    /// weight sink, the product in bf16 when `bf16`, and the column sums of `g` into the
+    /// bias sink.
+    #[allow(clippy::too_many_arguments)]
+    fn write_grads(
+        &self,
+        g: Operand,
+        x: Operand,
+        m: usize,
+        n: usize,
+        k: usize,
+        bias_grad: Option<&[f32]>,
+        bf16: bool,
+    ) {
         self.weight_sink.write(|dw, holds| {
             let beta = if holds { 1.0 } else { 0.0 };
-            blas::gemm(n, k, m, 1.0, g.t(), Mat::new(x, k), beta, dw)
+            bf16::matmul(bf16, n, k, m, g.t(), x, beta, dw)
         });
         if let (Some(sink), Some(db)) = (&self.bias_sink, bias_grad) {
             sink.accumulate(db);
@@ -77,6 +90,60 @@ macro_rules! view {
         $guard = s;
         cpu_slice(&$guard, l, $what)?
     }};
+}
+
+/// An activation saved for the backward pass: f32, or bf16 under autocast (half the
+/// memory; the forward pass computed with the same rounded values).
+enum Act {
+    F32(Vec<f32>),
+    Bf16(Vec<half::bf16>),
+}
+
+impl Act {
+    /// Keeps `v`, rounded to bf16 when `bf16` (the f32 buffer then goes back to scratch).
+    fn keep(v: Vec<f32>, bf16: bool) -> Act {
+        if !bf16 {
+            return Act::F32(v);
+        }
+        let mut h = vec![half::bf16::ZERO; v.len()];
+        bf16::round_into(&v, &mut h);
+        scratch::give(v);
+        Act::Bf16(h)
+    }
+
+    /// As a `[rows, cols]` GEMM operand.
+    fn operand(&self, cols: usize) -> Operand<'_> {
+        match self {
+            Act::F32(v) => Operand::F32(Mat::new(v, cols)),
+            Act::Bf16(v) => Operand::bf16(v, cols),
+        }
+    }
+
+    /// The values in f32 (widened into a new buffer when stored in bf16).
+    fn f32(&self) -> Cow<'_, [f32]> {
+        match self {
+            Act::F32(v) => Cow::Borrowed(v),
+            Act::Bf16(v) => {
+                let mut w = scratch::take(v.len());
+                bf16::widen_into(v, &mut w);
+                Cow::Owned(w)
+            }
+        }
+    }
+
+    /// Returns an f32 buffer to [`scratch`].
+    fn recycle(self) {
+        if let Act::F32(v) = self {
+            scratch::give(v)
+        }
+    }
+}
+
+/// Returns a widened copy to [`scratch`] (a borrowed view is left alone).
+fn recycle(v: Cow<'_, [f32]>) {
+    if let Cow::Owned(v) = v {
+        scratch::give(v)
+    }
 }
 
 /// A layer norm's scale and shift (`[hidden]` each) with their sinks.
@@ -233,8 +300,10 @@ impl Inner {
     /// The output `[m, d]` for input `x` `[m, d]`, and what the backward pass needs: for
     /// attention the projection `[m, 3d]` and the attention output `[m, d]`; for the
     /// feed-forward network GELU's derivative at the pre-activation and the activation
-    /// (`[m, inter]` each).
-    fn forward(&self, x: &[f32], m: usize, d: usize) -> Result<(Vec<f32>, [Vec<f32>; 2])> {
+    /// (`[m, inter]` each). With `bf16` the products run in bf16 and the saved tensors are
+    /// bf16; the attention scores, softmax and GELU stay f32.
+    fn forward(&self, x: &[f32], m: usize, d: usize, bf16: bool) -> Result<(Vec<f32>, [Act; 2])> {
+        let xo = Operand::F32(Mat::new(x, d));
         let (g1, g2, g3, g4);
         match self {
             Inner::Attention {
@@ -249,9 +318,12 @@ impl Inner {
                 let bqkv = view_opt!(packed_b, g2, "self-attention bias");
                 let wo = view!(out.weight, g3, "self-attention weight");
                 let bo = view_opt!(out.bias, g4, "self-attention bias");
-                let qkv = affine(x, m, d, wqkv, 3 * d, bqkv);
-                let merged = attention.forward_slices(&qkv, *batch, m / batch, 3 * d);
-                let y = affine(&merged, m, d, wo, d, bo);
+                let qkv = Act::keep(affine(xo, m, d, wqkv, 3 * d, bqkv, bf16), bf16);
+                let qkv_f32 = qkv.f32();
+                let merged = attention.forward_slices(&qkv_f32, *batch, m / batch, 3 * d);
+                recycle(qkv_f32);
+                let merged = Act::keep(merged, bf16);
+                let y = affine(merged.operand(d), m, d, wo, d, bo, bf16);
                 Ok((y, [qkv, merged]))
             }
             Inner::FeedForward { inter, out } => {
@@ -262,21 +334,31 @@ impl Inner {
                 let b2 = view_opt!(out.bias, g4, "feed-forward bias");
                 // The pre-activation is overwritten by GELU's derivative: the backward pass
                 // needs only that.
-                let mut h = affine(x, m, d, w1, n1, b1);
+                let mut h = affine(xo, m, d, w1, n1, b1, bf16);
                 let mut a = scratch::take(h.len());
                 a.par_chunks_mut(BLOCK)
                     .zip(h.par_chunks_mut(BLOCK))
                     .for_each(|(a, h)| crate::math::gelu_with_derivative(h, a));
-                let y = affine(&a, m, n1, w2, d, b2);
-                Ok((y, [h, a]))
+                let a = Act::keep(a, bf16);
+                let y = affine(a.operand(n1), m, n1, w2, d, b2, bf16);
+                Ok((y, [Act::keep(h, bf16), a]))
             }
         }
     }
 
     /// The input gradient `[m, d]` from the output gradient `g`; the parameter gradients
     /// go into the sinks.
-    fn backward(&self, x: &[f32], m: usize, d: usize, saved: &[Vec<f32>; 2], g: &[f32]) -> Result<Vec<f32>> {
+    fn backward(
+        &self,
+        x: &[f32],
+        m: usize,
+        d: usize,
+        saved: &[Act; 2],
+        g: &[f32],
+        bf16: bool,
+    ) -> Result<Vec<f32>> {
         let (g1, g2);
+        let (xo, go) = (Operand::F32(Mat::new(x, d)), Operand::F32(Mat::new(g, d)));
         match self {
             Inner::Attention {
                 qkv,
@@ -291,34 +373,32 @@ impl Inner {
                 let wo = view!(out.weight, g2, "self-attention weight");
                 // Output projection.
                 let dbo = out.bias.is_some().then(|| column_sums(g, m, d));
-                out.write_grads(Mat::new(g, d), merged, m, d, d, dbo.as_deref());
+                out.write_grads(go, merged.operand(d), m, d, d, dbo.as_deref(), bf16);
                 let mut dmerged = scratch::take(m * d);
-                blas::gemm(m, d, d, 1.0, Mat::new(g, d), Mat::new(wo, d), 0.0, &mut dmerged);
+                let wo = Operand::F32(Mat::new(wo, d));
+                bf16::matmul(bf16, m, d, d, go, wo, 0.0, &mut dmerged);
                 // Attention, then the three projections: each weight gradient from its
                 // column block of dqkv, read in place with row stride 3 · hidden.
-                let dqkv = attention.backward_slices(qkv_v, &dmerged, *batch, m / batch, 3 * d);
+                let qkv_f32 = qkv_v.f32();
+                let dqkv = attention.backward_slices(&qkv_f32, &dmerged, *batch, m / batch, 3 * d);
+                recycle(qkv_f32);
                 scratch::give(dmerged);
                 let dbqkv = packed_b.is_some().then(|| column_sums(&dqkv, m, 3 * d));
                 for (i, l) in qkv.iter().enumerate() {
-                    let block = Mat {
+                    let block = Operand::F32(Mat {
                         data: &dqkv[i * d..],
                         ld: 3 * d,
                         trans: false,
-                    };
+                    });
                     let db = dbqkv.as_ref().map(|v| &v[i * d..(i + 1) * d]);
-                    l.write_grads(block, x, m, d, d, db);
+                    l.write_grads(block, xo, m, d, d, db, bf16);
                 }
                 let mut dx = vec![0f32; m * d];
-                blas::gemm(
-                    m,
-                    d,
-                    3 * d,
-                    1.0,
-                    Mat::new(&dqkv, 3 * d),
-                    Mat::new(wqkv, d),
-                    0.0,
-                    &mut dx,
+                let (dq, wq) = (
+                    Operand::F32(Mat::new(&dqkv, 3 * d)),
+                    Operand::F32(Mat::new(wqkv, d)),
                 );
+                bf16::matmul(bf16, m, d, 3 * d, dq, wq, 0.0, &mut dx);
                 scratch::give(dqkv);
                 Ok(dx)
             }
@@ -329,17 +409,29 @@ impl Inner {
                 let w2 = view!(out.weight, g2, "feed-forward weight");
                 // Output layer: dW2 = gᵀ · a, db2 = Σ g, da = g · W2.
                 let db2 = out.bias.is_some().then(|| column_sums(g, m, d));
-                out.write_grads(Mat::new(g, d), a, m, d, n1, db2.as_deref());
+                out.write_grads(go, a.operand(n1), m, d, n1, db2.as_deref(), bf16);
                 let mut dh = scratch::take(m * n1);
-                blas::gemm(m, n1, d, 1.0, Mat::new(g, d), Mat::new(w2, n1), 0.0, &mut dh);
+                bf16::matmul(bf16, m, n1, d, go, Operand::F32(Mat::new(w2, n1)), 0.0, &mut dh);
                 // Through GELU (times its saved derivative), then the first layer.
-                dh.par_chunks_mut(BLOCK)
-                    .zip(derivative.par_chunks(BLOCK))
-                    .for_each(|(g, d)| g.iter_mut().zip(d).for_each(|(g, d)| *g *= d));
+                match derivative {
+                    Act::F32(dv) => dh
+                        .par_chunks_mut(BLOCK)
+                        .zip(dv.par_chunks(BLOCK))
+                        .for_each(|(g, d)| g.iter_mut().zip(d).for_each(|(g, d)| *g *= d)),
+                    Act::Bf16(dv) => dh
+                        .par_chunks_mut(BLOCK)
+                        .zip(dv.par_chunks(BLOCK))
+                        .for_each(|(g, d)| {
+                            g.iter_mut()
+                                .zip(d)
+                                .for_each(|(g, d)| *g *= bf16::widen(d.to_bits()))
+                        }),
+                }
                 let db1 = inter.bias.is_some().then(|| column_sums(&dh, m, n1));
-                inter.write_grads(Mat::new(&dh, n1), x, m, n1, d, db1.as_deref());
+                let dho = Operand::F32(Mat::new(&dh, n1));
+                inter.write_grads(dho, xo, m, n1, d, db1.as_deref(), bf16);
                 let mut dx = vec![0f32; m * d];
-                blas::gemm(m, d, n1, 1.0, Mat::new(&dh, n1), Mat::new(w1, d), 0.0, &mut dx);
+                bf16::matmul(bf16, m, d, n1, dho, Operand::F32(Mat::new(w1, d)), 0.0, &mut dx);
                 scratch::give(dh);
                 Ok(dx)
             }
@@ -353,6 +445,8 @@ struct Sublayer {
     norm: SinkNorm,
     placement: Norm,
     dropout: Option<DropMask>,
+    /// Products and saved activations in bf16 ([`bf16::autocast`] when the op was made).
+    bf16: bool,
     /// The inner function's saved tensors, and the layer norm's input: the residual sum
     /// (post-norm) or the sublayer input (pre-norm, whose normalised value is saved as
     /// the inner function's input in `normed`).
@@ -360,7 +454,7 @@ struct Sublayer {
 }
 
 struct Saved {
-    inner: [Vec<f32>; 2],
+    inner: [Act; 2],
     /// Post-norm: the residual sum `x + dropout(f(x))`. Pre-norm: `norm(x)`.
     kept: Vec<f32>,
 }
@@ -370,7 +464,8 @@ impl Drop for Sublayer {
     fn drop(&mut self) {
         let saved = self.saved.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(Saved { inner, kept }) = saved {
-            inner.into_iter().chain([kept]).for_each(scratch::give);
+            inner.into_iter().for_each(Act::recycle);
+            scratch::give(kept);
         }
     }
 }
@@ -390,6 +485,7 @@ impl Sublayer {
             norm: norm.clone(),
             placement,
             dropout: DropMask::from_option("sublayer", dropout)?,
+            bf16: bf16::autocast_enabled(),
             saved: Mutex::new(None),
         };
         x.contiguous()?.apply_op2(&norm.gamma, op)
@@ -476,7 +572,7 @@ impl CustomOp2 for Sublayer {
         let eps = self.norm.eps;
         let (out, saved) = match self.placement {
             Norm::Post => {
-                let (mut sum, inner) = self.inner.forward(x, m, d)?;
+                let (mut sum, inner) = self.inner.forward(x, m, d, self.bf16)?;
                 self.drop_and_add(&mut sum, x);
                 let mut out = sum.clone();
                 for_rows(&mut out, d, |_, o| normalize_row(o, gamma, beta, eps));
@@ -488,7 +584,7 @@ impl CustomOp2 for Sublayer {
                     o.copy_from_slice(&x[i * d..(i + 1) * d]);
                     normalize_row(o, gamma, beta, eps)
                 });
-                let (mut out, inner) = self.inner.forward(&normed, m, d)?;
+                let (mut out, inner) = self.inner.forward(&normed, m, d, self.bf16)?;
                 self.drop_and_add(&mut out, x);
                 (out, Saved { inner, kept: normed })
             }
@@ -525,14 +621,14 @@ impl CustomOp2 for Sublayer {
                 self.norm.write_grads(&dg, &db);
                 let mut dx = self
                     .inner
-                    .backward(xs, m, d, &saved.inner, &self.dropped(&dsum))?;
+                    .backward(xs, m, d, &saved.inner, &self.dropped(&dsum), self.bf16)?;
                 dx.iter_mut().zip(&dsum).for_each(|(a, b)| *a += b);
                 dx
             }
             Norm::Pre => {
-                let dnormed = self
-                    .inner
-                    .backward(&saved.kept, m, d, &saved.inner, &self.dropped(gs))?;
+                let dnormed =
+                    self.inner
+                        .backward(&saved.kept, m, d, &saved.inner, &self.dropped(gs), self.bf16)?;
                 let (mut dx, dg, db) = layer_norm_grads(xs, &dnormed, gamma, d, self.norm.eps);
                 self.norm.write_grads(&dg, &db);
                 dx.iter_mut().zip(gs).for_each(|(a, b)| *a += b);

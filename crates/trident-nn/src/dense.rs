@@ -4,6 +4,7 @@
 //! GEMMs or one element-wise pass. Checked against PyTorch in `tests/vs_torch.rs` and
 //! against candle's own ops in this module's tests.
 
+use crate::bf16::{self, Operand};
 use crate::blas::{self, Mat};
 use crate::ops::{cpu_slice, f32_slice, for_rows, DropMask};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
@@ -15,16 +16,23 @@ use rayon::prelude::*;
 /// `[out]`: one GEMM that accumulates onto the broadcast bias; the backward pass is two
 /// GEMMs and a column sum. The leading dimensions are taken as rows in place, with no
 /// reshape nodes (each node in candle's graph costs a zero-filled gradient and an add in
-/// the backward pass).
+/// the backward pass). Under [`bf16::autocast`] the three products run in bf16 with f32
+/// accumulation; input, output and gradients stay f32.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let (x, w) = (x.contiguous()?, w.contiguous()?);
+    let op = Linear {
+        bf16: bf16::autocast_enabled(),
+    };
     match b {
-        Some(b) => x.apply_op3(&w, &b.contiguous()?, Linear),
-        None => x.apply_op2(&w, Linear),
+        Some(b) => x.apply_op3(&w, &b.contiguous()?, op),
+        None => x.apply_op2(&w, op),
     }
 }
 
-struct Linear;
+struct Linear {
+    /// Products in bf16 (the mode when the op was created).
+    bf16: bool,
+}
 
 /// (rows, in, out, output dims) of a linear layer, or an error naming the shapes.
 fn linear_dims(lx: &Layout, lw: &Layout) -> Result<(usize, usize, usize, Vec<usize>)> {
@@ -55,7 +63,7 @@ impl Linear {
                 bias.len()
             )
         }
-        let out = affine(x, m, k, w, n, bias);
+        let out = affine(Operand::F32(Mat::new(x, k)), m, k, w, n, bias, self.bf16);
         Ok((CpuStorage::F32(out), Shape::from(dims)))
     }
 
@@ -77,8 +85,13 @@ impl Linear {
             let xs = cpu_slice(&sx, lx, "linear backward")?;
             let ws = cpu_slice(&sw, lw, "linear backward")?;
             let gs = cpu_slice(&sg, lg, "linear backward")?;
-            blas::gemm(m, k, n, 1.0, Mat::new(gs, n), Mat::new(ws, k), 0.0, &mut dx);
-            blas::gemm(n, k, m, 1.0, Mat::new(gs, n).t(), Mat::new(xs, k), 0.0, &mut dw);
+            let (g, w, x) = (
+                Operand::F32(Mat::new(gs, n)),
+                Operand::F32(Mat::new(ws, k)),
+                Operand::F32(Mat::new(xs, k)),
+            );
+            bf16::matmul(self.bf16, m, k, n, g, w, 0.0, &mut dx);
+            bf16::matmul(self.bf16, n, k, m, g.t(), x, 0.0, &mut dw);
             bias.then(|| column_sums(gs, m, n))
         };
         let dev = x.device();
@@ -163,8 +176,17 @@ impl CustomOp3 for Linear {
     }
 }
 
-/// `x · wᵀ + b` on slices: `x` `[m, k]`, `w` `[n, k]`, `bias` `[n]` (checked by the caller).
-pub(crate) fn affine(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+/// `x · wᵀ + b` on slices: `x` `[m, k]`, `w` `[n, k]`, `bias` `[n]` (checked by the caller);
+/// the product in bf16 when `bf16`.
+pub(crate) fn affine(
+    x: Operand,
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    bf16: bool,
+) -> Vec<f32> {
     let mut out = crate::scratch::take(m * n);
     let beta = match bias {
         Some(bias) => {
@@ -174,7 +196,7 @@ pub(crate) fn affine(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, bias: O
         }
         None => 0.0,
     };
-    blas::gemm(m, n, k, 1.0, Mat::new(x, k), Mat::new(w, k).t(), beta, &mut out);
+    bf16::matmul(bf16, m, n, k, x, Operand::F32(Mat::new(w, k).t()), beta, &mut out);
     out
 }
 

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod bert;
+pub mod bf16;
 pub mod blas;
 pub mod blocks;
 pub mod dense;

@@ -4,6 +4,10 @@
 //!
 //!     cargo run --release -p trident-train --example minilm_step -- data/minilm 10
 //!     ADAMW=unfused cargo run …   # candle-nn's AdamW op chain instead of the fused pass
+//!     PRECISION=bf16 cargo run …  # bf16 mixed precision (`trident_nn::bf16::autocast`)
+//!     BATCH=64 cargo run …        # another batch size (sequence stays 64)
+//!
+//! The last line also gives the process's peak resident memory (VmHWM).
 
 use candle_core::{Device, Tensor};
 use std::time::Instant;
@@ -20,7 +24,18 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dir = std::path::PathBuf::from(args.get(1).map(String::as_str).unwrap_or("data/minilm"));
     let steps: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(10);
-    let (batch, seq) = (16usize, 64usize);
+    let batch: usize = std::env::var("BATCH").map_or(Ok(16), |v| v.parse())?;
+    let seq = 64usize;
+    let bf16 = std::env::var("PRECISION").is_ok_and(|v| v == "bf16");
+    let _autocast = trident_nn::bf16::autocast(bf16);
+    eprintln!(
+        "precision: {}",
+        if bf16 {
+            format!("bf16 mixed ({})", trident_nn::bf16::backend())
+        } else {
+            "f32".into()
+        }
+    );
     trident_nn::runtime::keep_freed_memory();
     eprintln!("GEMM: {}", trident_nn::blas::backend());
     let mut config = BertConfig::read(&dir.join("config.json"))?;
@@ -89,7 +104,11 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let (f, b_, o) = (median(&mut fw), median(&mut bw), median(&mut op));
-    println!("trident median over {steps} steps: forward {f:.0} ms  backward {b_:.0} ms  optimizer {o:.0} ms  step {:.0} ms", f + b_ + o);
+    let peak = trident_train::monitor::peak_rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64;
+    println!(
+        "trident median over {steps} steps: forward {f:.0} ms  backward {b_:.0} ms  optimizer {o:.0} ms  step {:.0} ms  batch {batch}  peak RSS {peak:.0} MiB",
+        f + b_ + o
+    );
     Ok(())
 }
 

@@ -85,6 +85,19 @@ impl Monitor {
     }
 }
 
+/// The precision of the forward and backward passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// Everything in f32.
+    #[default]
+    F32,
+    /// Mixed precision ([`trident_nn::bf16::autocast`]): matrix products in bf16 with f32
+    /// accumulation, saved activations of transformer sublayers in bf16; f32 master weights,
+    /// gradients, optimizer state, norms, softmax and losses.
+    Bf16,
+}
+
 /// How to train.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,6 +136,9 @@ pub struct TrainConfig {
     /// Seed of dropout (data order and augmentation have the loader's seed).
     #[serde(default)]
     pub seed: u64,
+    /// `"f32"` (default) or `"bf16"` mixed precision, training and evaluation alike.
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 fn one() -> u64 {
@@ -347,6 +363,16 @@ impl Trainer {
         }
         std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
         trident_nn::runtime::keep_freed_memory();
+        // Ops record the mode when they are created: every forward pass below, training and
+        // evaluation, runs in the configured precision.
+        let bf16 = c.precision == Precision::Bf16;
+        let _precision = trident_nn::bf16::autocast(bf16);
+        if bf16 && self.progress {
+            eprintln!(
+                "bf16 mixed precision; matrix products on {}",
+                trident_nn::bf16::backend()
+            );
+        }
         let params = step.params().trainable();
         if params.is_empty() {
             return Err(TrainError::Invalid(

@@ -1,0 +1,701 @@
+//! bf16 matrix products with f32 accumulation, for mixed-precision training.
+//!
+//! Both operands are rounded to bf16 (round to nearest even) and every product is summed in
+//! f32, as PyTorch's autocast does on CPU. Two kernels compute the same thing:
+//! - **AMX** (`tdpbf16ps`) where the CPU has AMX-TILE and AMX-BF16 and the kernel grants the
+//!   tile state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, Linux 5.16+). One instruction multiplies
+//!   a 16×32 by a 32×16 bf16 tile into a 16×16 f32 tile. Rust has no stable AMX intrinsics,
+//!   so the four instructions used are written with `asm!`; no crate on crates.io offers an
+//!   AMX GEMM, and Debian's OpenBLAS 0.3.21 is built without its `sbgemm`.
+//! - **Elsewhere** the rounded operands are widened back to f32 and multiplied by
+//!   [`crate::blas::gemm`]: the same products (a product of two bf16 values is exact in f32),
+//!   summed in another order, and no faster than f32. Mixed precision then saves memory only.
+//!
+//! `TRIDENT_AMX=off` forces the second path (for comparisons and tests).
+
+use crate::blas::{self, Mat};
+use half::bf16;
+use rayon::prelude::*;
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+thread_local! {
+    static AUTOCAST: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Mixed precision, like `torch.autocast(dtype=torch.bfloat16)`: while the returned guard
+/// lives, the ops this thread creates run their matrix products in bf16 with f32
+/// accumulation, and the fused transformer sublayers keep the activations they save for
+/// the backward pass in bf16. Everything else stays f32: parameters and their gradients
+/// (the master weights), layer norm, softmax, attention scores, losses, the optimizer. Each
+/// op records the mode when it is created, so its backward pass (run later, outside the
+/// guard) computes in the same precision. The policy per op is in `docs/ARCHITECTURE.md`
+/// and tested in `tests/autocast.rs`.
+pub fn autocast(on: bool) -> Autocast {
+    Autocast {
+        before: AUTOCAST.with(|a| a.replace(on)),
+    }
+}
+
+/// Whether ops created on this thread now use bf16 (inside [`autocast`]`(true)`).
+pub fn autocast_enabled() -> bool {
+    AUTOCAST.with(Cell::get)
+}
+
+/// Restores the previous mode when dropped.
+#[must_use = "autocast lasts only while the guard lives"]
+pub struct Autocast {
+    before: bool,
+}
+
+impl Drop for Autocast {
+    fn drop(&mut self) {
+        AUTOCAST.with(|a| a.set(self.before));
+    }
+}
+
+/// Rounds to the nearest bf16, ties to even; NaN stays NaN.
+#[inline]
+pub fn round(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+    // Branch-free so that packing loops vectorise: NaN keeps its sign and becomes quiet.
+    let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
+    (if nan { (b >> 16) | 0x40 } else { rounded }) as u16
+}
+
+/// Widens a bf16 bit pattern to f32 (exact).
+#[inline]
+pub fn widen(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// Rounds `src` to bf16 into `dst` (same length), on rayon's threads.
+pub fn round_into(src: &[f32], dst: &mut [bf16]) {
+    assert_eq!(src.len(), dst.len(), "bf16::round_into: lengths differ");
+    dst.par_chunks_mut(1 << 14)
+        .zip(src.par_chunks(1 << 14))
+        .for_each(|(d, s)| {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, &s)| *d = bf16::from_bits(round(s)))
+        });
+}
+
+/// Widens `src` into `dst` (same length), on rayon's threads.
+pub fn widen_into(src: &[bf16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "bf16::widen_into: lengths differ");
+    dst.par_chunks_mut(1 << 14)
+        .zip(src.par_chunks(1 << 14))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d = widen(s.to_bits())));
+}
+
+/// One operand of [`gemm`]: a row-major matrix of f32 (rounded to bf16 as it is read) or
+/// of bf16, with leading dimension `ld`, used transposed when `trans`.
+#[derive(Clone, Copy)]
+pub enum Operand<'a> {
+    /// f32 elements, rounded to bf16 when packed.
+    F32(Mat<'a>),
+    /// bf16 elements.
+    Bf16 {
+        /// The elements, row-major.
+        data: &'a [bf16],
+        /// Distance between the starts of consecutive stored rows.
+        ld: usize,
+        /// Use the stored matrix transposed.
+        trans: bool,
+    },
+}
+
+impl<'a> Operand<'a> {
+    /// A contiguous bf16 `rows × cols` matrix, used as is.
+    pub fn bf16(data: &'a [bf16], cols: usize) -> Self {
+        Operand::Bf16 {
+            data,
+            ld: cols,
+            trans: false,
+        }
+    }
+
+    /// The same storage used transposed.
+    pub fn t(self) -> Self {
+        match self {
+            Operand::F32(m) => Operand::F32(m.t()),
+            Operand::Bf16 { data, ld, trans } => Operand::Bf16 {
+                data,
+                ld,
+                trans: !trans,
+            },
+        }
+    }
+
+    fn trans(&self) -> bool {
+        match self {
+            Operand::F32(m) => m.trans,
+            Operand::Bf16 { trans, .. } => *trans,
+        }
+    }
+
+    /// Element (r, c) of op(self) as bf16 bits.
+    #[inline]
+    fn at(&self, r: usize, c: usize) -> u16 {
+        match self {
+            Operand::F32(m) => round(m.data[if m.trans { c * m.ld + r } else { r * m.ld + c }]),
+            Operand::Bf16 { data, ld, trans } => data[if *trans { c * ld + r } else { r * ld + c }].to_bits(),
+        }
+    }
+
+    /// Panics unless op(self) of `rows × cols` lies inside the storage.
+    fn check(&self, rows: usize, cols: usize, what: &str) {
+        let (len, ld, trans) = match self {
+            Operand::F32(m) => (m.data.len(), m.ld, m.trans),
+            Operand::Bf16 { data, ld, trans } => (data.len(), *ld, *trans),
+        };
+        let (r, c) = if trans { (cols, rows) } else { (rows, cols) };
+        assert!(
+            r == 0 || c == 0 || (c <= ld && len >= (r - 1) * ld + c),
+            "bf16::gemm: {what} too short"
+        );
+    }
+}
+
+/// Which kernel [`gemm`] uses, for logs and reports.
+pub fn backend() -> &'static str {
+    if amx::usable() {
+        "AMX bf16 tiles"
+    } else {
+        "bf16 operands widened to f32 (no AMX)"
+    }
+}
+
+/// Whether bf16 products run on bf16 hardware here (AMX), i.e. may be faster than f32.
+pub fn accelerated() -> bool {
+    amx::usable()
+}
+
+/// `c = op(a) · op(b) + beta · c` with both operands rounded to bf16 and f32 accumulation;
+/// `c` is row-major `m × n`, `op(a)` is `m × k`, `op(b)` is `k × n`. `beta = 0` ignores what
+/// `c` held.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+    a.check(m, k, "lhs");
+    b.check(k, n, "rhs");
+    assert!(c.len() >= m * n, "bf16::gemm: output too short");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c[..m * n]
+            .iter_mut()
+            .for_each(|v| *v = if beta == 0.0 { 0.0 } else { *v * beta });
+        return;
+    }
+    if amx::usable() {
+        amx::gemm(m, n, k, a, b, beta, c);
+    } else {
+        widened(m, n, k, a, b, beta, c);
+    }
+}
+
+/// `c = op(a) · op(b) + beta · c` in the layer's precision: [`blas::gemm`] for f32 operands
+/// when `bf16` is off, [`gemm`] when it is on or an operand is stored in bf16.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(bf16: bool, m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+    match (bf16, a, b) {
+        (false, Operand::F32(a), Operand::F32(b)) => blas::gemm(m, n, k, 1.0, a, b, beta, c),
+        _ => gemm(m, n, k, a, b, beta, c),
+    }
+}
+
+/// The portable path: round both operands to bf16, widen them back and run the f32 GEMM.
+fn widened(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+    let mut wa = vec![0f32; m * k];
+    wa.par_chunks_mut(k).enumerate().for_each(|(i, row)| {
+        row.iter_mut()
+            .enumerate()
+            .for_each(|(p, v)| *v = widen(a.at(i, p)))
+    });
+    let mut wb = vec![0f32; k * n];
+    wb.par_chunks_mut(n).enumerate().for_each(|(p, row)| {
+        row.iter_mut()
+            .enumerate()
+            .for_each(|(j, v)| *v = widen(b.at(p, j)))
+    });
+    blas::gemm(m, n, k, 1.0, Mat::new(&wa, k), Mat::new(&wb, n), beta, c);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    //! The AMX kernel. Operands are packed into zero-padded bf16 buffers: the left one
+    //! row-major `[Mp, Kp]`, the right one in 32-column panels laid out as AMX wants
+    //! (`[Kp/2, 32, 2]`: each row holds the pairs of consecutive k for 32 columns). Each
+    //! task computes 32×32 blocks of the output in four accumulator tiles.
+    use super::{OnceLock, Operand};
+    use rayon::prelude::*;
+    use std::arch::asm;
+
+    /// Block edge: two 16-row tiles by two 16-column tiles.
+    const B: usize = 32;
+
+    static USABLE: OnceLock<bool> = OnceLock::new();
+
+    pub(super) fn usable() -> bool {
+        *USABLE.get_or_init(|| {
+            if std::env::var("TRIDENT_AMX").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+                return false;
+            }
+            // CPUID.(EAX=7,ECX=0):EDX bit 24 AMX-TILE, bit 22 AMX-BF16.
+            // SAFETY: CPUID leaf 7 exists on every x86-64 CPU that runs this binary
+            // (leaf 0 reports the highest leaf; checked first).
+            #[allow(unused_unsafe)] // `__cpuid` is safe to call from Rust 1.87 on.
+            let leaf7 = unsafe {
+                if std::arch::x86_64::__cpuid(0).eax < 7 {
+                    return false;
+                }
+                std::arch::x86_64::__cpuid_count(7, 0)
+            };
+            if leaf7.edx & (1 << 24) == 0 || leaf7.edx & (1 << 22) == 0 {
+                return false;
+            }
+            request_tile_state()
+        })
+    }
+
+    /// Asks Linux for permission to use the AMX tile data state (process-wide).
+    fn request_tile_state() -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: arch_prctl with these arguments only changes the process's permitted
+            // extended state; it returns -1 where the kernel does not know the request.
+            unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            false
+        }
+    }
+
+    /// The tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    const CONFIG: TileConfig = {
+        let mut c = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        let mut t = 0;
+        while t < 8 {
+            c.colsb[t] = 64;
+            c.rows[t] = 16;
+            t += 1;
+        }
+        c
+    };
+
+    fn round_up(x: usize) -> usize {
+        x.div_ceil(B) * B
+    }
+
+    /// An element type operands are packed from.
+    trait Elem: Copy + Sync {
+        fn bits(self) -> u16;
+    }
+    impl Elem for f32 {
+        #[inline(always)]
+        fn bits(self) -> u16 {
+            super::round(self)
+        }
+    }
+    impl Elem for half::bf16 {
+        #[inline(always)]
+        fn bits(self) -> u16 {
+            self.to_bits()
+        }
+    }
+
+    /// op(a) `m × k` into row-major `[mp, kp]` bf16, zero-padded.
+    fn pack_lhs(a: &Operand, m: usize, k: usize, mp: usize, kp: usize) -> Vec<u16> {
+        match *a {
+            Operand::F32(x) => pack_lhs_from(x.data, x.ld, x.trans, m, k, mp, kp),
+            Operand::Bf16 { data, ld, trans } => pack_lhs_from(data, ld, trans, m, k, mp, kp),
+        }
+    }
+
+    fn pack_lhs_from<T: Elem>(
+        data: &[T],
+        ld: usize,
+        trans: bool,
+        m: usize,
+        k: usize,
+        mp: usize,
+        kp: usize,
+    ) -> Vec<u16> {
+        let mut out = vec![0u16; mp * kp];
+        out.par_chunks_mut(B * kp).enumerate().for_each(|(bi, dst)| {
+            let r0 = bi * B;
+            let rows = m.saturating_sub(r0).min(B);
+            if trans {
+                // op(a) row r is stored column r: transpose 32 × 32 squares through a
+                // local block, reading and writing 32 contiguous values at a time.
+                let mut sq = [[0u16; B]; B];
+                for p0 in (0..k).step_by(B) {
+                    let ps = (k - p0).min(B);
+                    for (dp, line) in sq.iter_mut().enumerate().take(ps) {
+                        let src = &data[(p0 + dp) * ld + r0..][..rows];
+                        line[..rows].iter_mut().zip(src).for_each(|(d, s)| *d = s.bits());
+                    }
+                    for r in 0..rows {
+                        let line = &mut dst[r * kp + p0..][..ps];
+                        line.iter_mut().enumerate().for_each(|(dp, d)| *d = sq[dp][r]);
+                    }
+                }
+            } else {
+                for r in 0..rows {
+                    let src = &data[(r0 + r) * ld..][..k];
+                    dst[r * kp..][..k]
+                        .iter_mut()
+                        .zip(src)
+                        .for_each(|(d, s)| *d = s.bits());
+                }
+            }
+        });
+        out
+    }
+
+    /// op(b) `k × n` into panels of 32 columns, `[np/32][kp/2][32]` pairs of bf16 (the
+    /// values at k = 2i and 2i + 1 of one column in one 32-bit word, low half first).
+    fn pack_rhs(b: &Operand, k: usize, n: usize, kp: usize, np: usize) -> Vec<u32> {
+        match *b {
+            Operand::F32(x) => pack_rhs_from(x.data, x.ld, x.trans, k, n, kp, np),
+            Operand::Bf16 { data, ld, trans } => pack_rhs_from(data, ld, trans, k, n, kp, np),
+        }
+    }
+
+    fn pack_rhs_from<T: Elem>(
+        data: &[T],
+        ld: usize,
+        trans: bool,
+        k: usize,
+        n: usize,
+        kp: usize,
+        np: usize,
+    ) -> Vec<u32> {
+        let panel = kp / 2 * B;
+        let mut out = vec![0u32; np / B * panel];
+        let pair = |lo: u16, hi: u16| lo as u32 | (hi as u32) << 16;
+        out.par_chunks_mut(panel).enumerate().for_each(|(pi, dst)| {
+            let c0 = pi * B;
+            let cols = n.saturating_sub(c0).min(B);
+            if trans {
+                // Stored transposed: column j of op(b) is contiguous.
+                for jj in 0..cols {
+                    let src = &data[(c0 + jj) * ld..][..k];
+                    let mut pairs = src.chunks_exact(2);
+                    for (i, two) in pairs.by_ref().enumerate() {
+                        dst[i * B + jj] = pair(two[0].bits(), two[1].bits());
+                    }
+                    if let [last] = pairs.remainder() {
+                        dst[k / 2 * B + jj] = pair(last.bits(), 0);
+                    }
+                }
+            } else {
+                for i in 0..k.div_ceil(2) {
+                    let lo = &data[2 * i * ld + c0..][..cols];
+                    let line = &mut dst[i * B..][..cols];
+                    if 2 * i + 1 < k {
+                        let hi = &data[(2 * i + 1) * ld + c0..][..cols];
+                        line.iter_mut()
+                            .zip(lo.iter().zip(hi))
+                            .for_each(|(d, (l, h))| *d = pair(l.bits(), h.bits()));
+                    } else {
+                        line.iter_mut().zip(lo).for_each(|(d, l)| *d = pair(l.bits(), 0));
+                    }
+                }
+            }
+        });
+        out
+    }
+
+    /// The output pointer, shared by tasks that write disjoint blocks.
+    #[derive(Clone, Copy)]
+    struct Out(*mut f32);
+    // SAFETY: each task writes only its own rows × columns of the output.
+    unsafe impl Send for Out {}
+    unsafe impl Sync for Out {}
+
+    pub(super) fn gemm(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+        // A transposed left operand is the one layout that packs slowly (a transpose); when
+        // the right one is not transposed, compute cᵀ = op(b)ᵀ · op(a)ᵀ instead, whose left
+        // operand is the smaller transpose (a weight gradient's input, not its output
+        // gradient) and whose right operand packs contiguously, and store the blocks
+        // transposed.
+        if a.trans() && !b.trans() && n * k < m * k {
+            return run(n, m, k, b.t(), a.t(), beta, c, true);
+        }
+        run(m, n, k, a, b, beta, c, false)
+    }
+
+    /// `c = op(a) · op(b) + beta · c`, or its transpose into `c` when `transposed`.
+    #[allow(clippy::too_many_arguments)]
+    fn run(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32], transposed: bool) {
+        let (mp, np, kp) = (round_up(m), round_up(n), round_up(k));
+        let (pa, pb) = rayon::join(|| pack_lhs(&a, m, k, mp, kp), || pack_rhs(&b, k, n, kp, np));
+        let (mblocks, nblocks) = (mp / B, np / B);
+        // Contiguous ranges of row blocks per task (each task's rows of `a` stay in its
+        // cache while it walks every panel of `b`), or of column panels when there are
+        // fewer row blocks than threads.
+        let threads = rayon::current_num_threads().max(1);
+        let small = m * n * k < (1 << 20);
+        let tasks = if small { 1 } else { threads };
+        let split_rows = mblocks >= tasks;
+        let parts = if split_rows { mblocks } else { nblocks };
+        let per = parts.div_ceil(tasks.min(parts));
+        let out = Out(c.as_mut_ptr());
+        let (pa, pb) = (&pa, &pb);
+        (0..parts.div_ceil(per)).into_par_iter().for_each(move |t| {
+            let range = (t * per)..((t + 1) * per).min(parts);
+            let (rows, cols) = if split_rows {
+                (range, 0..nblocks)
+            } else {
+                (0..mblocks, range)
+            };
+            let mut acc = [0f32; B * B];
+            // SAFETY: AMX is usable (checked by the caller through `usable`, which also
+            // obtained the tile permission); CONFIG describes the eight 16×64-byte tiles
+            // `block` uses; packed buffers are padded to whole blocks, so every tile load
+            // reads inside them; `store` writes only this task's blocks, inside `c`.
+            unsafe {
+                asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
+                for nb in cols {
+                    let panel = pb.as_ptr().add(nb * kp / 2 * B) as *const u16;
+                    for mb in rows.clone() {
+                        block(pa.as_ptr().add(mb * B * kp), kp, panel, acc.as_mut_ptr());
+                        store(&acc, out, mb * B, nb * B, m, n, beta, transposed);
+                    }
+                }
+                asm!("tilerelease", options(nostack, nomem));
+            }
+        });
+    }
+
+    /// One 32×32 output block: `acc = a[32, kp] · panel[kp, 32]`.
+    ///
+    /// SAFETY: tiles configured by CONFIG; `a` points at 32 rows of `kp` bf16 (`kp` a
+    /// multiple of 32), `panel` at `kp · 32` packed bf16, `acc` at 32 × 32 f32.
+    #[inline(always)]
+    unsafe fn block(a: *const u16, kp: usize, panel: *const u16, acc: *mut f32) {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+        let a1 = a.add(16 * kp);
+        let mut p = 0;
+        while p < kp {
+            asm!(
+                "tileloadd tmm4, [{a0} + {sa}*1]",
+                "tileloadd tmm5, [{a1} + {sa}*1]",
+                "tileloadd tmm6, [{b0} + {sb}*1]",
+                "tileloadd tmm7, [{b1} + {sb}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                a0 = in(reg) a.add(p),
+                a1 = in(reg) a1.add(p),
+                b0 = in(reg) panel.add(p * B),
+                b1 = in(reg) panel.add(p * B + B),
+                sa = in(reg) kp * 2,
+                sb = in(reg) 4 * B,
+                options(nostack, readonly)
+            );
+            p += B;
+        }
+        asm!(
+            "tilestored [{c0} + {s}*1], tmm0",
+            "tilestored [{c1} + {s}*1], tmm1",
+            "tilestored [{c2} + {s}*1], tmm2",
+            "tilestored [{c3} + {s}*1], tmm3",
+            c0 = in(reg) acc,
+            c1 = in(reg) acc.add(16),
+            c2 = in(reg) acc.add(16 * B),
+            c3 = in(reg) acc.add(16 * B + 16),
+            s = in(reg) 4 * B,
+            options(nostack)
+        );
+    }
+
+    /// Writes the valid part of a 32×32 block at (r0, c0) into the `m × n` output, or at
+    /// (c0, r0) into its `n × m` transpose.
+    ///
+    /// SAFETY: `out` points at `m · n` f32 and no other task writes this block.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn store(
+        acc: &[f32; B * B],
+        out: Out,
+        r0: usize,
+        c0: usize,
+        m: usize,
+        n: usize,
+        beta: f32,
+        transposed: bool,
+    ) {
+        let (rows, cols) = ((m - r0).min(B), (n - c0).min(B));
+        if transposed {
+            for c in 0..cols {
+                let dst = std::slice::from_raw_parts_mut(out.0.add((c0 + c) * m + r0), rows);
+                for (r, d) in dst.iter_mut().enumerate() {
+                    let s = acc[r * B + c];
+                    *d = if beta == 0.0 { s } else { s + beta * *d };
+                }
+            }
+            return;
+        }
+        for r in 0..rows {
+            let dst = std::slice::from_raw_parts_mut(out.0.add((r0 + r) * n + c0), cols);
+            let src = &acc[r * B..r * B + cols];
+            if beta == 0.0 {
+                dst.copy_from_slice(src);
+            } else {
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d = s + beta * *d);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod amx {
+    use super::Operand;
+    pub(super) fn usable() -> bool {
+        false
+    }
+    pub(super) fn gemm(_: usize, _: usize, _: usize, _: Operand, _: Operand, _: f32, _: &mut [f32]) {
+        unreachable!("AMX is x86-64 only")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_is_to_nearest_even() {
+        assert_eq!(round(1.0), 0x3f80);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+        assert_eq!(round(1.0 + 1.0 / 256.0), 0x3f80);
+        // 1 + 3·2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: up to the even one.
+        assert_eq!(round(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(widen(round(-2.5)), -2.5);
+        assert!(widen(round(f32::NAN)).is_nan());
+        assert_eq!(widen(round(f32::INFINITY)), f32::INFINITY);
+        for x in [0.1f32, -3.7, 1e-30, 6.5e4] {
+            assert_eq!(round(x), bf16::from_f32(x).to_bits(), "{x}");
+        }
+    }
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed * 104729) % 1013) as f32 / 1013.0 - 0.5)
+            .collect()
+    }
+
+    /// op(a) · op(b) from the bf16-rounded operands, summed in f64.
+    fn reference(m: usize, n: usize, k: usize, a: &Operand, b: &Operand) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k)
+                    .map(|p| widen(a.at(i, p)) as f64 * widen(b.at(p, j)) as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    fn max_err(x: &[f32], y: &[f32]) -> f32 {
+        x.iter().zip(y).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max)
+    }
+
+    /// Every layout, ragged sizes (not multiples of the 32-wide blocks) and both output
+    /// modes, on whichever kernel this machine has and on the portable one.
+    #[test]
+    fn products_match_the_rounded_reference_in_every_layout() {
+        for &(m, n, k) in &[(1, 1, 1), (37, 45, 70), (130, 33, 100), (16, 200, 31)] {
+            let (av, bv) = (values(m * k, 1), values(k * n, 2));
+            let ab: Vec<bf16> = values(m * k, 3).iter().map(|&v| bf16::from_f32(v)).collect();
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let a = Operand::F32(Mat {
+                    data: &av,
+                    ld: if ta { m } else { k },
+                    trans: ta,
+                });
+                let b = Operand::F32(Mat {
+                    data: &bv,
+                    ld: if tb { k } else { n },
+                    trans: tb,
+                });
+                let a16 = Operand::Bf16 {
+                    data: &ab,
+                    ld: if ta { m } else { k },
+                    trans: ta,
+                };
+                for (lhs, name) in [(a, "f32"), (a16, "bf16")] {
+                    let want = reference(m, n, k, &lhs, &b);
+                    let mut got = vec![f32::NAN; m * n];
+                    gemm(m, n, k, lhs, b, 0.0, &mut got);
+                    let err = max_err(&want, &got);
+                    assert!(err < 1e-4, "{m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}");
+                    let mut portable = vec![f32::NAN; m * n];
+                    widened(m, n, k, lhs, b, 0.0, &mut portable);
+                    let err = max_err(&want, &portable);
+                    assert!(
+                        err < 1e-4,
+                        "portable {m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}"
+                    );
+                    // beta = 1 accumulates onto what the output holds.
+                    gemm(m, n, k, lhs, b, 1.0, &mut got);
+                    let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
+                    assert!(max_err(&twice, &got) < 2e-4, "{m}x{n}x{k} accumulate");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rounding_the_operands_is_the_only_difference_from_f32() {
+        let (m, n, k) = (64, 64, 256);
+        let (av, bv) = (values(m * k, 4), values(k * n, 5));
+        let mut exact = vec![0f32; m * n];
+        blas::gemm(m, n, k, 1.0, Mat::new(&av, k), Mat::new(&bv, n), 0.0, &mut exact);
+        let mut got = vec![0f32; m * n];
+        gemm(
+            m,
+            n,
+            k,
+            Operand::F32(Mat::new(&av, k)),
+            Operand::F32(Mat::new(&bv, n)),
+            0.0,
+            &mut got,
+        );
+        let err = max_err(&exact, &got);
+        // Each operand carries a relative error of at most 2^-9; |a|,|b| ≤ 0.5, k = 256.
+        assert!(
+            err > 0.0 && err < 256.0 * 0.25 * 2.0 * (2f32).powi(-9),
+            "error {err}"
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! The bf16 mixed-precision policy (`trident_nn::bf16::autocast`), op by op:
+//! - linear layers multiply bf16-rounded operands with f32 sums, forward and backward, and
+//!   an op keeps the precision it was created with for its backward pass;
+//! - layer norm, softmax, GELU and cross-entropy are untouched (bit-identical);
+//! - the fused transformer layer stays within bf16 rounding of its f32 result;
+//! - the mode is scoped to its guard and to its thread.
+
+use candle_core::{Device, Tensor, Var};
+use trident_nn::bf16::{autocast, autocast_enabled, round, widen};
+use trident_nn::transformer::{mask_bias, EncoderConfig, EncoderLayer};
+use trident_nn::{dense, ops, Ctx, Params};
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn pattern(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919 + seed * 104729) % 1013) as f32 / 1013.0 - 0.5)
+        .collect()
+}
+
+/// `a` `[m, k]` · `b` `[n, k]`ᵀ summed in f64, with both operands first passed through `f`.
+fn product(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, f: impl Fn(f32) -> f32) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k)
+                .map(|p| f(a[i * k + p]) as f64 * f(b[j * k + p]) as f64)
+                .sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols)
+        .map(|i| v[(i % rows) * cols + i / rows])
+        .collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn bf16(x: f32) -> f32 {
+    widen(round(x))
+}
+
+#[test]
+fn linear_runs_in_bf16_under_autocast_and_its_backward_keeps_the_mode() {
+    let dev = Device::Cpu;
+    let (m, k, n) = (37, 70, 45);
+    let (xv, wv, pv) = (pattern(m * k, 1), pattern(n * k, 2), pattern(m * n, 3));
+    let x = Var::from_vec(xv.clone(), (m, k), &dev).unwrap();
+    let w = Var::from_vec(wv.clone(), (n, k), &dev).unwrap();
+    let probe = Tensor::from_vec(pv.clone(), (m, n), &dev).unwrap();
+
+    let exact = product(&xv, &wv, m, n, k, |v| v);
+    let rounded = product(&xv, &wv, m, n, k, bf16);
+    // The two references differ by far more than the tolerance used below.
+    assert!(max_diff(&exact, &rounded) > 1e-3);
+
+    let y32 = dense::linear(x.as_tensor(), w.as_tensor(), None).unwrap();
+    assert!(max_diff(&values(&y32), &exact) < 1e-5, "f32 outside autocast");
+
+    let y16 = {
+        let _bf16 = autocast(true);
+        dense::linear(x.as_tensor(), w.as_tensor(), None).unwrap()
+    };
+    assert!(!autocast_enabled(), "the guard restores f32");
+    assert!(
+        max_diff(&values(&y16), &rounded) < 1e-5,
+        "bf16 products, f32 sums"
+    );
+
+    // The backward pass runs after the guard is gone, in the op's own precision: dx = p · w
+    // and dw = pᵀ · x on rounded operands.
+    let grads = (&y16 * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+    let dx = values(grads.get(x.as_tensor()).unwrap());
+    let dw = values(grads.get(w.as_tensor()).unwrap());
+    let wt = transpose(&wv, n, k); // [k, n]
+    let want_dx = product(&pv, &wt, m, k, n, bf16);
+    let (pt, xt) = (transpose(&pv, m, n), transpose(&xv, m, k)); // [n, m], [k, m]
+    let want_dw = product(&pt, &xt, n, k, m, bf16);
+    assert!(max_diff(&dx, &want_dx) < 1e-5, "input gradient in bf16");
+    assert!(max_diff(&dw, &want_dw) < 1e-5, "weight gradient in bf16");
+    assert_eq!(grads.get(x.as_tensor()).unwrap().dtype(), candle_core::DType::F32);
+}
+
+#[test]
+fn norms_softmax_gelu_and_losses_stay_f32() {
+    let dev = Device::Cpu;
+    let x = Tensor::from_vec(pattern(24 * 33, 4), (24, 33), &dev).unwrap();
+    let gamma = Tensor::from_vec(pattern(33, 5), 33, &dev).unwrap();
+    let beta = Tensor::from_vec(pattern(33, 6), 33, &dev).unwrap();
+    let labels = Tensor::from_iter((0..24u32).map(|i| i % 33), &dev).unwrap();
+    let run = || {
+        [
+            ops::layer_norm(&x, &gamma, &beta, 1e-5).unwrap(),
+            ops::softmax_last_dim(&x).unwrap(),
+            dense::gelu(&x).unwrap(),
+            ops::cross_entropy(&x, &labels).unwrap(),
+        ]
+        .map(|t| values(&t))
+    };
+    let f32_run = run();
+    let bf16_run = {
+        let _bf16 = autocast(true);
+        run()
+    };
+    assert_eq!(f32_run, bf16_run);
+}
+
+#[test]
+fn autocast_is_scoped_and_per_thread() {
+    assert!(!autocast_enabled());
+    let outer = autocast(true);
+    assert!(autocast_enabled());
+    {
+        let _inner = autocast(false);
+        assert!(!autocast_enabled());
+    }
+    assert!(autocast_enabled(), "the inner guard restores the outer mode");
+    let other = std::thread::spawn(autocast_enabled).join().unwrap();
+    assert!(!other, "another thread keeps its own mode");
+    drop(outer);
+    assert!(!autocast_enabled());
+}
+
+/// The fused encoder layer (both norm placements) under autocast against the same layer in
+/// f32: output, input gradient and every parameter gradient within bf16 rounding (a few
+/// 2⁻⁸-relative errors compounded through seven products), and not identical.
+#[test]
+fn the_fused_transformer_layer_stays_within_bf16_rounding_of_f32() {
+    for pre_norm in [false, true] {
+        let params = Params::new();
+        let c = EncoderConfig {
+            hidden: 64,
+            heads: 4,
+            intermediate: 256,
+            layers: 1,
+            attention_dropout: 0.0,
+            hidden_dropout: 0.0,
+            eps: 1e-12,
+            pre_norm,
+            init_std: 0.1,
+        };
+        let layer = EncoderLayer::new(&params.builder(5, None).pp("layer"), &c).unwrap();
+        let dev = Device::Cpu;
+        let (b, s) = (4, 64);
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, s, 64), &dev).unwrap()).unwrap();
+        let mask: Vec<f32> = (0..b * s)
+            .map(|i| if i >= (b - 1) * s + 40 { 0.0 } else { 1.0 })
+            .collect();
+        let bias = mask_bias(&Tensor::from_vec(mask, (b, s), &dev).unwrap()).unwrap();
+        let probe = Tensor::randn(0f32, 1.0, (b, s, 64), &dev).unwrap();
+        let step = |bf16: bool| {
+            let _mode = autocast(bf16);
+            params.begin_step();
+            let y = layer
+                .forward(x.as_tensor(), Some(&bias), &Ctx::train(1, 1))
+                .unwrap();
+            let grads = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let mut all = vec![
+                ("output".to_string(), values(&y)),
+                (
+                    "input gradient".to_string(),
+                    values(grads.get(x.as_tensor()).unwrap()),
+                ),
+            ];
+            for p in params.trainable() {
+                let mut g = vec![0f32; p.var.elem_count()];
+                assert!(params.gradient_into(&grads, &p, &mut g, false).unwrap());
+                all.push((p.name, g));
+            }
+            all
+        };
+        let (full, mixed) = (step(false), step(true));
+        let name = if pre_norm { "pre-norm" } else { "post-norm" };
+        for ((what, a), (_, b)) in full.iter().zip(&mixed) {
+            // The floor covers the key bias, whose gradient is zero up to rounding (softmax
+            // does not see a shift shared by all keys).
+            let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+            let diff = max_diff(a, b);
+            assert!(
+                diff <= 0.03 * scale,
+                "{name} {what}: difference {diff}, scale {scale}"
+            );
+            // The output, the input gradient and every projection's weight gradient pass
+            // through bf16 products. (Some bias and norm gradients are sums of the output
+            // gradient alone and equal in both modes.)
+            if !what.contains("LayerNorm") && !what.ends_with("bias") {
+                assert!(diff > 0.0, "{name} {what}: bf16 gave exactly the f32 result");
+            }
+        }
+    }
+}
