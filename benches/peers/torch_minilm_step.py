@@ -3,7 +3,14 @@ step at batch 16 x seq 64 on 2 threads, forward / backward / AdamW timed separat
 the same weights, ids and labels. Needs torch and transformers (not a CI dependency).
 
     python benches/peers/torch_minilm_step.py data/minilm 10
+    PRECISION=bf16 python …   # forward under torch.autocast("cpu", dtype=torch.bfloat16)
+    BATCH=64 python …         # another batch size (sequence stays 64)
+
+The last line also gives the process's peak resident memory (ru_maxrss).
 """
+import contextlib
+import os
+import resource
 import statistics
 import sys
 import time
@@ -23,14 +30,17 @@ state = {("bert." + k if not k.startswith("bert.") else k): v for k, v in load_f
 missing, unexpected = model.load_state_dict(state, strict=False)
 assert all(m.startswith("classifier") for m in missing), missing
 model.train()
-B, S = 16, 64
+B, S = int(os.environ.get("BATCH", "16")), 64
+bf16 = os.environ.get("PRECISION") == "bf16"
+print(f"precision: {'bf16 autocast' if bf16 else 'f32'}", file=sys.stderr)
 ids = torch.tensor([[((i * 131 + j * 17) % 28000) + 1000 for j in range(S)] for i in range(B)])
 labels = torch.tensor([i % 3 for i in range(B)])
 opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
 fw, bw, op = [], [], []
 for step in range(steps + 1):
     t0 = time.perf_counter()
-    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids), labels=labels)
+    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids), labels=labels)
     t1 = time.perf_counter()
     out.loss.backward()
     t2 = time.perf_counter()
@@ -41,4 +51,5 @@ for step in range(steps + 1):
     if step > 0:
         fw.append((t1 - t0) * 1e3); bw.append((t2 - t1) * 1e3); op.append((t3 - t2) * 1e3)
 f, b, o = (statistics.median(x) for x in (fw, bw, op))
-print(f"pytorch {torch.__version__} median over {steps} steps: forward {f:.0f} ms  backward {b:.0f} ms  optimizer {o:.0f} ms  step {f+b+o:.0f} ms")
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(f"pytorch {torch.__version__} median over {steps} steps: forward {f:.0f} ms  backward {b:.0f} ms  optimizer {o:.0f} ms  step {f+b+o:.0f} ms  batch {B}  peak RSS {peak:.0f} MiB")

@@ -111,6 +111,9 @@ fn profiling_writes_phases_operators_and_a_trace() {
     for (name, pass) in [
         ("attention-block", "fwd"),
         ("attention-block", "bwd"),
+        ("attention-core", "fwd"),
+        ("attention-core", "bwd"),
+        ("gelu", "fwd"),
         ("feed-forward-block", "fwd"),
         ("feed-forward-block", "bwd"),
         ("linear", "fwd"),
@@ -119,10 +122,43 @@ fn profiling_writes_phases_operators_and_a_trace() {
     ] {
         assert!(has(name, pass), "{name}.{pass} missing from {ops:?}");
     }
-    for name in ["linear", "attention-block", "feed-forward-block"] {
+    for name in [
+        "linear",
+        "attention-block",
+        "attention-core",
+        "feed-forward-block",
+    ] {
         let row = ops.iter().find(|r| r[0] == name && r[1] == "fwd").unwrap();
         assert!(row[6].parse::<f64>().unwrap() > 0.0, "{row:?}");
     }
+
+    // Sampled stacks (pprof): categories with counts whose shares sum to one. This run is
+    // a fraction of a CPU-second, so it holds only a few samples; what each stack is
+    // attributed to is tested in trident-train's `sampler` unit tests.
+    let text = std::fs::read_to_string(dir.join("samples.csv")).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("category,samples,share,top_symbol"));
+    let rows: Vec<(String, u64, f64)> = lines
+        .map(|l| {
+            // "category",samples,share,"top symbol"
+            let (cat, rest) = l[1..].split_once("\",").unwrap();
+            let mut f = rest.splitn(3, ',');
+            let n = f.next().unwrap().parse().unwrap();
+            let share = f.next().unwrap().parse().unwrap();
+            (cat.to_string(), n, share)
+        })
+        .collect();
+    let total: u64 = rows.iter().map(|r| r.1).sum();
+    if total > 0 {
+        let shares: f64 = rows.iter().map(|r| r.2).sum();
+        assert!((shares - 1.0).abs() < 1e-3, "{rows:?}");
+    }
+    let summary = std::fs::read_to_string(dir.join("summary.txt")).unwrap();
+    assert!(summary.contains("measured by:"), "{summary}");
+    assert!(
+        summary.contains(&format!("sampled ({total} samples)")),
+        "{summary}"
+    );
 
     // The Chrome trace: complete events, every phase and step, kernels inside steps.
     let trace: serde_json::Value =

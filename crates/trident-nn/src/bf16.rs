@@ -73,13 +73,91 @@ pub fn widen(h: u16) -> f32 {
 /// Rounds `src` to bf16 into `dst` (same length), on rayon's threads.
 pub fn round_into(src: &[f32], dst: &mut [bf16]) {
     assert_eq!(src.len(), dst.len(), "bf16::round_into: lengths differ");
+    // SAFETY: bf16 is a transparent u16.
+    let dst: &mut [u16] = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len()) };
     dst.par_chunks_mut(1 << 14)
         .zip(src.par_chunks(1 << 14))
-        .for_each(|(d, s)| {
-            d.iter_mut()
-                .zip(s)
-                .for_each(|(d, &s)| *d = bf16::from_bits(round(s)))
-        });
+        .for_each(|(d, s)| simd::round_slice(s, d));
+}
+
+/// Vector forms of [`round`] on AVX512-BF16 (`vcvtneps2bf16`: the same rounding, except
+/// that subnormal inputs, below 1.2e-38, become zero), scalar elsewhere.
+mod simd {
+    use super::round;
+
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx512_bf16() -> bool {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+        })
+    }
+
+    /// `dst[i] = round(src[i])`.
+    pub(super) fn round_slice(src: &[f32], dst: &mut [u16]) {
+        assert_eq!(src.len(), dst.len());
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512_bf16() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { x86::round_slice(src, dst) };
+        }
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = round(s));
+    }
+
+    /// `dst[i] = round(lo[i]) | round(hi[i]) << 16`: the pairs AMX's right operand holds.
+    pub(super) fn pair_slices(lo: &[f32], hi: &[f32], dst: &mut [u32]) {
+        assert!(lo.len() == dst.len() && hi.len() == dst.len());
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512_bf16() {
+            // SAFETY: as above.
+            return unsafe { x86::pair_slices(lo, hi, dst) };
+        }
+        dst.iter_mut()
+            .zip(lo.iter().zip(hi))
+            .for_each(|(d, (&l, &h))| *d = round(l) as u32 | (round(h) as u32) << 16);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use super::round;
+        use std::arch::x86_64::*;
+
+        /// SAFETY: the CPU has AVX512F, AVX512BW and AVX512-BF16; equal lengths.
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        pub(super) unsafe fn round_slice(src: &[f32], dst: &mut [u16]) {
+            let n = src.len() / 32 * 32;
+            for i in (0..n).step_by(32) {
+                let lo = _mm512_loadu_ps(src.as_ptr().add(i));
+                let hi = _mm512_loadu_ps(src.as_ptr().add(i + 16));
+                let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), v);
+            }
+            dst[n..]
+                .iter_mut()
+                .zip(&src[n..])
+                .for_each(|(d, &s)| *d = round(s));
+        }
+
+        /// SAFETY: as `round_slice`.
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        pub(super) unsafe fn pair_slices(lo: &[f32], hi: &[f32], dst: &mut [u32]) {
+            let n = dst.len() / 16 * 16;
+            for i in (0..n).step_by(16) {
+                let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(lo.as_ptr().add(i))));
+                let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(hi.as_ptr().add(i))));
+                let v = _mm512_or_si512(
+                    _mm512_cvtepu16_epi32(l),
+                    _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)),
+                );
+                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), v);
+            }
+            for i in n..dst.len() {
+                dst[i] = round(lo[i]) as u32 | (round(hi[i]) as u32) << 16;
+            }
+        }
+    }
 }
 
 /// Widens `src` into `dst` (same length), on rayon's threads.
@@ -311,11 +389,27 @@ mod amx {
     /// An element type operands are packed from.
     trait Elem: Copy + Sync {
         fn bits(self) -> u16;
+        /// `dst[i] = src[i].bits()`.
+        fn bits_slice(src: &[Self], dst: &mut [u16]) {
+            dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.bits());
+        }
+        /// `dst[i] = lo[i].bits() | hi[i].bits() << 16`.
+        fn pair_slices(lo: &[Self], hi: &[Self], dst: &mut [u32]) {
+            dst.iter_mut()
+                .zip(lo.iter().zip(hi))
+                .for_each(|(d, (l, h))| *d = l.bits() as u32 | (h.bits() as u32) << 16);
+        }
     }
     impl Elem for f32 {
         #[inline(always)]
         fn bits(self) -> u16 {
             super::round(self)
+        }
+        fn bits_slice(src: &[f32], dst: &mut [u16]) {
+            super::simd::round_slice(src, dst)
+        }
+        fn pair_slices(lo: &[f32], hi: &[f32], dst: &mut [u32]) {
+            super::simd::pair_slices(lo, hi, dst)
         }
     }
     impl Elem for half::bf16 {
@@ -363,11 +457,7 @@ mod amx {
                 }
             } else {
                 for r in 0..rows {
-                    let src = &data[(r0 + r) * ld..][..k];
-                    dst[r * kp..][..k]
-                        .iter_mut()
-                        .zip(src)
-                        .for_each(|(d, s)| *d = s.bits());
+                    T::bits_slice(&data[(r0 + r) * ld..][..k], &mut dst[r * kp..][..k]);
                 }
             }
         });
@@ -399,15 +489,13 @@ mod amx {
             let c0 = pi * B;
             let cols = n.saturating_sub(c0).min(B);
             if trans {
-                // Stored transposed: column j of op(b) is contiguous.
+                // Stored transposed: column j of op(b) is contiguous. Rounded as a run, then
+                // scattered a pair at a time.
+                let mut line = vec![0u16; k.next_multiple_of(2)];
                 for jj in 0..cols {
-                    let src = &data[(c0 + jj) * ld..][..k];
-                    let mut pairs = src.chunks_exact(2);
-                    for (i, two) in pairs.by_ref().enumerate() {
-                        dst[i * B + jj] = pair(two[0].bits(), two[1].bits());
-                    }
-                    if let [last] = pairs.remainder() {
-                        dst[k / 2 * B + jj] = pair(last.bits(), 0);
+                    T::bits_slice(&data[(c0 + jj) * ld..][..k], &mut line[..k]);
+                    for (i, two) in line.chunks_exact(2).enumerate() {
+                        dst[i * B + jj] = pair(two[0], two[1]);
                     }
                 }
             } else {
@@ -415,10 +503,7 @@ mod amx {
                     let lo = &data[2 * i * ld + c0..][..cols];
                     let line = &mut dst[i * B..][..cols];
                     if 2 * i + 1 < k {
-                        let hi = &data[(2 * i + 1) * ld + c0..][..cols];
-                        line.iter_mut()
-                            .zip(lo.iter().zip(hi))
-                            .for_each(|(d, (l, h))| *d = pair(l.bits(), h.bits()));
+                        T::pair_slices(lo, &data[(2 * i + 1) * ld + c0..][..cols], line);
                     } else {
                         line.iter_mut().zip(lo).for_each(|(d, l)| *d = pair(l.bits(), 0));
                     }

@@ -105,6 +105,7 @@ impl Act {
         if !bf16 {
             return Act::F32(v);
         }
+        let _span = crate::trace::op_span("bf16-round", "op.fwd");
         let mut h = vec![half::bf16::ZERO; v.len()];
         bf16::round_into(&v, &mut h);
         scratch::give(v);
@@ -119,11 +120,13 @@ impl Act {
         }
     }
 
-    /// The values in f32 (widened into a new buffer when stored in bf16).
-    fn f32(&self) -> Cow<'_, [f32]> {
+    /// The values in f32 (widened into a new buffer when stored in bf16); `cat` is the
+    /// profiler's category of the pass asking (`op.fwd` or `op.bwd`).
+    fn f32(&self, cat: &'static str) -> Cow<'_, [f32]> {
         match self {
             Act::F32(v) => Cow::Borrowed(v),
             Act::Bf16(v) => {
+                let _span = crate::trace::op_span("bf16-widen", cat);
                 let mut w = scratch::take(v.len());
                 bf16::widen_into(v, &mut w);
                 Cow::Owned(w)
@@ -319,8 +322,13 @@ impl Inner {
                 let wo = view!(out.weight, g3, "self-attention weight");
                 let bo = view_opt!(out.bias, g4, "self-attention bias");
                 let qkv = Act::keep(affine(xo, m, d, wqkv, 3 * d, bqkv, bf16), bf16);
-                let qkv_f32 = qkv.f32();
-                let merged = attention.forward_slices(&qkv_f32, *batch, m / batch, 3 * d);
+                let qkv_f32 = qkv.f32("op.fwd");
+                let seq = m / batch;
+                let merged = {
+                    let _core =
+                        crate::trace::op_span_flops("attention-core", "op.fwd", 4 * (m * seq * d) as u64);
+                    attention.forward_slices(&qkv_f32, *batch, seq, 3 * d)
+                };
                 recycle(qkv_f32);
                 let merged = Act::keep(merged, bf16);
                 let y = affine(merged.operand(d), m, d, wo, d, bo, bf16);
@@ -336,9 +344,12 @@ impl Inner {
                 // needs only that.
                 let mut h = affine(xo, m, d, w1, n1, b1, bf16);
                 let mut a = scratch::take(h.len());
-                a.par_chunks_mut(BLOCK)
-                    .zip(h.par_chunks_mut(BLOCK))
-                    .for_each(|(a, h)| crate::math::gelu_with_derivative(h, a));
+                {
+                    let _gelu = crate::trace::op_span("gelu", "op.fwd");
+                    a.par_chunks_mut(BLOCK)
+                        .zip(h.par_chunks_mut(BLOCK))
+                        .for_each(|(a, h)| crate::math::gelu_with_derivative(h, a));
+                }
                 let a = Act::keep(a, bf16);
                 let y = affine(a.operand(n1), m, n1, w2, d, b2, bf16);
                 Ok((y, [Act::keep(h, bf16), a]))
@@ -379,8 +390,13 @@ impl Inner {
                 bf16::matmul(bf16, m, d, d, go, wo, 0.0, &mut dmerged);
                 // Attention, then the three projections: each weight gradient from its
                 // column block of dqkv, read in place with row stride 3 · hidden.
-                let qkv_f32 = qkv_v.f32();
-                let dqkv = attention.backward_slices(&qkv_f32, &dmerged, *batch, m / batch, 3 * d);
+                let qkv_f32 = qkv_v.f32("op.bwd");
+                let seq = m / batch;
+                let dqkv = {
+                    let _core =
+                        crate::trace::op_span_flops("attention-core", "op.bwd", 8 * (m * seq * d) as u64);
+                    attention.backward_slices(&qkv_f32, &dmerged, *batch, seq, 3 * d)
+                };
                 recycle(qkv_f32);
                 scratch::give(dmerged);
                 let dbqkv = packed_b.is_some().then(|| column_sums(&dqkv, m, 3 * d));
@@ -529,17 +545,15 @@ impl Sublayer {
 
 impl Sublayer {
     /// The profiler's name for this block and the FLOPs of its forward matrix products
-    /// (input `dims` = `[…, hidden]`): Q/K/V and output projections plus the two attention
-    /// products, or the two feed-forward projections.
+    /// (input `dims` = `[…, hidden]`): Q/K/V and output projections (the two attention
+    /// products are counted by their own span, `attention-core`), or the two feed-forward
+    /// projections.
     fn cost(&self, dims: &[usize]) -> (&'static str, u64) {
         let d = dims.last().copied().unwrap_or(1).max(1);
         let m = (dims.iter().product::<usize>() / d) as u64;
         let d = d as u64;
         match &self.inner {
-            Inner::Attention { batch, .. } => {
-                let seq = m / (*batch as u64).max(1);
-                ("attention-block", 2 * m * d * 4 * d + 4 * m * seq * d)
-            }
+            Inner::Attention { .. } => ("attention-block", 2 * m * d * 4 * d),
             Inner::FeedForward { inter, .. } => {
                 let i = inter.weight.dims().first().copied().unwrap_or(0) as u64;
                 ("feed-forward-block", 4 * m * d * i)

@@ -33,6 +33,8 @@ pub struct ProfileOptions {
     pub dir: PathBuf,
     /// The data loader's background workers (for the diagnosis).
     pub num_workers: usize,
+    /// The run trains in bf16 mixed precision (for the diagnosis).
+    pub bf16: bool,
 }
 
 impl ProfileOptions {
@@ -235,6 +237,20 @@ pub struct ProfileReport {
     pub monitor: Option<crate::monitor::MonitorSummary>,
     /// The diagnosis.
     pub findings: Vec<Finding>,
+    /// CPU samples by category (pprof), when the sampler ran.
+    pub sampled: Option<Sampled>,
+}
+
+/// What the sampling profiler saw, from the first to the last profiled step (work between
+/// profiled steps, such as an evaluation inside the window, included).
+#[derive(Debug, Clone, Serialize)]
+pub struct Sampled {
+    /// Samples per second of CPU time.
+    pub hz: i32,
+    /// Samples kept (those in libc, libgcc, libpthread and the vDSO are dropped).
+    pub samples: u64,
+    /// By category, largest first.
+    pub rows: Vec<crate::sampler::SampleRow>,
 }
 
 /// The median of `v` (0 for none).
@@ -351,7 +367,9 @@ pub fn analyse(
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         findings.extend(oversubscribed(m, cores));
     }
+    findings.extend(matmul_bound(&ops, opts.bf16, trident_nn::bf16::accelerated()));
     ProfileReport {
+        sampled: None,
         monitor,
         steps: rows.len(),
         phases,
@@ -460,14 +478,64 @@ pub fn diagnose(
                     worst.ms[grew],
                     phases[grew].median_ms
                 ),
-                suggestion: "look for other work on the machine (the system monitor), memory pressure, or \
-                             uneven batches (padding to the longest sequence); profile those steps alone \
-                             with --profile-steps"
-                    .into(),
+                suggestion: if PHASES[grew] == "other" {
+                    "that step's bookkeeping grew: it wrote a checkpoint (train.checkpoint_every, or the \
+                     one written when a run stops) or a log; if it recurs, write them less often, or leave \
+                     that step out with --profile-steps"
+                        .into()
+                } else {
+                    "look for other work on the machine (the system monitor), memory pressure, or \
+                     uneven batches (padding to the longest sequence); profile those steps alone \
+                     with --profile-steps"
+                        .into()
+                },
             });
         }
     }
     out
+}
+
+/// Matrix-product-bound: the kernels that carry matrix products (their rows have GFLOP/s)
+/// take ≥ 50 % of the profiled time. The suggestion depends on the precision and on
+/// whether this CPU has bf16 matrix hardware (`amx`).
+pub fn matmul_bound(ops: &[OpRow], bf16: bool, amx: bool) -> Option<Finding> {
+    let products: Vec<&OpRow> = ops.iter().filter(|o| o.gflops.is_some()).collect();
+    let share: f64 = products.iter().map(|o| o.share).sum();
+    if share < 0.5 {
+        return None;
+    }
+    let ms: f64 = products.iter().map(|o| o.self_ms).sum();
+    let gflop: f64 = products
+        .iter()
+        .map(|o| o.gflops.unwrap_or(0.0) * o.self_ms * 1e-3)
+        .sum();
+    let suggestion = match (bf16, amx) {
+        (false, true) => {
+            "set train.precision = \"bf16\": this CPU multiplies bf16 on AMX tiles (f32 sums, f32 master \
+                          weights), and the saved activations of transformer blocks halve"
+                .to_string()
+        }
+        (false, false) => {
+            "this CPU has no bf16 matrix unit (AMX), so bf16 would only save memory here: a smaller \
+                           student (trident distill) or shorter sequences cut the work itself"
+                .to_string()
+        }
+        (true, _) => {
+            "the products already run in bf16: a smaller student (trident distill), shorter sequences \
+                      (less padding) or more cores cut the remaining work"
+                .to_string()
+        }
+    };
+    Some(Finding {
+        rule: "matmul-bound",
+        evidence: format!(
+            "kernels with matrix products take {:.0} % of the profiled time, at {:.0} GFLOP/s overall ({})",
+            100.0 * share,
+            gflop / (ms * 1e-3).max(1e-12),
+            if bf16 { "bf16" } else { "f32" }
+        ),
+        suggestion,
+    })
 }
 
 /// Oversubscription: on average more than twice as many of this process's threads were
@@ -492,8 +560,12 @@ impl ProfileReport {
     /// The terminal summary.
     pub fn text(&self, top: usize) -> String {
         let mut s = format!(
-            "profile: {} steps, median step {:.1} ms\n  phases (median ms, share):",
-            self.steps, self.median_step_ms
+            "profile: {} steps, median step {:.1} ms\n  measured by: phases — clock marks in the training loop; operators — \
+             spans in Trident's kernels; sampled — stacks every 1/{} s of CPU time, all threads (pprof)\n  \
+             phases (median ms, share):",
+            self.steps,
+            self.median_step_ms,
+            crate::sampler::HZ
         );
         for p in &self.phases {
             s += &format!("  {} {:.1} ({:.0} %)", p.phase, p.median_ms, 100.0 * p.share);
@@ -506,6 +578,13 @@ impl ProfileReport {
             "\n  kernels cover {:.0} % of step time; the rest is candle's own ops, autograd and the loop\n",
             100.0 * self.kernel_share
         );
+        if let Some(sm) = &self.sampled {
+            s += &format!("  sampled ({} samples):", sm.samples);
+            for r in sm.rows.iter().take(top) {
+                s += &format!("  {} {:.0} %", r.category, 100.0 * r.share);
+            }
+            s += "\n";
+        }
         if let Some(m) = &self.monitor {
             s += &format!(
                 "  monitor: {} samples; core busy {}; peak RSS {:.0} MiB; up to {} threads, {:.1} runnable on average\n",
@@ -593,6 +672,20 @@ pub fn write(
         );
     }
     put("ops.csv", ops.as_bytes())?;
+    if let Some(sm) = &report.sampled {
+        let mut csv = String::from("category,samples,share,top_symbol\n");
+        for r in &sm.rows {
+            let quoted = |v: &str| format!("\"{}\"", v.replace('"', "\"\""));
+            csv += &format!(
+                "{},{},{:.5},{}\n",
+                quoted(&r.category),
+                r.samples,
+                r.share,
+                quoted(&r.top_symbol)
+            );
+        }
+        put("samples.csv", csv.as_bytes())?;
+    }
     put("summary.txt", report.text(usize::MAX).as_bytes())?;
     put("report.json", serde_json::to_string_pretty(report)?.as_bytes())
 }
@@ -645,6 +738,16 @@ mod tests {
         let f = &analyse(&swing, &[], &[], &ProfileOptions::default()).findings[0];
         assert!(
             f.evidence.contains("step 5") && f.evidence.contains("backward"),
+            "{f:?}"
+        );
+        assert!(f.suggestion.contains("other work on the machine"), "{f:?}");
+        // A step that wrote a checkpoint ("other" grew) is named as such.
+        let mut ckpt = balanced.clone();
+        ckpt[5] = row(6, [0.5, 30.0, 60.0, 5.0, 0.0, 700.0]);
+        ckpt[2] = row(3, [0.5, 30.0, 60.0, 5.0, 0.0, 150.0]);
+        let f = &analyse(&ckpt, &[], &[], &ProfileOptions::default()).findings[0];
+        assert!(
+            f.rule == "high-variance" && f.suggestion.contains("checkpoint"),
             "{f:?}"
         );
         // A slow first step alone (warm-up) is not variance.
@@ -734,5 +837,41 @@ mod tests {
         };
         assert_eq!((1..=6).filter(|&s| o.covers(s)).collect::<Vec<_>>(), [3, 4]);
         assert!(ProfileOptions::default().covers(1_000_000));
+    }
+
+    #[test]
+    fn matmul_bound_names_the_share_and_the_fix_for_this_cpu() {
+        let row = |name: &str, ms: f64, gflops: Option<f64>| OpRow {
+            name: name.into(),
+            pass: "fwd",
+            calls: 1,
+            self_ms: ms,
+            total_ms: ms,
+            share: ms / 100.0,
+            gflops,
+        };
+        let ops = [
+            row("feed-forward-block", 40.0, Some(100.0)),
+            row("attention-block", 20.0, Some(50.0)),
+            row("layer-norm", 30.0, None),
+        ];
+        // 60 % of the time in products: 40 ms at 100 and 20 ms at 50 GFLOP/s = 5 GFLOP in 60 ms.
+        let f = matmul_bound(&ops, false, true).unwrap();
+        assert_eq!(f.rule, "matmul-bound");
+        assert!(
+            f.evidence.contains("60 %") && f.evidence.contains("83 GFLOP/s"),
+            "{f:?}"
+        );
+        assert!(f.suggestion.contains("precision = \"bf16\""), "{f:?}");
+        assert!(matmul_bound(&ops, false, false)
+            .unwrap()
+            .suggestion
+            .contains("no bf16 matrix unit"));
+        assert!(matmul_bound(&ops, true, true)
+            .unwrap()
+            .suggestion
+            .contains("already run in bf16"));
+        // Below half the time, no finding.
+        assert!(matmul_bound(&ops[1..], false, true).is_none());
     }
 }

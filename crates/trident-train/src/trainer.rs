@@ -467,6 +467,10 @@ impl Trainer {
             .profile
             .as_ref()
             .map(|_| crate::monitor::Monitor::start(std::time::Duration::from_millis(100)));
+        // The sampling profiler runs from the first profiled step to the last.
+        let mut sampler: Option<Result<crate::sampler::Sampler, String>> = None;
+        let mut sampled: Option<Result<Vec<crate::sampler::SampleRow>, String>> = None;
+        let finish_sampler = |s: Result<crate::sampler::Sampler, String>| s.and_then(|s| s.finish());
 
         'epochs: while state.epoch < c.epochs {
             let epoch = state.epoch;
@@ -482,7 +486,11 @@ impl Trainer {
             while i < per_epoch {
                 if in_group == 0 {
                     let next = state.optimizer_step + 1;
-                    timer.begin_step(self.profile.as_ref().is_some_and(|p| p.covers(next)));
+                    let covered = self.profile.as_ref().is_some_and(|p| p.covers(next));
+                    timer.begin_step(covered);
+                    if covered && sampler.is_none() && sampled.is_none() {
+                        sampler = Some(crate::sampler::Sampler::start());
+                    }
                 }
                 let batch = batches
                     .next()
@@ -554,6 +562,10 @@ impl Trainer {
                     }
                     timer.mark(Phase::Other);
                     timer.end_step(state.optimizer_step);
+                    let last = self.profile.as_ref().and_then(|p| p.steps).map(|(_, b)| b);
+                    if last == Some(state.optimizer_step) {
+                        sampled = sampler.take().map(finish_sampler);
+                    }
                     if stop_now && i < per_epoch {
                         bar.abandon_with_message("interrupted: checkpoint written");
                         summary.interrupted = true;
@@ -641,12 +653,23 @@ impl Trainer {
             trident_nn::trace::stop();
             let events = rec.take();
             let samples = monitor.map(|m| m.finish()).unwrap_or_default();
-            let report = crate::profile::analyse(&timer.rows, &events, &samples, opts);
+            let mut report = crate::profile::analyse(&timer.rows, &events, &samples, opts);
+            match sampled.or_else(|| sampler.take().map(finish_sampler)) {
+                Some(Ok(rows)) => {
+                    report.sampled = Some(crate::profile::Sampled {
+                        hz: crate::sampler::HZ,
+                        samples: rows.iter().map(|r| r.samples).sum(),
+                        rows,
+                    })
+                }
+                Some(Err(e)) if self.progress => eprintln!("sampling profiler: {e}; no samples.csv"),
+                _ => {}
+            }
             crate::profile::write(&opts.dir, &timer.rows, &events, &report).map_err(io_err(&opts.dir))?;
             crate::monitor::write(&opts.dir, &samples).map_err(io_err(&opts.dir))?;
             if self.progress {
                 eprintln!(
-                    "{}  wrote {}/{{trace.json,steps.csv,ops.csv,monitor.csv,cpu_heatmap.png,summary.txt}}",
+                    "{}  wrote {}/{{trace.json,steps.csv,ops.csv,samples.csv,monitor.csv,cpu_heatmap.png,summary.txt}}",
                     report.text(8),
                     opts.dir.display()
                 );

@@ -336,6 +336,7 @@ fn run<D: Dataset + 'static>(
             steps: args.profile_steps,
             dir: dir.join("profile"),
             num_workers: c.loader.num_workers,
+            bf16: c.train.precision == trident_train::trainer::Precision::Bf16,
         });
     }
     install_signal_handlers(&trainer)?;
