@@ -245,12 +245,16 @@ pub struct ProfileReport {
 /// profiled steps, such as an evaluation inside the window, included).
 #[derive(Debug, Clone, Serialize)]
 pub struct Sampled {
-    /// Samples per second of CPU time.
-    pub hz: i32,
-    /// Samples kept (those in libc, libgcc, libpthread and the vDSO are dropped).
-    pub samples: u64,
-    /// By category, largest first.
+    /// By category, largest first (samples at [`crate::sampler::HZ`]; those in libc,
+    /// libgcc, libpthread and the vDSO are dropped).
     pub rows: Vec<crate::sampler::SampleRow>,
+}
+
+impl Sampled {
+    /// Samples kept.
+    pub fn samples(&self) -> u64 {
+        self.rows.iter().map(|r| r.samples).sum()
+    }
 }
 
 /// The median of `v` (0 for none).
@@ -579,7 +583,7 @@ impl ProfileReport {
             100.0 * self.kernel_share
         );
         if let Some(sm) = &self.sampled {
-            s += &format!("  sampled ({} samples):", sm.samples);
+            s += &format!("  sampled ({} samples):", sm.samples());
             for r in sm.rows.iter().take(top) {
                 s += &format!("  {} {:.0} %", r.category, 100.0 * r.share);
             }

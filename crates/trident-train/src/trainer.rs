@@ -655,13 +655,7 @@ impl Trainer {
             let samples = monitor.map(|m| m.finish()).unwrap_or_default();
             let mut report = crate::profile::analyse(&timer.rows, &events, &samples, opts);
             match sampled.or_else(|| sampler.take().map(finish_sampler)) {
-                Some(Ok(rows)) => {
-                    report.sampled = Some(crate::profile::Sampled {
-                        hz: crate::sampler::HZ,
-                        samples: rows.iter().map(|r| r.samples).sum(),
-                        rows,
-                    })
-                }
+                Some(Ok(rows)) => report.sampled = Some(crate::profile::Sampled { rows }),
                 Some(Err(e)) if self.progress => eprintln!("sampling profiler: {e}; no samples.csv"),
                 _ => {}
             }
