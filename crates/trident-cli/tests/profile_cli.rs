@@ -132,6 +132,50 @@ fn profiling_writes_phases_operators_and_a_trace() {
         assert!(row[6].parse::<f64>().unwrap() > 0.0, "{row:?}");
     }
 
+    // Layers: the same kernel time split by model layer, forward and backward; the
+    // backward pass (run by candle after the forward scopes closed) is attributed to the
+    // layer whose kernel it differentiates.
+    let layers = csv(&dir.join("layers.csv"));
+    assert_eq!(
+        layers[0],
+        ["layer", "op", "pass", "calls", "self_ms", "total_ms", "share", "gflops"]
+    );
+    let layer_has = |layer: &str, op: &str, pass: &str| {
+        layers.iter().any(|r| r[0] == layer && r[1] == op && r[2] == pass)
+    };
+    let n_layers =
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(tiny_bert().join("config.json")).unwrap())
+            .unwrap()["num_hidden_layers"]
+            .as_u64()
+            .unwrap();
+    for i in 0..n_layers {
+        let l = format!("encoder.{i}");
+        for (op, pass) in [
+            ("attention-block", "fwd"),
+            ("attention-block", "bwd"),
+            ("attention-core", "bwd"),
+            ("feed-forward-block", "bwd"),
+        ] {
+            assert!(layer_has(&l, op, pass), "{l} {op}.{pass} missing: {layers:?}");
+        }
+    }
+    assert!(layer_has("embeddings", "layer-norm", "bwd"), "{layers:?}");
+    assert!(
+        layer_has("head", "linear", "bwd") && layer_has("loss", "cross-entropy", "bwd"),
+        "{layers:?}"
+    );
+    let self_sum = |rows: &[Vec<String>], col: usize| {
+        rows[1..]
+            .iter()
+            .map(|r| r[col].parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    let (by_layer, by_op) = (self_sum(&layers, 4), self_sum(&ops, 3));
+    assert!(
+        (by_layer - by_op).abs() <= 1e-3 * by_op + 0.01,
+        "layers {by_layer} ms, ops {by_op} ms"
+    );
+
     // Sampled stacks (pprof): categories with counts whose shares sum to one. This run is
     // a fraction of a CPU-second, so it holds only a few samples; what each stack is
     // attributed to is tested in trident-train's `sampler` unit tests.

@@ -172,6 +172,7 @@ impl Bert {
     }
 
     fn embed(&self, b: &TextBatch, ctx: &Ctx) -> Result<Tensor> {
+        let _layer = crate::trace::layer(|| "embeddings".into());
         let (batch, seq) = b.ids.dims2()?;
         if seq > self.config.max_position_embeddings {
             candle_core::bail!(
@@ -250,6 +251,7 @@ impl BertClassifier {
     }
 
     fn head(&self, h: &Tensor, b: &TextBatch, ctx: &Ctx) -> Result<Tensor> {
+        let _layer = crate::trace::layer(|| "head".into());
         let pooled = self.bert.pool(h, b, self.pooling)?;
         self.classifier.forward(&self.drop.forward(&pooled, ctx)?)
     }

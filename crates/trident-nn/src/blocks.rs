@@ -463,6 +463,8 @@ struct Sublayer {
     dropout: Option<DropMask>,
     /// Products and saved activations in bf16 ([`bf16::autocast`] when the op was made).
     bf16: bool,
+    /// The model layer this sublayer ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
     /// The inner function's saved tensors, and the layer norm's input: the residual sum
     /// (post-norm) or the sublayer input (pre-norm, whose normalised value is saved as
     /// the inner function's input in `normed`).
@@ -502,6 +504,7 @@ impl Sublayer {
             placement,
             dropout: DropMask::from_option("sublayer", dropout)?,
             bf16: bf16::autocast_enabled(),
+            layer: crate::trace::current_layer(),
             saved: Mutex::new(None),
         };
         x.contiguous()?.apply_op2(&norm.gamma, op)
@@ -615,7 +618,7 @@ impl CustomOp2 for Sublayer {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (kind, flops) = self.cost(x.dims());
-        let _span = crate::trace::op_span_flops(kind, "op.bwd", 2 * flops);
+        let _span = crate::trace::op_span_in(&self.layer, kind, "op.bwd", 2 * flops);
         let g = g.contiguous()?;
         let d = x.dim(candle_core::D::Minus1)?;
         let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());

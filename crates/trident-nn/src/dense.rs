@@ -22,6 +22,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let (x, w) = (x.contiguous()?, w.contiguous()?);
     let op = Linear {
         bf16: bf16::autocast_enabled(),
+        layer: crate::trace::current_layer(),
     };
     match b {
         Some(b) => x.apply_op3(&w, &b.contiguous()?, op),
@@ -32,6 +33,8 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 struct Linear {
     /// Products in bf16 (the mode when the op was created).
     bf16: bool,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
 }
 
 /// (rows, in, out, output dims) of a linear layer, or an error naming the shapes.
@@ -135,7 +138,12 @@ impl CustomOp2 for Linear {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_flops("linear", "op.bwd", 2 * linear_flops(x.dims(), w.dims()));
+        let _span = crate::trace::op_span_in(
+            &self.layer,
+            "linear",
+            "op.bwd",
+            2 * linear_flops(x.dims(), w.dims()),
+        );
         let (dx, dw, _) = self.backward(x, w, g, false)?;
         Ok((Some(dx), Some(dw)))
     }
@@ -170,7 +178,12 @@ impl CustomOp3 for Linear {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_flops("linear", "op.bwd", 2 * linear_flops(x.dims(), w.dims()));
+        let _span = crate::trace::op_span_in(
+            &self.layer,
+            "linear",
+            "op.bwd",
+            2 * linear_flops(x.dims(), w.dims()),
+        );
         let (dx, dw, db) = self.backward(x, w, g, true)?;
         Ok((Some(dx), Some(dw), db))
     }
@@ -274,6 +287,8 @@ pub(crate) struct Attention {
     /// `[batch · seq]` additive key bias.
     bias: Option<Vec<f32>>,
     dropout: Option<DropMask>,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
 }
 
 /// One sequence's packed `[seq, 3 · width]` block and the geometry.
@@ -322,7 +337,12 @@ impl Attention {
             None => None,
         };
         let dropout = DropMask::from_option("attention", dropout)?;
-        Ok(Attention { heads, bias, dropout })
+        Ok(Attention {
+            heads,
+            bias,
+            dropout,
+            layer: crate::trace::current_layer(),
+        })
     }
 
     /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` into `p` (`[s, s]`).
@@ -502,7 +522,7 @@ impl CustomOp1 for Attention {
     }
 
     fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let (b, s, width3) = qkv.dims3()?;
         let grad = grad.contiguous()?;
         let dqkv = {
@@ -524,10 +544,15 @@ pub(crate) const BLOCK: usize = 4096;
 /// GELU in its exact form, `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))`, as BERT and
 /// `torch.nn.GELU()` use; the backward pass is one element-wise pass over the saved input.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(Gelu)
+    x.contiguous()?.apply_op1(Gelu {
+        layer: crate::trace::current_layer(),
+    })
 }
 
-struct Gelu;
+struct Gelu {
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
+}
 
 impl CustomOp1 for Gelu {
     fn name(&self) -> &'static str {
@@ -546,7 +571,7 @@ impl CustomOp1 for Gelu {
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &GeluGrad)?))
     }
 }

@@ -428,6 +428,7 @@ impl Mlp {
         let mut h = x.clone();
         let last = self.layers.len() - 1;
         for (i, l) in self.layers.iter().enumerate() {
+            let _layer = crate::trace::layer(|| format!("fc{i}"));
             h = l.forward(&h)?;
             if i < last {
                 h = self.dropout.forward(&self.activation.forward(&h)?, ctx)?;

@@ -85,11 +85,20 @@ pub(crate) fn for_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) 
 
 /// Layer normalisation over the last dimension: `(x - mean) / sqrt(var + eps) * gamma + beta`.
 pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
-    x.contiguous()?.apply_op3(gamma, beta, LayerNorm { eps })
+    x.contiguous()?.apply_op3(
+        gamma,
+        beta,
+        LayerNorm {
+            eps,
+            layer: crate::trace::current_layer(),
+        },
+    )
 }
 
 struct LayerNorm {
     eps: f32,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
 }
 
 fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
@@ -149,7 +158,7 @@ impl CustomOp3 for LayerNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let d = x.dim(candle_core::D::Minus1)?;
         let grad = grad.contiguous()?;
         let (sx, lx) = x.storage_and_layout();
@@ -255,13 +264,22 @@ pub fn add_dropout_layer_norm(
     }
     let dropout = DropMask::from_option("add_layer_norm", dropout)?;
     let gb = Tensor::cat(&[gamma, beta], 0)?;
-    x.contiguous()?
-        .apply_op3(&residual.contiguous()?, &gb, AddLayerNorm { eps, dropout })
+    x.contiguous()?.apply_op3(
+        &residual.contiguous()?,
+        &gb,
+        AddLayerNorm {
+            eps,
+            dropout,
+            layer: crate::trace::current_layer(),
+        },
+    )
 }
 
 struct AddLayerNorm {
     eps: f32,
     dropout: Option<DropMask>,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
 }
 
 impl AddLayerNorm {
@@ -322,7 +340,7 @@ impl CustomOp3 for AddLayerNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let d = x.dim(candle_core::D::Minus1)?;
         let grad = grad.contiguous()?;
         let (dx, dg, db) = {
@@ -359,10 +377,15 @@ impl CustomOp3 for AddLayerNorm {
 
 /// Softmax over the last dimension.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(Softmax)
+    x.contiguous()?.apply_op1(Softmax {
+        layer: crate::trace::current_layer(),
+    })
 }
 
-struct Softmax;
+struct Softmax {
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
+}
 
 fn softmax_row(x: &[f32], o: &mut [f32]) {
     o.copy_from_slice(x);
@@ -391,7 +414,7 @@ impl CustomOp1 for Softmax {
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         Ok(Some(res.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxGrad)?))
     }
 }
@@ -434,10 +457,18 @@ impl CustomOp2 for SoftmaxGrad {
 /// is an error naming it.
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let labels = labels.to_dtype(candle_core::DType::U32)?.contiguous()?;
-    logits.contiguous()?.apply_op2(&labels, CrossEntropy)
+    logits.contiguous()?.apply_op2(
+        &labels,
+        CrossEntropy {
+            layer: crate::trace::current_layer(),
+        },
+    )
 }
 
-struct CrossEntropy;
+struct CrossEntropy {
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
+}
 
 fn labels_of<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
     let CpuStorage::U32(v) = s else {
@@ -487,7 +518,7 @@ impl CustomOp2 for CrossEntropy {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let g = grad.to_scalar::<f32>()?;
         let c = logits.dim(candle_core::D::Minus1)?;
         let x = logits.flatten_all()?.to_vec1::<f32>()?;
@@ -522,13 +553,19 @@ pub fn distill_kl(student: &Tensor, teacher: &Tensor, temperature: f32) -> Resul
         )
     }
     let teacher = teacher.detach().contiguous()?;
-    student
-        .contiguous()?
-        .apply_op2(&teacher, DistillKl { t: temperature })
+    student.contiguous()?.apply_op2(
+        &teacher,
+        DistillKl {
+            t: temperature,
+            layer: crate::trace::current_layer(),
+        },
+    )
 }
 
 struct DistillKl {
     t: f32,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
 }
 
 /// `log Σ exp(x / t)` of one row, computed stably (shifted by the row's maximum).
@@ -587,7 +624,7 @@ impl CustomOp2 for DistillKl {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         // d/ds KL = (softmax(s/T) − softmax(t/T)) / T, averaged over the n rows.
         let g = grad.to_scalar::<f32>()?;
         let c = student.dim(candle_core::D::Minus1)?;
@@ -630,6 +667,7 @@ pub fn batch_norm_train(
         eps,
         mean: mean.clone(),
         var: var.clone(),
+        layer: crate::trace::current_layer(),
     };
     let y = x.apply_op3(gamma, beta, op)?;
     Ok((y, mean, var))
@@ -658,6 +696,8 @@ struct BatchNorm {
     /// Batch mean and biased variance per channel of the op's input.
     mean: Vec<f32>,
     var: Vec<f32>,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
 }
 
 impl CustomOp3 for BatchNorm {
@@ -709,7 +749,7 @@ impl CustomOp3 for BatchNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let (b, c, h, w) = x.dims4()?;
         let hw = h * w;
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
@@ -777,7 +817,12 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Res
     }
     let oh = (h + 2 * padding - k) / stride + 1;
     let ow = (w + 2 * padding - k) / stride + 1;
-    let cols = x.contiguous()?.apply_op1(Unfold { k, stride, padding })?; // [b, oh*ow, c*k*k]
+    let cols = x.contiguous()?.apply_op1(Unfold {
+        k,
+        stride,
+        padding,
+        layer: crate::trace::current_layer(),
+    })?; // [b, oh*ow, c*k*k]
     let y = crate::dense::linear(&cols, &weight.reshape((o, c * k * k))?, None)?; // [b, oh*ow, o]
     y.transpose(1, 2)?.contiguous()?.reshape((b, o, oh, ow))
 }
@@ -786,6 +831,8 @@ struct Unfold {
     k: usize,
     stride: usize,
     padding: usize,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
 }
 
 impl Unfold {
@@ -851,7 +898,7 @@ impl CustomOp1 for Unfold {
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span(self.name(), "op.bwd");
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let (b, c, h, w, oh, ow) = self.geometry(arg.dims())?;
         let g = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let per = oh * ow * c * self.k * self.k;

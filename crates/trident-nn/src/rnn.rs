@@ -142,6 +142,7 @@ impl Rnn {
         let mask = mask.to_dtype(DType::F32)?;
         let mut h = x.clone();
         for (l, dirs) in self.layers.iter().enumerate() {
+            let _layer = crate::trace::layer(|| format!("rnn.{l}"));
             if l > 0 {
                 h = self.drop.forward(&h, ctx)?;
             }
@@ -189,8 +190,12 @@ impl RnnClassifier {
 
     /// Logits for `[batch, seq]` ids and mask.
     pub fn forward(&self, ids: &Tensor, mask: &Tensor, ctx: &Ctx) -> Result<Tensor> {
-        let x = self.drop.forward(&self.embed.forward(ids, ctx)?, ctx)?;
+        let x = {
+            let _layer = crate::trace::layer(|| "embedding".into());
+            self.drop.forward(&self.embed.forward(ids, ctx)?, ctx)?
+        };
         let h = self.rnn.forward(&x, mask, ctx)?;
+        let _layer = crate::trace::layer(|| "head".into());
         let pooled = masked_mean(&h, &mask.to_dtype(DType::F32)?)?;
         self.head.forward(&self.drop.forward(&pooled, ctx)?)
     }

@@ -3,10 +3,16 @@
 //! `op.fwd` / `op.bwd`, with the FLOPs of matrix products); the trainer opens one per step
 //! phase; users annotate their own code with [`span`] (PR-4).
 //!
+//! Layers: a model opens a [`layer`] scope around each of its layers (`encoder.3`,
+//! `conv2`); forward spans record the innermost scope. A kernel captures the scope when it
+//! is built ([`current_layer`]) and opens its backward span with [`op_span_in`], so the
+//! backward pass, which candle runs long after the scopes closed, is attributed to the same
+//! layer; kernels nested inside a backward span inherit its layer.
+//!
 //! Off (the default) a span costs one relaxed atomic load and records nothing.
 
 use std::borrow::Cow;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -26,6 +32,8 @@ pub struct Event {
     pub tid: u64,
     /// Floating-point operations done (matrix products), 0 when not counted.
     pub flops: u64,
+    /// The model layer the span ran for (see [`layer`]), when one was open.
+    pub layer: Option<Arc<str>>,
 }
 
 /// Collects the events of one profiled run.
@@ -63,6 +71,7 @@ static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     static TID: Cell<u64> = const { Cell::new(0) };
+    static LAYER: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
 }
 
 /// This thread's small id.
@@ -118,6 +127,9 @@ struct Open {
     cat: &'static str,
     start: Instant,
     flops: u64,
+    layer: Option<Arc<str>>,
+    /// The thread's layer before this span set its own (backward spans), to restore.
+    restore: Option<Option<Arc<str>>>,
 }
 
 /// Opens a span named `name` in category `cat`.
@@ -138,7 +150,63 @@ pub fn span_flops(name: impl Into<Cow<'static, str>>, cat: &'static str, flops: 
         cat,
         start: Instant::now(),
         flops,
+        layer: LAYER.with(|l| l.borrow().clone()),
+        restore: None,
     }))
+}
+
+/// The layer scope open on this thread, for a kernel to keep until its backward pass
+/// (`None` while not recording, so kernels built outside a profile keep nothing).
+#[inline]
+pub fn current_layer() -> Option<Arc<str>> {
+    if !enabled() {
+        return None;
+    }
+    LAYER.with(|l| l.borrow().clone())
+}
+
+/// A kernel span attributed to `layer` (the one the kernel captured when it was built);
+/// kernels nested inside it inherit that layer. Used for backward passes.
+#[inline]
+pub fn op_span_in(layer: &Option<Arc<str>>, name: &'static str, cat: &'static str, flops: u64) -> Span {
+    let mut s = op_span_flops(name, cat, flops);
+    if let (Some(o), Some(l)) = (s.0.as_mut(), layer) {
+        o.layer = Some(l.clone());
+        o.restore = Some(LAYER.with(|t| t.replace(Some(l.clone()))));
+    }
+    s
+}
+
+/// While the returned guard lives, spans on this thread belong to layer `name()`, nested
+/// in the enclosing scope (`encoder` then `3` gives `encoder/3`). Free when not recording:
+/// `name` is not even called.
+#[inline]
+pub fn layer(name: impl FnOnce() -> String) -> LayerScope {
+    if !enabled() {
+        return LayerScope(None);
+    }
+    let prev = LAYER.with(|l| {
+        let prev = l.borrow().clone();
+        let full: Arc<str> = match &prev {
+            Some(p) => format!("{p}/{}", name()).into(),
+            None => name().into(),
+        };
+        l.replace(Some(full));
+        prev
+    });
+    LayerScope(Some(prev))
+}
+
+/// Closes a [`layer`] scope when dropped.
+#[must_use = "a layer scope lasts until it is dropped"]
+pub struct LayerScope(Option<Option<Arc<str>>>);
+
+impl Drop for LayerScope {
+    fn drop(&mut self) {
+        if let Some(prev) = self.0.take() {
+            LAYER.with(|l| *l.borrow_mut() = prev);
+        }
+    }
 }
 
 /// A span for one of Trident's kernels: `name` without its `trident-` prefix.
@@ -163,6 +231,9 @@ impl Drop for Span {
     fn drop(&mut self) {
         if let Some(o) = self.0.take() {
             let end = Instant::now();
+            if let Some(prev) = o.restore {
+                LAYER.with(|l| *l.borrow_mut() = prev);
+            }
             let start_ns = o.rec.ns(o.start);
             o.rec.push(Event {
                 name: o.name,
@@ -171,6 +242,7 @@ impl Drop for Span {
                 dur_ns: o.rec.ns(end).saturating_sub(start_ns),
                 tid: thread_id(),
                 flops: o.flops,
+                layer: o.layer,
             });
         }
     }
@@ -210,5 +282,40 @@ mod tests {
         assert_eq!(ev[0].flops, 42);
         assert!(ev[1].start_ns <= ev[0].start_ns && ev[0].dur_ns <= ev[1].dur_ns);
         assert!(!enabled());
+
+        // Layer scopes: forward spans take the open scope, nested scopes join with '/',
+        // a backward span takes the layer its kernel captured and lends it to nested spans.
+        let r = start();
+        let captured = {
+            let _l = layer(|| "encoder".into());
+            let _m = layer(|| "3".into());
+            let _f = op_span("linear", "op.fwd");
+            current_layer()
+        };
+        assert_eq!(current_layer(), None);
+        {
+            let _b = op_span_in(&captured, "linear", "op.bwd", 0);
+            let _n = op_span("softmax-grad", "op.fwd");
+        }
+        assert_eq!(
+            current_layer(),
+            None,
+            "the backward span restores the thread's layer"
+        );
+        let _ = op_span("loose", "op.fwd");
+        stop();
+        let _off = layer(|| unreachable!("not called while not recording"));
+        let ev = r.take();
+        let got: Vec<(&str, Option<&str>)> =
+            ev.iter().map(|e| (e.name.as_ref(), e.layer.as_deref())).collect();
+        assert_eq!(
+            got,
+            [
+                ("linear", Some("encoder/3")),
+                ("softmax-grad", Some("encoder/3")),
+                ("linear", Some("encoder/3")),
+                ("loose", None)
+            ]
+        );
     }
 }

@@ -173,7 +173,8 @@ impl Encoder {
     pub fn forward_all(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Vec<Tensor>> {
         let mut states = Vec::with_capacity(self.layers.len());
         let mut h = x.clone();
-        for l in &self.layers {
+        for (i, l) in self.layers.iter().enumerate() {
+            let _layer = crate::trace::layer(|| format!("encoder.{i}"));
             h = l.forward(&h, bias, ctx)?;
             states.push(h.clone());
         }
@@ -183,7 +184,8 @@ impl Encoder {
     /// Runs every layer.
     pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
         let mut h = x.clone();
-        for l in &self.layers {
+        for (i, l) in self.layers.iter().enumerate() {
+            let _layer = crate::trace::layer(|| format!("encoder.{i}"));
             h = l.forward(&h, bias, ctx)?;
         }
         Ok(h)

@@ -104,11 +104,15 @@ impl Vit {
 
     /// Logits `[batch, classes]`.
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
-        let p = self.patches(x)?;
-        let b = p.dim(0)?;
-        let cls = self.cls.broadcast_as((b, 1, self.config.hidden))?;
-        let h = Tensor::cat(&[&cls, &p], 1)?.broadcast_add(&self.pos)?;
+        let h = {
+            let _layer = crate::trace::layer(|| "patch-embed".into());
+            let p = self.patches(x)?;
+            let b = p.dim(0)?;
+            let cls = self.cls.broadcast_as((b, 1, self.config.hidden))?;
+            Tensor::cat(&[&cls, &p], 1)?.broadcast_add(&self.pos)?
+        };
         let h = self.encoder.forward(&self.drop.forward(&h, ctx)?, None, ctx)?;
+        let _layer = crate::trace::layer(|| "head".into());
         let h = self.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?)?;
         self.head.forward(&h)
     }
@@ -153,11 +157,21 @@ impl Cnn {
 
     /// Logits `[batch, classes]`.
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
-        let h = max_pool2d(&self.bn1.forward(&self.conv1.forward(x)?, ctx)?.relu()?, 2)?;
-        let h = max_pool2d(&self.bn2.forward(&self.conv2.forward(&h)?, ctx)?.relu()?, 2)?;
-        let h = self
-            .drop
-            .forward(&self.fc1.forward(&h.flatten_from(1)?)?.relu()?, ctx)?;
+        use crate::trace::layer;
+        let h = {
+            let _layer = layer(|| "conv1".into());
+            max_pool2d(&self.bn1.forward(&self.conv1.forward(x)?, ctx)?.relu()?, 2)?
+        };
+        let h = {
+            let _layer = layer(|| "conv2".into());
+            max_pool2d(&self.bn2.forward(&self.conv2.forward(&h)?, ctx)?.relu()?, 2)?
+        };
+        let h = {
+            let _layer = layer(|| "fc1".into());
+            self.drop
+                .forward(&self.fc1.forward(&h.flatten_from(1)?)?.relu()?, ctx)?
+        };
+        let _layer = layer(|| "fc2".into());
         self.fc2.forward(&h)
     }
 }

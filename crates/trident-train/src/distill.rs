@@ -57,6 +57,7 @@ impl KdLoss {
 
     /// The loss of `student` logits against `teacher` logits and true `labels` (`[n]`, u32).
     pub fn compute(&self, student: &Tensor, teacher: &Tensor, labels: &Tensor) -> Result<Tensor> {
+        let _layer = trident_nn::trace::layer(|| "distill-loss".into());
         match *self {
             KdLoss::Soft { temperature, alpha } => {
                 let t = temperature as f32;
@@ -502,6 +503,7 @@ where
     pub fn teacher_logits(&self, batch: &S::Batch) -> Result<Tensor> {
         let Some(cache) = &self.cache else {
             self.teacher_batches.fetch_add(1, Ordering::Relaxed);
+            let _layer = trident_nn::trace::layer(|| "teacher".into());
             return Ok(self.teacher.forward(batch, &Ctx::eval())?.logits.detach());
         };
         let keys = batch.row_keys()?;
@@ -510,7 +512,10 @@ where
             return Ok(t);
         }
         self.teacher_batches.fetch_add(1, Ordering::Relaxed);
-        let logits = self.teacher.forward(batch, &Ctx::eval())?.logits.detach();
+        let logits = {
+            let _layer = trident_nn::trace::layer(|| "teacher".into());
+            self.teacher.forward(batch, &Ctx::eval())?.logits.detach()
+        };
         let mut c = cache.lock().expect("cache lock");
         c.insert(&keys, &logits)?;
         // The loss sees what later epochs will read back: the f16-rounded values.
@@ -542,10 +547,12 @@ where
             .student
             .forward_hidden(batch, ctx)?
             .ok_or_else(|| missing("student"))?;
-        let (tout, ht) = self
-            .teacher
-            .forward_hidden(batch, &Ctx::eval())?
-            .ok_or_else(|| missing("teacher"))?;
+        let (tout, ht) = {
+            let _layer = trident_nn::trace::layer(|| "teacher".into());
+            self.teacher
+                .forward_hidden(batch, &Ctx::eval())?
+                .ok_or_else(|| missing("teacher"))?
+        };
         self.teacher_batches.fetch_add(1, Ordering::Relaxed);
         let labels = Tensor::from_iter(out.labels.iter().map(|&l| l as u32), out.logits.device())?;
         let mut loss = self.loss.compute(&out.logits, &tout.logits.detach(), &labels)?;

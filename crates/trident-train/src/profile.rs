@@ -136,6 +136,7 @@ impl PhaseTimer {
                 dur_ns: r.ns(now).saturating_sub(start_ns),
                 tid: trace::thread_id(),
                 flops: 0,
+                layer: None,
             });
         }
         self.last = now;
@@ -158,6 +159,7 @@ impl PhaseTimer {
                 dur_ns: r.ns(now).saturating_sub(start_ns),
                 tid: trace::thread_id(),
                 flops: 0,
+                layer: None,
             });
         }
         self.rows.push(StepPhases {
@@ -206,6 +208,26 @@ pub struct OpRow {
     pub gflops: Option<f64>,
 }
 
+/// One model layer's share of the kernels (its [`trident_nn::trace::layer`] scope).
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerRow {
+    /// The layer scope (`encoder.3`, `conv1`, `loss`); `(none)` for kernels run outside
+    /// any scope.
+    pub layer: String,
+    /// Self milliseconds of its kernels in the forward pass.
+    pub fwd_ms: f64,
+    /// Self milliseconds of its kernels in the backward pass.
+    pub bwd_ms: f64,
+    /// Kernel calls.
+    pub calls: u64,
+    /// Forward plus backward over the profiled steps' time.
+    pub share: f64,
+    /// GFLOP/s of its matrix-product kernels' self time, when it has any.
+    pub gflops: Option<f64>,
+    /// Its rows by kernel and pass, largest first.
+    pub ops: Vec<OpRow>,
+}
+
 /// A finding of the diagnosis.
 #[derive(Debug, Clone, Serialize)]
 pub struct Finding {
@@ -228,6 +250,8 @@ pub struct ProfileReport {
     pub median_step_ms: f64,
     /// Operators by self time.
     pub ops: Vec<OpRow>,
+    /// Layers in the order the forward pass first reached them.
+    pub layers: Vec<LayerRow>,
     /// Share of the profiled step time inside Trident's kernels (the rest is candle's own
     /// work and the loop).
     pub kernel_share: f64,
@@ -298,6 +322,79 @@ fn self_times(events: &[Event]) -> Vec<u64> {
     selft
 }
 
+/// Operator rows of `kernels` (with their self times), largest self time first.
+fn op_rows<'a>(kernels: impl Iterator<Item = (&'a Event, &'a u64)>, step_total: f64) -> Vec<OpRow> {
+    let mut by: HashMap<(String, &'static str), (u64, u64, u64, u64)> = HashMap::new();
+    for (e, s) in kernels {
+        let pass = if e.cat == "op.fwd" { "fwd" } else { "bwd" };
+        let row = by.entry((e.name.to_string(), pass)).or_default();
+        row.0 += 1;
+        row.1 += s;
+        row.2 += e.dur_ns;
+        row.3 += e.flops;
+    }
+    let mut ops: Vec<OpRow> = by
+        .into_iter()
+        .map(|((name, pass), (calls, s, t, flops))| OpRow {
+            name,
+            pass,
+            calls,
+            self_ms: s as f64 / 1e6,
+            total_ms: t as f64 / 1e6,
+            share: s as f64 / 1e6 / step_total,
+            gflops: (flops > 0 && s > 0).then(|| flops as f64 / s as f64),
+        })
+        .collect();
+    ops.sort_by(|a, b| b.self_ms.total_cmp(&a.self_ms).then(a.name.cmp(&b.name)));
+    ops
+}
+
+/// Kernel self time by layer scope, in the order the forward pass first reached each
+/// layer (layers only seen in backward, and `(none)`, last).
+fn layer_rows(kernels: &[Event], selft: &[u64], step_total: f64) -> Vec<LayerRow> {
+    const NONE: &str = "(none)";
+    let mut first: HashMap<&str, (bool, u64)> = HashMap::new();
+    for e in kernels {
+        let name = e.layer.as_deref().unwrap_or(NONE);
+        let key = (e.cat != "op.fwd" || name == NONE, e.start_ns);
+        first
+            .entry(name)
+            .and_modify(|k| *k = (*k).min(key))
+            .or_insert(key);
+    }
+    let mut names: Vec<&str> = first.keys().copied().collect();
+    names.sort_by_key(|n| (first[n], *n));
+    names
+        .into_iter()
+        .map(|name| {
+            let mine = kernels
+                .iter()
+                .zip(selft)
+                .filter(|(e, _)| e.layer.as_deref().unwrap_or(NONE) == name);
+            let ops = op_rows(mine, step_total);
+            let ms = |pass: &str| {
+                ops.iter()
+                    .filter(|o| o.pass == pass)
+                    .map(|o| o.self_ms)
+                    .sum::<f64>()
+            };
+            let (product_ms, gflop) = ops.iter().fold((0.0, 0.0), |(ms, gf), o| match o.gflops {
+                Some(g) => (ms + o.self_ms, gf + g * o.self_ms * 1e-3),
+                None => (ms, gf),
+            });
+            LayerRow {
+                layer: name.to_string(),
+                fwd_ms: ms("fwd"),
+                bwd_ms: ms("bwd"),
+                calls: ops.iter().map(|o| o.calls).sum(),
+                share: (ms("fwd") + ms("bwd")) / step_total,
+                gflops: (product_ms > 0.0).then(|| gflop / (product_ms * 1e-3)),
+                ops,
+            }
+        })
+        .collect()
+}
+
 /// Builds the report from the timer's rows, the recorded events and the monitor's samples.
 pub fn analyse(
     rows: &[StepPhases],
@@ -332,28 +429,8 @@ pub fn analyse(
         .cloned()
         .collect();
     let selft = self_times(&kernels);
-    let mut by: HashMap<(String, &'static str), (u64, u64, u64, u64)> = HashMap::new();
-    for (e, s) in kernels.iter().zip(&selft) {
-        let pass = if e.cat == "op.fwd" { "fwd" } else { "bwd" };
-        let row = by.entry((e.name.to_string(), pass)).or_default();
-        row.0 += 1;
-        row.1 += s;
-        row.2 += e.dur_ns;
-        row.3 += e.flops;
-    }
-    let mut ops: Vec<OpRow> = by
-        .into_iter()
-        .map(|((name, pass), (calls, s, t, flops))| OpRow {
-            name,
-            pass,
-            calls,
-            self_ms: s as f64 / 1e6,
-            total_ms: t as f64 / 1e6,
-            share: s as f64 / 1e6 / step_total,
-            gflops: (flops > 0 && s > 0).then(|| flops as f64 / s as f64),
-        })
-        .collect();
-    ops.sort_by(|a, b| b.self_ms.total_cmp(&a.self_ms));
+    let ops = op_rows(kernels.iter().zip(&selft), step_total);
+    let layers = layer_rows(&kernels, &selft, step_total);
     let kernel_share = ops.iter().map(|o| o.self_ms).sum::<f64>() / step_total;
     let mut regions: HashMap<String, (u64, f64)> = HashMap::new();
     for e in events.iter().filter(|e| e.cat == "region") {
@@ -379,6 +456,7 @@ pub fn analyse(
         phases,
         median_step_ms,
         ops,
+        layers,
         kernel_share,
         regions,
         findings,
@@ -582,6 +660,24 @@ impl ProfileReport {
             "\n  kernels cover {:.0} % of step time; the rest is candle's own ops, autograd and the loop\n",
             100.0 * self.kernel_share
         );
+        if !self.layers.is_empty() {
+            s += "  layers (kernel self time fwd + bwd ms, share):";
+            let mut shown: Vec<&LayerRow> = self.layers.iter().collect();
+            if shown.len() > top.max(16) {
+                shown.sort_by(|a, b| b.share.total_cmp(&a.share));
+                shown.truncate(top.max(16));
+            }
+            for l in shown {
+                s += &format!(
+                    "  {} {:.1} + {:.1} ({:.0} %)",
+                    l.layer,
+                    l.fwd_ms,
+                    l.bwd_ms,
+                    100.0 * l.share
+                );
+            }
+            s += "\n";
+        }
         if let Some(sm) = &self.sampled {
             s += &format!("  sampled ({} samples):", sm.samples());
             for r in sm.rows.iter().take(top) {
@@ -631,7 +727,10 @@ pub fn chrome_trace(events: &[Event]) -> serde_json::Value {
                 "tid": e.tid,
             });
             if e.flops > 0 {
-                v["args"] = serde_json::json!({ "flops": e.flops });
+                v["args"]["flops"] = e.flops.into();
+            }
+            if let Some(l) = &e.layer {
+                v["args"]["layer"] = l.as_ref().into();
             }
             v
         })
@@ -639,7 +738,8 @@ pub fn chrome_trace(events: &[Event]) -> serde_json::Value {
     serde_json::json!({ "traceEvents": ev, "displayTimeUnit": "ms" })
 }
 
-/// Writes `trace.json`, `steps.csv`, `ops.csv` and `summary.txt` into `dir`.
+/// Writes `trace.json`, `steps.csv`, `ops.csv`, `layers.csv`, `samples.csv` (when the
+/// sampler ran), `summary.txt` and `report.json` into `dir`.
 pub fn write(
     dir: &Path,
     rows: &[StepPhases],
@@ -676,6 +776,23 @@ pub fn write(
         );
     }
     put("ops.csv", ops.as_bytes())?;
+    let mut layers = String::from("layer,op,pass,calls,self_ms,total_ms,share,gflops\n");
+    for l in &report.layers {
+        for o in &l.ops {
+            layers += &format!(
+                "{},{},{},{},{:.4},{:.4},{:.5},{}\n",
+                l.layer,
+                o.name,
+                o.pass,
+                o.calls,
+                o.self_ms,
+                o.total_ms,
+                o.share,
+                o.gflops.map_or(String::new(), |g| format!("{g:.2}"))
+            );
+        }
+    }
+    put("layers.csv", layers.as_bytes())?;
     if let Some(sm) = &report.sampled {
         let mut csv = String::from("category,samples,share,top_symbol\n");
         for r in &sm.rows {
@@ -769,6 +886,7 @@ mod tests {
             dur_ns,
             tid,
             flops: 0,
+            layer: None,
         };
         // softmax (0..100) holds softmax-grad (10..40); another thread overlaps in time.
         let events = [
@@ -784,6 +902,45 @@ mod tests {
             (softmax.self_ms, softmax.total_ms, softmax.calls),
             (70e-6, 100e-6, 1)
         );
+    }
+
+    #[test]
+    fn layers_are_listed_in_forward_order_with_their_backward_time() {
+        let ev = |name: &'static str, fwd: bool, layer: Option<&str>, start_ns, dur_ns, flops| Event {
+            name: name.into(),
+            cat: if fwd { "op.fwd" } else { "op.bwd" },
+            start_ns,
+            dur_ns,
+            tid: 1,
+            flops,
+            layer: layer.map(Into::into),
+        };
+        // Forward: embeddings, encoder.0, loss; backward in reverse; one kernel outside any
+        // scope. The softmax-grad nested in encoder.0's backward counts only once.
+        let events = [
+            ev("embedding", true, Some("embeddings"), 0, 10, 0),
+            ev("linear", true, Some("encoder.0"), 20, 100, 4000),
+            ev("cross-entropy", true, Some("loss"), 130, 5, 0),
+            ev("cross-entropy", false, Some("loss"), 200, 5, 0),
+            ev("softmax", false, Some("encoder.0"), 210, 50, 0),
+            ev("softmax-grad", false, Some("encoder.0"), 220, 20, 0),
+            ev("linear", false, Some("encoder.0"), 300, 200, 8000),
+            ev("gather", false, None, 600, 7, 0),
+        ];
+        let rows = [row(1, [0.0, 0.0, 0.001, 0.0, 0.0, 0.0])];
+        let r = analyse(&rows, &events, &[], &ProfileOptions::default());
+        let names: Vec<&str> = r.layers.iter().map(|l| l.layer.as_str()).collect();
+        assert_eq!(names, ["embeddings", "encoder.0", "loss", "(none)"]);
+        let enc = &r.layers[1];
+        assert_eq!((enc.fwd_ms, enc.bwd_ms, enc.calls), (100e-6, 250e-6, 4));
+        // 12 000 FLOPs over 300 ns of products: 40 GFLOP/s.
+        assert!((enc.gflops.unwrap() - 40.0).abs() < 1e-9, "{enc:?}");
+        assert!((enc.share - 0.35).abs() < 1e-9);
+        assert_eq!(r.layers[0].gflops, None);
+        assert!(r.text(5).contains("encoder.0 0.0 + 0.0 (35 %)"), "{}", r.text(5));
+        let trace = chrome_trace(&events);
+        assert_eq!(trace["traceEvents"][1]["args"]["layer"], "encoder.0");
+        assert_eq!(trace["traceEvents"][1]["args"]["flops"], 4000);
     }
 
     #[test]

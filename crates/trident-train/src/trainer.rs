@@ -663,7 +663,7 @@ impl Trainer {
             crate::monitor::write(&opts.dir, &samples).map_err(io_err(&opts.dir))?;
             if self.progress {
                 eprintln!(
-                    "{}  wrote {}/{{trace.json,steps.csv,ops.csv,samples.csv,monitor.csv,cpu_heatmap.png,summary.txt}}",
+                    "{}  wrote {}/{{trace.json,steps.csv,ops.csv,layers.csv,samples.csv,monitor.csv,cpu_heatmap.png,summary.txt,report.json}}",
                     report.text(8),
                     opts.dir.display()
                 );

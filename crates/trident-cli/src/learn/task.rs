@@ -260,6 +260,7 @@ impl TrainStep for Model {
             _ => candle_core::bail!("batch kind does not match the model"),
         };
         let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
+        let _layer = trident_nn::trace::layer(|| "loss".into());
         Ok(StepOutput {
             loss: ops::cross_entropy(&logits, &y)?,
             logits,
@@ -281,6 +282,7 @@ impl TrainStep for Model {
         };
         let (logits, states) = m.forward_hidden(b, ctx)?;
         let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
+        let _layer = trident_nn::trace::layer(|| "loss".into());
         Ok(Some((
             StepOutput {
                 loss: ops::cross_entropy(&logits, &y)?,
