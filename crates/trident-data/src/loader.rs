@@ -50,6 +50,8 @@ pub struct DataLoader<D: Dataset, B> {
     dataset: Arc<D>,
     collate: Arc<Collate<D::Item, B>>,
     config: LoaderConfig,
+    /// (rank, world) of data-parallel training: this loader's part of each global batch.
+    shard: Option<(usize, usize)>,
 }
 
 impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
@@ -63,7 +65,25 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             dataset,
             collate: Arc::new(collate),
             config,
+            shard: None,
         }
+    }
+
+    /// The same data for rank `rank` of `world` data-parallel ranks: each global batch
+    /// (`world × batch_size` examples, planned as one process would) split among the
+    /// ranks ([`EpochPlan::sharded`]). Shares the dataset and collate function.
+    pub fn sharded(&self, rank: usize, world: usize) -> Self {
+        DataLoader {
+            dataset: self.dataset.clone(),
+            collate: self.collate.clone(),
+            config: self.config.clone(),
+            shard: (world > 1).then_some((rank, world)),
+        }
+    }
+
+    /// (rank, world) when sharded.
+    pub fn shard(&self) -> Option<(usize, usize)> {
+        self.shard
     }
 
     /// Batches per epoch.
@@ -73,14 +93,20 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
 
     fn plan(&self, epoch: u64) -> EpochPlan {
         let c = &self.config;
-        EpochPlan::new(
-            self.dataset.len(),
-            c.batch_size,
-            c.shuffle,
-            c.seed,
-            epoch,
-            c.drop_last,
-        )
+        let len = self.dataset.len();
+        match self.shard {
+            None => EpochPlan::new(len, c.batch_size, c.shuffle, c.seed, epoch, c.drop_last),
+            Some((rank, world)) => EpochPlan::sharded(
+                len,
+                c.batch_size,
+                c.shuffle,
+                c.seed,
+                epoch,
+                c.drop_last,
+                rank,
+                world,
+            ),
+        }
     }
 
     /// The batches of `epoch`.
@@ -94,11 +120,12 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         let total = plan.len();
         let workers = self.config.num_workers;
         if workers == 0 {
-            let (dataset, collate, plan) = (self.dataset.clone(), self.collate.clone(), plan.clone());
-            let inline = Box::new(move |i: usize| build(&*dataset, &*collate, plan.batch(i), epoch));
+            let (dataset, collate, p) = (self.dataset.clone(), self.collate.clone(), plan.clone());
+            let inline = Box::new(move |i: usize| build(&*dataset, &*collate, p.batch(i), epoch));
             return Batches {
                 next: start,
                 total,
+                plan,
                 source: Source::Inline(inline),
             };
         }
@@ -128,6 +155,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         Batches {
             next: start,
             total,
+            plan,
             source: Source::Workers {
                 receivers,
                 start,
@@ -165,7 +193,15 @@ enum Source<B> {
 pub struct Batches<B> {
     next: usize,
     total: usize,
+    plan: Arc<EpochPlan>,
     source: Source<B>,
+}
+
+impl<B> Batches<B> {
+    /// Batch `i`'s share of its global batch ([`EpochPlan::weight`]; 1 unsharded).
+    pub fn weight(&self, i: usize) -> f32 {
+        self.plan.weight(i)
+    }
 }
 
 impl<B> Iterator for Batches<B> {

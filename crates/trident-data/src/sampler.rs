@@ -6,6 +6,8 @@ use crate::rng::SplitMix64;
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpochPlan {
     batches: Vec<Vec<usize>>,
+    /// Per batch, its share of the global batch across data-parallel ranks (empty: 1).
+    weights: Vec<f32>,
 }
 
 impl EpochPlan {
@@ -25,7 +27,48 @@ impl EpochPlan {
         if drop_last && batches.last().is_some_and(|b| b.len() < batch_size) {
             batches.pop();
         }
-        EpochPlan { batches }
+        EpochPlan {
+            batches,
+            weights: Vec::new(),
+        }
+    }
+
+    /// Rank `rank`'s part of epoch `epoch` when `world` data-parallel ranks each take
+    /// batches of `batch_size`: the plan of one process with batches of
+    /// `world × batch_size` (same seed, same shuffle), each global batch split into `world`
+    /// contiguous parts by `trident_dist`'s shard rule (the first `len % world` parts one
+    /// example longer). So `world` ranks see exactly the batches one process would, the
+    /// parts never overlap and together cover the epoch. A last global batch smaller than
+    /// `world` is dropped (some rank would get nothing). Each batch's [`EpochPlan::weight`]
+    /// is its share of the global batch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sharded(
+        len: usize,
+        batch_size: usize,
+        shuffle: bool,
+        seed: u64,
+        epoch: u64,
+        drop_last: bool,
+        rank: usize,
+        world: usize,
+    ) -> Self {
+        assert!(world >= 1 && rank < world, "rank {rank} of {world}");
+        let global = EpochPlan::new(len, batch_size * world, shuffle, seed, epoch, drop_last);
+        let (mut batches, mut weights) = (Vec::new(), Vec::new());
+        for g in global.batches.into_iter().filter(|g| g.len() >= world) {
+            let (base, extra) = (g.len() / world, g.len() % world);
+            let start = rank * base + rank.min(extra);
+            let part = g[start..start + base + usize::from(rank < extra)].to_vec();
+            weights.push(part.len() as f32 / g.len() as f32);
+            batches.push(part);
+        }
+        EpochPlan { batches, weights }
+    }
+
+    /// Batch `i`'s share of its global batch (1 without data parallelism): the factor
+    /// that turns this rank's mean-loss gradient into its part of the global mean.
+    pub fn weight(&self, i: usize) -> f32 {
+        self.weights.get(i).copied().unwrap_or(1.0)
     }
 
     /// Number of batches.
@@ -67,6 +110,43 @@ mod tests {
             "each epoch reshuffles"
         );
         assert_ne!(plan, EpochPlan::new(103, 10, true, 43, 0, false));
+    }
+
+    #[test]
+    fn shards_split_the_single_process_batches_without_overlap() {
+        // 103 examples, 3 ranks × 10: the one-process plan has batches of 30.
+        let one = EpochPlan::new(103, 30, true, 7, 2, false);
+        let parts: Vec<EpochPlan> = (0..3)
+            .map(|r| EpochPlan::sharded(103, 10, true, 7, 2, false, r, 3))
+            .collect();
+        assert!(parts.iter().all(|p| p.len() == one.len()));
+        for i in 0..one.len() {
+            let joined: Vec<usize> = parts.iter().flat_map(|p| p.batch(i).to_vec()).collect();
+            assert_eq!(
+                joined,
+                one.batch(i),
+                "global batch {i} is the ranks' parts in order"
+            );
+            let w: f32 = parts.iter().map(|p| p.weight(i)).sum();
+            assert!((w - 1.0).abs() < 1e-6);
+        }
+        // The last global batch has 13: parts of 5, 4, 4.
+        let last = one.len() - 1;
+        assert_eq!(
+            parts.iter().map(|p| p.batch(last).len()).collect::<Vec<_>>(),
+            [5, 4, 4]
+        );
+        assert_eq!(parts[0].weight(last), 5.0 / 13.0);
+        assert_eq!(parts[1].weight(0), 1.0 / 3.0);
+        // Another epoch reshuffles; a global remainder smaller than the world is dropped.
+        assert_ne!(
+            EpochPlan::sharded(103, 10, true, 7, 3, false, 0, 3).batch(0),
+            parts[0].batch(0)
+        );
+        let tiny = EpochPlan::sharded(31, 10, false, 0, 0, false, 2, 3);
+        assert_eq!(tiny.len(), 1, "the 1 example left over is dropped");
+        assert_eq!(tiny.batch(0), &(20..30).collect::<Vec<_>>()[..]);
+        assert_eq!(EpochPlan::new(5, 2, false, 0, 0, false).weight(0), 1.0);
     }
 
     #[test]

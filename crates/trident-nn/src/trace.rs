@@ -72,6 +72,13 @@ static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     static TID: Cell<u64> = const { Cell::new(0) };
     static LAYER: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+    static MUTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// This thread records no spans from now on, even while recording is on: the threads of
+/// data-parallel replicas other than rank 0 (one profile describes one replica).
+pub fn mute_this_thread() {
+    MUTED.with(|m| m.set(true));
 }
 
 /// This thread's small id.
@@ -110,7 +117,7 @@ pub fn set_recording(on: bool) {
 /// Whether spans are being recorded.
 #[inline]
 pub fn enabled() -> bool {
-    ON.load(Ordering::Relaxed)
+    ON.load(Ordering::Relaxed) && !MUTED.with(|m| m.get())
 }
 
 fn current() -> Option<Arc<Recorder>> {

@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod ddp;
 pub mod distill;
 pub mod metrics;
 pub mod monitor;

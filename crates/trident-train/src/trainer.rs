@@ -173,6 +173,10 @@ pub enum TrainError {
     Invalid(String),
 }
 
+fn dist_err(e: trident_dist::DistError) -> TrainError {
+    TrainError::Invalid(e.to_string())
+}
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     move |source| TrainError::Io {
         path: path.into(),
@@ -287,6 +291,7 @@ pub fn gradients<S: TrainStep>(
 }
 
 /// Drives training of one run directory.
+#[derive(Clone)]
 pub struct Trainer {
     /// The configuration.
     pub config: TrainConfig,
@@ -304,6 +309,9 @@ pub struct Trainer {
     pub stop_after_steps: Option<u64>,
     /// Profile the steps (phases, operators, trace, diagnosis); off when `None`.
     pub profile: Option<crate::profile::ProfileOptions>,
+    /// One rank of a data-parallel group; `None` trains alone. Rank 0 writes the run
+    /// directory (metrics, logs, checkpoints, plots); every rank trains.
+    pub data_parallel: Option<crate::ddp::DataParallel>,
 }
 
 /// Stops the process-wide trace recorder however `fit` ends.
@@ -327,6 +335,7 @@ impl Trainer {
             progress: true,
             stop_after_steps: None,
             profile: None,
+            data_parallel: None,
         }
     }
 
@@ -361,6 +370,18 @@ impl Trainer {
                 "epochs and grad_accum must be at least 1".into(),
             ));
         }
+        let dp = self.data_parallel.as_ref();
+        // Rank 0 alone writes the run directory.
+        let lead = dp.is_none_or(|d| d.rank() == 0);
+        if let Some(d) = dp {
+            if train.shard() != Some((d.rank(), d.world())) {
+                return Err(TrainError::Invalid(format!(
+                    "rank {} of {}: the training loader is not sharded for this rank (DataLoader::sharded)",
+                    d.rank(),
+                    d.world()
+                )));
+            }
+        }
         std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
         trident_nn::runtime::keep_freed_memory();
         // Ops record the mode when they are created: every forward pass below, training and
@@ -392,6 +413,14 @@ impl Trainer {
         };
         let mut optimizer = Optimizer::new(c.optimizer.clone());
         let hash = self.config_hash(data_hash);
+        if let Some(d) = dp {
+            // Every rank must run the same configuration on the same model.
+            d.check_same("the configuration (hash)", trident_nn::params::name_hash(&hash))?;
+            d.check_same(
+                "the model's parameters (names and shapes)",
+                crate::ddp::shapes_hash(step.params()),
+            )?;
+        }
         let last = self.run_dir.join("last");
         let best = self.run_dir.join("best");
         let metrics_path = self.run_dir.join("metrics.jsonl");
@@ -436,8 +465,20 @@ impl Trainer {
                 self.run_dir.display()
             )));
         }
-        rewrite_records(&metrics_path, &records)?;
-        let mut tb = EventWriter::create(&self.run_dir.join("tensorboard")).map_err(io_err(&self.run_dir))?;
+        if let Some(d) = dp {
+            // Every rank has looked at the run directory before rank 0 writes to it; then
+            // all start from rank 0's weights.
+            d.comm.barrier().map_err(dist_err)?;
+            d.broadcast_params(step.params())?;
+        }
+        if lead {
+            rewrite_records(&metrics_path, &records)?;
+        }
+        let mut tb = if lead {
+            Some(EventWriter::create(&self.run_dir.join("tensorboard")).map_err(io_err(&self.run_dir))?)
+        } else {
+            None
+        };
         let mut summary = FitSummary {
             records: Vec::new(),
             interrupted: false,
@@ -450,9 +491,21 @@ impl Trainer {
             return Ok(summary);
         }
         let mut steps_this_process = 0u64;
-        let save_last = |state: &TrainerState, optimizer: &Optimizer| {
-            checkpoint::save(&last, step.params(), optimizer, state, &self.checkpoint_files)
+        let save = |dir: &Path, state: &TrainerState, optimizer: &Optimizer| -> Result<(), TrainError> {
+            if let Some(d) = dp {
+                d.check_replicas(step.params())?;
+            }
+            if lead {
+                checkpoint::save(dir, step.params(), optimizer, state, &self.checkpoint_files)?;
+            }
+            if let Some(d) = dp {
+                // Nobody runs ahead of a checkpoint that is still being written.
+                d.comm.barrier().map_err(dist_err)?;
+            }
+            Ok(())
         };
+        let save_last = |state: &TrainerState, optimizer: &Optimizer| save(&last, state, optimizer);
+        let mut flat = Vec::new();
         use crate::profile::{Phase, PhaseTimer};
         let (recorder, _trace_guard) = match &self.profile {
             Some(_) => {
@@ -480,6 +533,7 @@ impl Trainer {
             let (mut loss_sum, mut loss_n, mut correct, mut seen) = state.epoch_sums;
             let seen_before = seen;
             let mut acc: Vec<Vec<f32>> = params.iter().map(|p| vec![0f32; p.var.elem_count()]).collect();
+            let mut step_sums = [0f32; 5];
             let mut in_group = 0u64;
             let mut batches = train.epoch_from(epoch, state.batch_in_epoch as usize);
             let mut i = state.batch_in_epoch;
@@ -492,17 +546,29 @@ impl Trainer {
                         sampler = Some(crate::sampler::Sampler::start());
                     }
                 }
+                let weight = batches.weight(i as usize);
                 let batch = batches
                     .next()
                     .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
                 timer.mark(Phase::Data);
-                let ctx = Ctx::train(c.seed, state.micro_step);
+                // Replicas draw different dropout masks (rank 0 the same as a lone run).
+                let rank = dp.map_or(0, |d| d.rank() as u64);
+                let ctx = Ctx::train(
+                    c.seed.wrapping_add(rank.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    state.micro_step,
+                );
                 let store = step.params();
                 store.begin_step();
                 let out = step.forward(&batch, &ctx)?;
                 let loss = out.loss.to_scalar::<f32>()? as f64;
                 timer.mark(Phase::Forward);
-                let grads = out.loss.backward()?;
+                // A data-parallel rank's share of the global batch: summed across ranks, the
+                // gradients are those of the global batch's mean loss.
+                let grads = if weight == 1.0 {
+                    out.loss.backward()?
+                } else {
+                    out.loss.affine(weight as f64, 0.0)?.backward()?
+                };
                 // The first micro-batch of a group overwrites the sums, later ones add.
                 for (a, p) in acc.iter_mut().zip(&params) {
                     store.gradient_into(&grads, p, a, in_group > 0)?;
@@ -510,21 +576,41 @@ impl Trainer {
                 drop(grads);
                 timer.mark(Phase::Backward);
                 if !loss.is_finite() {
-                    return Err(TrainError::Invalid(format!(
+                    let e = format!(
                         "loss became {loss} at epoch {epoch}, batch {i}: lower the learning rate or clip gradients"
-                    )));
+                    );
+                    if let Some(d) = dp {
+                        d.comm.abort(&e);
+                    }
+                    return Err(TrainError::Invalid(e));
                 }
-                loss_sum += loss;
-                loss_n += 1;
                 let preds = trident_nn::ops::argmax_rows(&out.logits)?;
-                correct += preds.iter().zip(&out.labels).filter(|(p, l)| p == l).count() as u64;
-                seen += out.labels.len() as u64;
+                let hits = preds.iter().zip(&out.labels).filter(|(p, l)| p == l).count() as u64;
+                // Across ranks these are summed once per optimizer step (below).
+                step_sums[0] += loss as f32;
+                step_sums[1] += 1.0;
+                step_sums[2] += hits as f32;
+                step_sums[3] += out.labels.len() as f32;
                 state.micro_step += 1;
                 in_group += 1;
                 i += 1;
                 bar.inc(1);
                 timer.mark(Phase::Other);
                 if in_group == c.grad_accum || i == per_epoch {
+                    // Gradients and the step's figures, summed over the ranks; a stop asked of
+                    // any rank (a signal, --stop-after-steps) stops them all at this step.
+                    step_sums[4] = f32::from(u8::from(self.should_stop(steps_this_process + 1)));
+                    if let Some(d) = dp {
+                        d.all_reduce_grads(&mut acc, &mut flat)?;
+                        d.sum(&mut step_sums)?;
+                        timer.mark(Phase::Comm);
+                    }
+                    loss_sum += step_sums[0] as f64;
+                    loss_n += step_sums[1] as u64;
+                    correct += step_sums[2] as u64;
+                    seen += step_sums[3] as u64;
+                    let stop_now = step_sums[4] > 0.0;
+                    step_sums = [0.0; 5];
                     if in_group > 1 {
                         let scale = 1.0 / in_group as f32;
                         acc.iter_mut()
@@ -548,13 +634,15 @@ impl Trainer {
                         eprintln!("epoch {}/{} batch {i}/{per_epoch}  {msg}", epoch + 1, c.epochs);
                     }
                     bar.set_message(msg);
-                    if state.optimizer_step.is_multiple_of(c.log_every.max(1)) {
+                    if let Some(tb) = tb
+                        .as_mut()
+                        .filter(|_| state.optimizer_step.is_multiple_of(c.log_every.max(1)))
+                    {
                         tb.scalar("train/loss", state.optimizer_step as i64, loss as f32)
                             .map_err(io_err(tb.path()))?;
                         tb.scalar("train/lr", state.optimizer_step as i64, lr as f32)
                             .map_err(io_err(tb.path()))?;
                     }
-                    let stop_now = self.should_stop(steps_this_process);
                     let periodic =
                         c.checkpoint_every > 0 && state.optimizer_step.is_multiple_of(c.checkpoint_every);
                     if (stop_now || periodic) && i < per_epoch {
@@ -591,9 +679,13 @@ impl Trainer {
                 epoch_seconds: seconds,
                 examples_per_second: (seen - seen_before) as f64 / seconds.max(1e-9),
             };
-            self.log_epoch(&mut tb, &record)?;
+            if let Some(tb) = tb.as_mut() {
+                self.log_epoch(tb, &record)?;
+            }
             records.push(record.clone());
-            rewrite_records(&metrics_path, &records)?;
+            if lead {
+                rewrite_records(&metrics_path, &records)?;
+            }
             if self.progress {
                 eprintln!("{}", describe(&record));
             }
@@ -624,10 +716,12 @@ impl Trainer {
                 .is_some_and(|p| state.epochs_without_improvement >= p);
             state.finished = state.epoch >= c.epochs || early;
             if improved {
-                checkpoint::save(&best, step.params(), &optimizer, &state, &self.checkpoint_files)?;
+                save(&best, &state, &optimizer)?;
             }
             save_last(&state, &optimizer)?;
-            plot::training_curves(&self.run_dir, &records)?;
+            if lead {
+                plot::training_curves(&self.run_dir, &records)?;
+            }
             if early {
                 summary.early_stopped = true;
                 if self.progress {
@@ -641,8 +735,11 @@ impl Trainer {
                 }
                 break;
             }
-            let stop_now = self.should_stop(steps_this_process);
-            if stop_now && !state.finished {
+            let mut stop = [f32::from(u8::from(self.should_stop(steps_this_process)))];
+            if let Some(d) = dp {
+                d.sum(&mut stop)?;
+            }
+            if stop[0] > 0.0 && !state.finished {
                 summary.interrupted = true;
                 break;
             }

@@ -40,6 +40,83 @@ pub struct TrainArgs {
     /// Profile only optimizer steps N..M (1-based, inclusive), or step N; implies --profile.
     #[arg(long, value_name = "N..M", value_parser = parse_steps)]
     profile_steps: Option<(u64, u64)>,
+    /// Data parallelism in this process: N replicas on threads, each with cores / N
+    /// threads, each training on its part of every global batch of N × batch_size
+    /// examples; gradients summed in shared memory.
+    #[arg(long, value_name = "N", conflicts_with = "dist")]
+    data_parallel: Option<usize>,
+    /// Run as one rank of a data-parallel job started by `mpirun` (Open MPI; a build with
+    /// the `mpi` feature). The global batch is ranks × batch_size.
+    #[arg(long, value_name = "mpi", value_parser = ["mpi"])]
+    dist: Option<String>,
+    /// Data parallelism: gradients are summed in buckets of about this many MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 25.0)]
+    bucket_mb: f64,
+}
+
+/// How this process takes part in training.
+enum Replicas {
+    /// Alone.
+    One,
+    /// N replicas on threads of this process.
+    Threads(usize),
+    /// One rank of an MPI job.
+    #[cfg(feature = "mpi")]
+    Mpi(std::sync::Arc<trident_dist::Mpi>),
+}
+
+impl Replicas {
+    fn from_args(args: &TrainArgs) -> anyhow::Result<Self> {
+        match (args.data_parallel, args.dist.as_deref()) {
+            (Some(0), _) => bail!("--data-parallel must be at least 1"),
+            (Some(1) | None, None) => Ok(Replicas::One),
+            (Some(n), None) => Ok(Replicas::Threads(n)),
+            (_, Some(_)) => Self::mpi(),
+        }
+    }
+
+    #[cfg(feature = "mpi")]
+    fn mpi() -> anyhow::Result<Self> {
+        let comm = trident_dist::Mpi::init(trident_dist::default_timeout())?;
+        // The ranks on this machine share its cores.
+        let local: usize = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let threads = (cores() / local.max(1)).max(1);
+        if rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()
+            .is_err()
+        {
+            eprintln!(
+                "rank {}: the thread pool was already started; not limiting it to {threads}",
+                {
+                    use trident_dist::Communicator;
+                    comm.rank()
+                }
+            );
+        }
+        Ok(Replicas::Mpi(std::sync::Arc::new(comm)))
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn mpi() -> anyhow::Result<Self> {
+        bail!("--dist mpi: this trident was built without MPI; build it with `--features mpi` (needs libopenmpi-dev)")
+    }
+
+    /// Whether this process writes the run directory and reports (rank 0).
+    fn lead(&self) -> bool {
+        match self {
+            #[cfg(feature = "mpi")]
+            Replicas::Mpi(c) => trident_dist::Communicator::rank(c.as_ref()) == 0,
+            _ => true,
+        }
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// `N..M` or `N` (1-based optimizer steps).
@@ -126,6 +203,8 @@ fn install_signal_handlers(trainer: &Trainer) -> anyhow::Result<()> {
 
 /// `trident train`, or with `distill` `trident distill` (which needs a `[distill]` section).
 pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
+    // MPI starts first: it fixes each rank's thread pool before anything uses it.
+    let replicas = Replicas::from_args(&args)?;
     let mut c = RunConfig::read(&args.config)?;
     match (distill, &c.distill) {
         (false, Some(_)) => bail!(
@@ -155,13 +234,13 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
                 eprintln!("initialised (not in the pretrained file): {}", fresh.join(", "));
             }
             let splits = text_splits(&c, &model, &set)?;
-            run(&c, &args, model, splits)
+            run(&c, &args, model, splits, &replicas)
         }
         DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
             let (splits, classes, shape) = image_splits(&c)?;
             let card = card_for(&c, classes, Some(shape));
             let model = Model::build(&card, c.run.seed, None)?;
-            run(&c, &args, model, splits)
+            run(&c, &args, model, splits, &replicas)
         }
     }
 }
@@ -302,9 +381,14 @@ fn run<D: Dataset + 'static>(
     args: &TrainArgs,
     mut model: Model,
     splits: Splits<D>,
+    replicas: &Replicas,
 ) -> anyhow::Result<()> {
     let (config_file, resume) = (&args.config, args.resume);
     let teacher = load_teacher(c, &model)?;
+    if teacher.is_some() && !matches!(replicas, Replicas::One) {
+        bail!("data parallelism is not built for `trident distill` yet: run the distillation without --data-parallel / --dist")
+    }
+    let lead = replicas.lead();
     let dir = &c.run.dir;
     let classes = model.card.classes.clone();
     let (tr, va, te) = splits.sizes;
@@ -331,7 +415,8 @@ fn run<D: Dataset + 'static>(
         .checkpoint_files
         .push(("run.toml".into(), resolved.clone().into_bytes()));
     trainer.stop_after_steps = args.stop_after_steps;
-    if args.profile || args.profile_steps.is_some() {
+    trainer.progress = lead;
+    if lead && (args.profile || args.profile_steps.is_some()) {
         trainer.profile = Some(trident_train::profile::ProfileOptions {
             steps: args.profile_steps,
             dir: dir.join("profile"),
@@ -341,7 +426,7 @@ fn run<D: Dataset + 'static>(
     }
     install_signal_handlers(&trainer)?;
     std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-    if !resume {
+    if !resume && lead {
         write_atomic(&dir.join("config.toml"), resolved.as_bytes())?;
     }
     // Everything that shapes the run beyond [train] joins the resume check.
@@ -373,11 +458,15 @@ fn run<D: Dataset + 'static>(
             model = step.student;
             (s, Some(step.teacher))
         }
-        _ => (
-            trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, &data_hash)?,
-            None,
-        ),
+        _ => {
+            let (s, m) = fit_replicas(c, args, &trainer, model, &splits, &data_hash, replicas)?;
+            model = m;
+            (s, None)
+        }
     };
+    if !lead {
+        return Ok(());
+    }
     let peak_rss = trident_train::monitor::peak_rss_bytes();
     if summary.interrupted {
         eprintln!(
@@ -457,6 +546,130 @@ fn run<D: Dataset + 'static>(
         rep.summary()
     );
     Ok(())
+}
+
+/// Trains `model` alone, as N replicas on threads, or as one MPI rank; returns rank 0's
+/// summary and model.
+fn fit_replicas<D: Dataset + 'static>(
+    c: &RunConfig,
+    args: &TrainArgs,
+    trainer: &Trainer,
+    model: Model,
+    splits: &Splits<D>,
+    data_hash: &str,
+    replicas: &Replicas,
+) -> anyhow::Result<(trident_train::trainer::FitSummary, Model)> {
+    use std::sync::Arc;
+    use trident_dist::Communicator;
+    use trident_train::ddp::DataParallel;
+    let resume = args.resume;
+    let dp = |comm: Arc<dyn Communicator>| DataParallel {
+        comm,
+        bucket_mb: args.bucket_mb,
+    };
+    match replicas {
+        Replicas::One => {
+            let s = trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, data_hash)?;
+            Ok((s, model))
+        }
+        #[cfg(feature = "mpi")]
+        Replicas::Mpi(comm) => {
+            let comm: Arc<dyn Communicator> = comm.clone();
+            let (rank, world) = (comm.rank(), comm.world_size());
+            if rank == 0 {
+                eprintln!(
+                    "data parallel: {world} MPI ranks, global batch {} ({} per rank), gradient buckets {} MiB",
+                    world * c.loader.batch_size,
+                    c.loader.batch_size,
+                    args.bucket_mb
+                );
+            }
+            let mut t = trainer.clone();
+            t.data_parallel = Some(dp(comm.clone()));
+            let train = splits.train.sharded(rank, world);
+            match t.fit(&model, &train, splits.val.as_ref(), resume, data_hash) {
+                Ok(s) => Ok((s, model)),
+                Err(e) => {
+                    comm.abort(&e.to_string());
+                    Err(e.into())
+                }
+            }
+        }
+        &Replicas::Threads(n) => {
+            let threads = (cores() / n).max(1);
+            eprintln!(
+                "data parallel: {n} replicas in this process, {threads} thread(s) each; global batch {} ({} per replica), \
+                 gradient buckets {} MiB",
+                n * c.loader.batch_size,
+                c.loader.batch_size,
+                args.bucket_mb
+            );
+            let mut models = vec![model];
+            for _ in 1..n {
+                models.push(Model::build(&models[0].card, c.run.seed, None)?);
+            }
+            let group = trident_dist::Local::group(n, trident_dist::default_timeout());
+            let results: Vec<(Result<trident_train::trainer::FitSummary, String>, Model)> =
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = group
+                        .into_iter()
+                        .zip(models)
+                        .enumerate()
+                        .map(|(r, (comm, m))| {
+                            let comm: Arc<dyn Communicator> = Arc::new(comm);
+                            let mut t = trainer.clone();
+                            t.data_parallel = Some(dp(comm.clone()));
+                            if r > 0 {
+                                t.progress = false;
+                                t.profile = None;
+                            }
+                            let train = splits.train.sharded(r, n);
+                            let val = splits.val.as_ref();
+                            std::thread::Builder::new()
+                                .name(format!("replica-{r}"))
+                                .spawn_scoped(s, move || {
+                                    // One profile describes replica 0; the others record nothing.
+                                    if r > 0 {
+                                        trident_nn::trace::mute_this_thread();
+                                    }
+                                    let pool = rayon::ThreadPoolBuilder::new()
+                                        .num_threads(threads)
+                                        .thread_name(move |i| format!("replica-{r}-{i}"))
+                                        .start_handler(move |_| {
+                                            if r > 0 {
+                                                trident_nn::trace::mute_this_thread();
+                                            }
+                                        })
+                                        .build();
+                                    let res = match pool {
+                                        Ok(pool) => pool
+                                            .install(|| t.fit(&m, &train, val, resume, data_hash))
+                                            .map_err(|e| e.to_string()),
+                                        Err(e) => Err(format!("replica {r}: thread pool: {e}")),
+                                    };
+                                    if let Err(e) = &res {
+                                        comm.abort(e);
+                                    }
+                                    (res, m)
+                                })
+                                .expect("spawn replica thread")
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .enumerate()
+                        .map(|(r, h)| h.join().unwrap_or_else(|_| panic!("replica {r} panicked")))
+                        .collect()
+                });
+            // The root cause is the error that is not another rank's failure.
+            let errors: Vec<&String> = results.iter().filter_map(|(r, _)| r.as_ref().err()).collect();
+            if let Some(e) = errors.iter().find(|e| !e.contains("failed: ")).or(errors.first()) {
+                bail!("{e}")
+            }
+            let (first, model) = results.into_iter().next().expect("rank 0");
+            Ok((first.expect("no error"), model))
+        }
+    }
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {

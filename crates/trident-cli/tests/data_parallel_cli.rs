@@ -1,0 +1,204 @@
+//! `trident train --data-parallel N` and `--dist mpi` end to end, on a BiLSTM over the
+//! reviews made here (no dropout, no batch statistics: a model whose gradient over a batch
+//! is the mean of its examples', so data parallelism must reproduce one process exactly,
+//! up to the order of floating-point sums).
+
+mod common;
+use common::{failed, ok, ok_log, reviews_data, tiny_bert, trident, write_texts};
+
+use std::collections::HashMap;
+use std::path::Path;
+
+fn config(d: &Path, run: &str, batch: usize, epochs: u64) -> String {
+    let cfg = format!(
+        r#"
+[run]
+dir = "{run}"
+seed = 5
+{reviews}[loader]
+batch_size = {batch}
+[model]
+kind = "lstm"
+tokenizer = "{tok}"
+embed = 16
+hidden = 16
+[train]
+epochs = {epochs}
+lr = 1e-2
+max_grad_norm = 1.0
+"#,
+        reviews = reviews_data("reviews.tsv"),
+        tok = tiny_bert().join("tokenizer.json").display(),
+    );
+    let f = format!("{run}.toml");
+    std::fs::write(d.join(&f), cfg).unwrap();
+    f
+}
+
+fn weights(path: &Path) -> HashMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let v = t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (name, v)
+        })
+        .collect()
+}
+
+/// Largest absolute difference between two checkpoints' weights, and the largest weight.
+fn max_diff(a: &Path, b: &Path) -> (f32, f32) {
+    let (a, b) = (weights(a), weights(b));
+    assert_eq!(
+        a.keys().collect::<std::collections::BTreeSet<_>>(),
+        b.keys().collect()
+    );
+    let mut d = 0f32;
+    let mut big = 0f32;
+    for (k, va) in &a {
+        for (x, y) in va.iter().zip(&b[k]) {
+            d = d.max((x - y).abs());
+            big = big.max(x.abs());
+        }
+    }
+    (d, big)
+}
+
+#[test]
+fn two_replicas_of_batch_4_train_like_one_process_of_batch_8() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_texts(d);
+    let one = config(d, "one", 8, 2);
+    ok(&trident(&["train", "--config", &one], d));
+    let two = config(d, "two", 4, 2);
+    let log = ok_log(&trident(&["train", "--config", &two, "--data-parallel", "2"], d));
+    assert!(
+        log.contains("2 replicas") && log.contains("global batch 8"),
+        "{log}"
+    );
+    // Same number of optimizer steps, the same data per step: the weights agree to float
+    // rounding (summing two half-batch gradients instead of one batch's changes the last
+    // bits, and 20 AdamW steps carry that along).
+    let steps = |run: &str| -> Vec<u64> {
+        std::fs::read_to_string(d.join(run).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(steps("one"), steps("two"));
+    let (diff, big) = max_diff(
+        &d.join("one/last/model.safetensors"),
+        &d.join("two/last/model.safetensors"),
+    );
+    assert!(big > 0.05, "weights are not all ~0");
+    eprintln!("one vs two replicas: max abs diff {diff} (largest weight {big})");
+    assert!(diff <= 5e-6, "max |one - two| = {diff}");
+    // …and differ from a run that saw other batches (the comparison can fail).
+    let other = config(d, "other", 4, 2);
+    ok(&trident(&["train", "--config", &other], d));
+    let (diff_other, _) = max_diff(
+        &d.join("one/last/model.safetensors"),
+        &d.join("other/last/model.safetensors"),
+    );
+    assert!(diff_other > 100.0 * diff.max(1e-7), "{diff_other} vs {diff}");
+
+    // Only rank 0 wrote the run directory, and it reports like a lone run.
+    for f in [
+        "metrics.jsonl",
+        "test/metrics.json",
+        "report.json",
+        "best/model.safetensors",
+    ] {
+        assert!(d.join("two").join(f).is_file(), "{f}");
+    }
+}
+
+#[test]
+fn an_interrupted_data_parallel_run_resumes_to_the_same_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_texts(d);
+    let full = config(d, "full", 4, 2);
+    ok(&trident(&["train", "--config", &full, "--data-parallel", "2"], d));
+    let cut = config(d, "cut", 4, 2);
+    let out = trident(
+        &[
+            "train",
+            "--config",
+            &cut,
+            "--data-parallel",
+            "2",
+            "--stop-after-steps",
+            "7",
+        ],
+        d,
+    );
+    let log = ok_log(&out);
+    assert!(log.contains("resume with"), "{log}");
+    ok(&trident(
+        &["train", "--config", &cut, "--data-parallel", "2", "--resume"],
+        d,
+    ));
+    let (diff, _) = max_diff(
+        &d.join("full/last/model.safetensors"),
+        &d.join("cut/last/model.safetensors"),
+    );
+    assert_eq!(diff, 0.0, "resumed data-parallel run differs");
+}
+
+#[test]
+fn bad_data_parallel_requests_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_texts(d);
+    let f = config(d, "r", 4, 1);
+    let e = failed(&trident(&["train", "--config", &f, "--data-parallel", "0"], d));
+    assert!(e.contains("--data-parallel must be at least 1"), "{e}");
+    let e = failed(&trident(
+        &["train", "--config", &f, "--data-parallel", "2", "--dist", "mpi"],
+        d,
+    ));
+    assert!(e.contains("cannot be used with"), "{e}");
+}
+
+/// The same run as two MPI processes gives the same weights as two replicas on threads:
+/// both sum rank 0's and rank 1's gradients, in that order.
+#[cfg(feature = "mpi")]
+#[test]
+fn two_mpi_ranks_match_two_replicas_on_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_texts(d);
+    let threads = config(d, "threads", 4, 1);
+    ok(&trident(
+        &["train", "--config", &threads, "--data-parallel", "2"],
+        d,
+    ));
+    let mpi = config(d, "mpi", 4, 1);
+    let out = std::process::Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_trident"))
+        .args(["train", "--config", &mpi, "--dist", "mpi"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let log = ok_log(&out);
+    assert!(log.contains("2 MPI ranks"), "{log}");
+    let (diff, _) = max_diff(
+        &d.join("threads/last/model.safetensors"),
+        &d.join("mpi/last/model.safetensors"),
+    );
+    eprintln!("threads vs MPI: max abs diff {diff}");
+    assert!(diff <= 1e-6, "threads vs MPI: {diff}");
+}
