@@ -202,3 +202,74 @@ fn two_mpi_ranks_match_two_replicas_on_threads() {
     eprintln!("threads vs MPI: max abs diff {diff}");
     assert!(diff <= 1e-6, "threads vs MPI: {diff}");
 }
+
+/// The optimizer moments of a whole (unsharded) checkpoint, per parameter.
+fn moments(ck: &Path) -> HashMap<String, Vec<f32>> {
+    weights(&ck.join("optimizer.safetensors"))
+}
+
+#[test]
+fn zero_1_trains_like_unsharded_data_parallelism_and_resumes_on_other_world_sizes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_texts(d);
+    // Small buckets, so parameters straddle bucket and shard boundaries.
+    let run = |name: &str, extra: &[&str]| {
+        let f = config(d, name, 4, 2);
+        let mut a = vec!["train", "--config", f.as_str(), "--bucket-mb", "0.002"];
+        a.extend_from_slice(extra);
+        ok_log(&trident(&a, d))
+    };
+    run("ddp", &["--data-parallel", "2"]);
+    let log = run("zero", &["--data-parallel", "2", "--zero", "1"]);
+    assert!(log.contains("ZeRO-1: rank 0 updates"), "{log}");
+    // Each rank holds half of AdamW's two moments.
+    let line = log.lines().find(|l| l.starts_with("ZeRO-1")).unwrap();
+    let pct: f64 = line
+        .rsplit('(')
+        .next()
+        .unwrap()
+        .trim_end_matches(" %)")
+        .parse()
+        .unwrap();
+    assert!((pct - 50.0).abs() < 1.0, "{line}");
+    let (diff, _) = max_diff(
+        &d.join("ddp/last/model.safetensors"),
+        &d.join("zero/last/model.safetensors"),
+    );
+    eprintln!("ZeRO-1 vs unsharded: max abs weight diff {diff}");
+    assert!(diff <= 5e-6, "ZeRO-1 vs unsharded: {diff}");
+    assert!(!d.join("zero/last/optimizer.safetensors").exists());
+    for r in 0..2 {
+        assert!(d
+            .join(format!("zero/last/optimizer-shard-{r:03}-of-002.safetensors"))
+            .is_file());
+    }
+
+    // Interrupted at step 7 with two ranks; the shards reassemble for three ranks, for one
+    // process, and for two ranks again (exactly the uninterrupted run).
+    for (name, resume) in [
+        ("z3", vec!["--data-parallel", "3", "--zero", "1"]),
+        ("z1", vec![]),
+        ("z2", vec!["--data-parallel", "2", "--zero", "1"]),
+    ] {
+        let log = run(
+            name,
+            &["--data-parallel", "2", "--zero", "1", "--stop-after-steps", "7"],
+        );
+        assert!(log.contains("resume with"), "{log}");
+        let mut a = vec!["--resume"];
+        a.extend(resume);
+        run(name, &a);
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join(name).join("last/state.json")).unwrap()).unwrap();
+        assert_eq!(state["finished"], true, "{name}");
+    }
+    let (diff, _) = max_diff(
+        &d.join("zero/last/model.safetensors"),
+        &d.join("z2/last/model.safetensors"),
+    );
+    assert_eq!(diff, 0.0, "ZeRO-1 resumed on the same world size");
+    // A one-process run wrote the whole state again; it is a plain checkpoint.
+    assert!(moments(&d.join("z1/last")).keys().any(|k| k.starts_with("m.")));
+}

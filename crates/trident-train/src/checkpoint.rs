@@ -77,28 +77,64 @@ pub fn save(
     state: &TrainerState,
     extra: &[(String, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
+    let tmp = begin(dir, &format!("tmp-{}", std::process::id()))?;
+    finish(&tmp, dir, params, Some(optimizer), state, extra)
+}
+
+/// Starts writing checkpoint `dir`: an empty temporary sibling `.<name>.<tag>` (any older
+/// one removed), returned. Data-parallel ranks agree on `tag` and write their optimizer
+/// shards into it before rank 0 calls [`finish`].
+pub fn begin(dir: &Path, tag: &str) -> Result<PathBuf, CheckpointError> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(parent).map_err(io(parent))?;
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let tmp = tmp_path(dir, tag);
     if tmp.exists() {
         fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
     fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    Ok(tmp)
+}
+
+/// The temporary sibling [`begin`] makes for `dir`.
+pub fn tmp_path(dir: &Path, tag: &str) -> PathBuf {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    parent.join(format!(".{name}.{tag}"))
+}
+
+/// Writes the weights, the optimizer state (unless the ranks wrote it sharded), the trainer
+/// state and `extra` into `tmp`, syncs everything (shard files included), and renames it
+/// over `dir`.
+pub fn finish(
+    tmp: &Path,
+    dir: &Path,
+    params: &Params,
+    optimizer: Option<&Optimizer>,
+    state: &TrainerState,
+    extra: &[(String, Vec<u8>)],
+) -> Result<(), CheckpointError> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let model = tmp.join("model.safetensors");
     params
         .save(&model)
         .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", model.display())))?;
-    let opt = tmp.join("optimizer.safetensors");
-    let tensors = optimizer
-        .state_tensors()
-        .map_err(|e| CheckpointError::Tensor(e.to_string()))?;
-    candle_core::safetensors::save(&tensors, &opt)
-        .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", opt.display())))?;
-    let mut files = vec![model, opt];
+    let mut files = vec![model];
+    if let Some(optimizer) = optimizer {
+        let opt = tmp.join("optimizer.safetensors");
+        let tensors = optimizer
+            .state_tensors()
+            .map_err(|e| CheckpointError::Tensor(e.to_string()))?;
+        candle_core::safetensors::save(&tensors, &opt)
+            .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", opt.display())))?;
+        files.push(opt);
+    }
     let state_file = tmp.join("state.json");
     let json = serde_json::to_vec_pretty(state).expect("state serialises");
     write_file(&state_file, &json)?;
@@ -111,13 +147,13 @@ pub fn save(
     for f in &files {
         sync_file(f)?;
     }
-    sync_file(&tmp)?;
+    sync_file(tmp)?;
     // Swap: move any old checkpoint aside, rename the new one in, then delete the old.
     let old = parent.join(format!(".{name}.old-{}", std::process::id()));
     if dir.exists() {
         fs::rename(dir, &old).map_err(io(dir))?;
     }
-    fs::rename(&tmp, dir).map_err(io(dir))?;
+    fs::rename(tmp, dir).map_err(io(dir))?;
     sync_file(parent)?;
     if old.exists() {
         fs::remove_dir_all(&old).map_err(io(&old))?;
@@ -137,13 +173,19 @@ pub fn read_state(dir: &Path) -> Result<TrainerState, CheckpointError> {
     serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Tensor(format!("{}: {e}", f.display())))
 }
 
-/// Loads weights and optimizer state from `dir` into `params` and `optimizer`.
+/// Loads weights and optimizer state from `dir` into `params` and `optimizer`. A
+/// checkpoint whose optimizer state was written sharded (ZeRO-1) is reassembled.
 pub fn load(dir: &Path, params: &Params, optimizer: &mut Optimizer) -> Result<TrainerState, CheckpointError> {
     let state = read_state(dir)?;
     load_weights(dir, params)?;
     let f = dir.join("optimizer.safetensors");
-    let tensors = candle_core::safetensors::load(&f, &candle_core::Device::Cpu)
-        .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", f.display())))?;
+    let tensors = if f.exists() {
+        candle_core::safetensors::load(&f, &candle_core::Device::Cpu)
+            .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", f.display())))?
+    } else {
+        crate::ddp::unshard_state(dir, &params.trainable())
+            .map_err(|e| CheckpointError::Tensor(e.to_string()))?
+    };
     optimizer
         .load_state(&tensors, state.optimizer_step)
         .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", f.display())))?;

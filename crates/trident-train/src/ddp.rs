@@ -11,8 +11,10 @@
 //! small tensors do not each pay a collective's latency. candle's backward pass returns
 //! all gradients at once, so the exchange runs right after it, not overlapped with it.
 
-use candle_core::Result;
+use candle_core::{Device, Result, Tensor};
+use std::collections::HashMap;
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 use trident_dist::{check_same, Communicator, ReduceOp};
 use trident_nn::{Param, Params};
@@ -24,6 +26,8 @@ pub struct DataParallel {
     pub comm: Arc<dyn Communicator>,
     /// Gradient bucket size in MiB.
     pub bucket_mb: f64,
+    /// ZeRO stage 1: shard the optimizer state ([`Zero1`]).
+    pub zero: bool,
 }
 
 impl std::fmt::Debug for DataParallel {
@@ -179,4 +183,427 @@ mod tests {
         assert_eq!(buckets(&[], 40), Vec::<Range<usize>>::new());
         assert_eq!(buckets(&[100], 4), vec![Range { start: 0, end: 1 }]);
     }
+}
+
+/// One gradient bucket under ZeRO-1: consecutive parameters, and this rank's part of them.
+#[derive(Debug, Clone)]
+struct ZeroBucket {
+    /// Parameter indices.
+    params: Range<usize>,
+    /// Where the bucket starts in the flattened parameters.
+    start: usize,
+    /// Values in the bucket.
+    len: usize,
+    /// This rank's part, within the bucket.
+    mine: Range<usize>,
+}
+
+/// ZeRO stage 1 (DP-2): the optimizer state is sharded across the ranks.
+///
+/// The trainable parameters, flattened in order, are cut into the gradient buckets; each
+/// bucket is split among the ranks by [`trident_dist::shard_range`]. A step reduce-scatters
+/// each bucket's gradients (each rank receives the sum of its part only), clips by the
+/// global norm (one scalar all-reduce), runs the fused AdamW or SGD pass on its part with
+/// its part of the moments, and all-gathers the updated part of each bucket back into
+/// every replica. The update is element-wise, so this gives the same weights as unsharded
+/// data parallelism, with 1/N of the optimizer state on each rank.
+#[derive(Debug)]
+pub struct Zero1 {
+    config: OptimizerConfig,
+    buckets: Vec<ZeroBucket>,
+    /// Flattened start of each parameter (and the total at the end).
+    offsets: Vec<usize>,
+    names: Vec<String>,
+    /// This rank's moments (AdamW: m and v; SGD with momentum: m).
+    m: Vec<f32>,
+    v: Vec<f32>,
+    /// This rank's gradient and weights, one step's scratch.
+    g: Vec<f32>,
+    w: Vec<f32>,
+    /// One bucket's packing buffer.
+    flat: Vec<f32>,
+}
+
+use crate::optim::{sgd_pass, AdamwPass, OptimizerConfig};
+
+impl Zero1 {
+    /// Plans the shards of `params` (the trainable ones, in the optimizer's order) for
+    /// this rank of `dp`. Only the fused AdamW and SGD shard.
+    pub fn new(params: &[Param], dp: &DataParallel, config: &OptimizerConfig) -> Result<Self> {
+        if matches!(config, OptimizerConfig::Adamw { fused: false, .. }) {
+            candle_core::bail!("ZeRO-1 shards the fused AdamW (or SGD); remove `fused = false`")
+        }
+        let sizes: Vec<usize> = params.iter().map(|p| p.var.elem_count()).collect();
+        let mut offsets = vec![0];
+        for n in &sizes {
+            offsets.push(offsets.last().unwrap() + n);
+        }
+        let bytes = (dp.bucket_mb * (1 << 20) as f64) as usize;
+        let (rank, world) = (dp.rank(), dp.world());
+        let buckets: Vec<ZeroBucket> = buckets(&sizes, bytes.max(4))
+            .into_iter()
+            .map(|b| {
+                let (start, end) = (offsets[b.start], offsets[b.end]);
+                let len = end - start;
+                ZeroBucket {
+                    params: b,
+                    start,
+                    len,
+                    mine: trident_dist::shard_range(len, world, rank),
+                }
+            })
+            .collect();
+        let shard: usize = buckets.iter().map(|b| b.mine.len()).sum();
+        let (m, v) = match config {
+            OptimizerConfig::Adamw { .. } => (vec![0.0; shard], vec![0.0; shard]),
+            OptimizerConfig::Sgd { momentum, .. } if *momentum > 0.0 => (vec![0.0; shard], Vec::new()),
+            OptimizerConfig::Sgd { .. } => (Vec::new(), Vec::new()),
+        };
+        Ok(Zero1 {
+            config: config.clone(),
+            buckets,
+            offsets,
+            names: params.iter().map(|p| p.name.clone()).collect(),
+            m,
+            v,
+            g: vec![0.0; shard],
+            w: vec![0.0; shard],
+            flat: Vec::new(),
+        })
+    }
+
+    /// Values of the flattened parameters this rank updates.
+    pub fn shard_len(&self) -> usize {
+        self.g.len()
+    }
+
+    /// All trainable values.
+    pub fn total_len(&self) -> usize {
+        *self.offsets.last().unwrap()
+    }
+
+    /// Bytes of optimizer state this rank holds.
+    pub fn state_bytes(&self) -> usize {
+        4 * (self.m.len() + self.v.len())
+    }
+
+    /// Bytes of optimizer state one unsharded replica holds.
+    pub fn unsharded_state_bytes(&self) -> usize {
+        let moments = usize::from(!self.m.is_empty()) + usize::from(!self.v.is_empty());
+        4 * moments * self.total_len()
+    }
+
+    /// This rank's parts as ranges of the flattened parameters, in storage order.
+    pub fn ranges(&self) -> Vec<Range<usize>> {
+        self.buckets
+            .iter()
+            .map(|b| b.start + b.mine.start..b.start + b.mine.end)
+            .collect()
+    }
+
+    /// Sums the ranks' gradients `acc` (one per parameter), keeping this rank's part.
+    pub fn reduce_scatter(&mut self, dp: &DataParallel, acc: &[Vec<f32>]) -> Result<()> {
+        let mut at = 0;
+        for b in &self.buckets {
+            let part = &mut self.g[at..at + b.mine.len()];
+            if b.params.len() == 1 {
+                let g = &acc[b.params.start];
+                dp.comm
+                    .reduce_scatter((&g[..]).into(), part.into(), ReduceOp::Sum)
+                    .map_err(dist_err)?;
+            } else {
+                self.flat.clear();
+                for g in &acc[b.params.clone()] {
+                    self.flat.extend_from_slice(g);
+                }
+                dp.comm
+                    .reduce_scatter((&self.flat[..]).into(), part.into(), ReduceOp::Sum)
+                    .map_err(dist_err)?;
+            }
+            at += b.mine.len();
+        }
+        Ok(())
+    }
+
+    /// Multiplies this rank's gradient part by `c` (gradient accumulation's mean).
+    pub fn scale(&mut self, c: f32) {
+        self.g.iter_mut().for_each(|v| *v *= c);
+    }
+
+    /// Clips the global gradient norm to `max_norm`, as [`crate::optim::clip_grad_norm`]
+    /// does on whole gradients; returns the norm.
+    pub fn clip(&mut self, dp: &DataParallel, max_norm: f64) -> Result<f64> {
+        let local: f64 = self.g.iter().map(|&x| (x as f64) * (x as f64)).sum();
+        // f64 through an f32 collective: high and low parts.
+        let hi = local as f32;
+        let mut parts = [hi, (local - hi as f64) as f32];
+        dp.sum(&mut parts)?;
+        let norm = (parts[0] as f64 + parts[1] as f64).sqrt();
+        let coef = max_norm / (norm + 1e-6);
+        if coef < 1.0 {
+            self.scale(coef as f32);
+        }
+        Ok(norm)
+    }
+
+    /// Calls `f(param index, range within the parameter, range within `part`)` for each
+    /// parameter piece of flattened range `global`.
+    fn pieces(
+        offsets: &[usize],
+        b: &ZeroBucket,
+        global: Range<usize>,
+        mut f: impl FnMut(usize, Range<usize>, Range<usize>),
+    ) {
+        for p in b.params.clone() {
+            let (ps, pe) = (offsets[p], offsets[p + 1]);
+            let (s, e) = (global.start.max(ps), global.end.min(pe));
+            if s < e {
+                f(p, s - ps..e - ps, s - global.start..e - global.start);
+            }
+        }
+    }
+
+    /// Optimizer step `t` (1-based) at `lr` on this rank's part, then every replica
+    /// receives every updated part.
+    pub fn step(&mut self, dp: &DataParallel, params: &[Param], lr: f64, t: u64) -> Result<()> {
+        // Read this rank's weights.
+        let mut at = 0;
+        for bi in 0..self.buckets.len() {
+            let b = self.buckets[bi].clone();
+            let global = b.start + b.mine.start..b.start + b.mine.end;
+            let w = &mut self.w[at..at + b.mine.len()];
+            let mut err = Ok(());
+            Self::pieces(&self.offsets, &b, global, |p, src, dst| {
+                if err.is_ok() {
+                    err = trident_nn::ops::update_f32(params[p].var.as_tensor(), |v| {
+                        w[dst].copy_from_slice(&v[src]);
+                    });
+                }
+            });
+            err?;
+            at += b.mine.len();
+        }
+        match self.config {
+            OptimizerConfig::Adamw {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                ..
+            } => AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t as i32).run(
+                &mut self.w,
+                &mut self.m,
+                &mut self.v,
+                &self.g,
+            ),
+            OptimizerConfig::Sgd {
+                momentum,
+                weight_decay,
+                nesterov,
+            } => sgd_pass(
+                &mut self.w,
+                (momentum > 0.0).then_some(&mut self.m[..]),
+                &self.g,
+                momentum,
+                weight_decay,
+                nesterov,
+                lr,
+                t == 1,
+            ),
+        }
+        // Gather every part of every bucket and write the weights back.
+        let mut at = 0;
+        for b in &self.buckets {
+            self.flat.resize(b.len, 0.0);
+            let part = &self.w[at..at + b.mine.len()];
+            dp.comm
+                .all_gather(part.into(), (&mut self.flat[..]).into())
+                .map_err(dist_err)?;
+            for p in b.params.clone() {
+                let (s, e) = (self.offsets[p] - b.start, self.offsets[p + 1] - b.start);
+                trident_nn::ops::update_f32(params[p].var.as_tensor(), |v| {
+                    v.copy_from_slice(&self.flat[s..e])
+                })?;
+            }
+            at += b.mine.len();
+        }
+        Ok(())
+    }
+
+    /// The shard file of `rank` of `world` in a checkpoint directory.
+    pub fn shard_file(rank: usize, world: usize) -> String {
+        format!("optimizer-shard-{rank:03}-of-{world:03}.safetensors")
+    }
+
+    /// Writes this rank's part of the optimizer state into `dir` (synced): its moments and
+    /// the flattened ranges they cover.
+    pub fn save_shard(&self, dir: &Path, rank: usize, world: usize) -> Result<()> {
+        let ranges: Vec<i64> = self
+            .ranges()
+            .iter()
+            .flat_map(|r| [r.start as i64, r.end as i64])
+            .collect();
+        let n = ranges.len() / 2;
+        let mut t: HashMap<String, Tensor> = HashMap::new();
+        t.insert("ranges".into(), Tensor::from_vec(ranges, (n, 2), &Device::Cpu)?);
+        t.insert(
+            "total".into(),
+            Tensor::new(&[self.total_len() as i64], &Device::Cpu)?,
+        );
+        if !self.m.is_empty() {
+            t.insert(
+                "m".into(),
+                Tensor::from_slice(&self.m, self.m.len(), &Device::Cpu)?,
+            );
+        }
+        if !self.v.is_empty() {
+            t.insert(
+                "v".into(),
+                Tensor::from_slice(&self.v, self.v.len(), &Device::Cpu)?,
+            );
+        }
+        let f = dir.join(Self::shard_file(rank, world));
+        candle_core::safetensors::save(&t, &f)?;
+        std::fs::File::open(&f)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", f.display())))
+    }
+
+    /// Restores this rank's part of the optimizer state from checkpoint `dir`, written by
+    /// any number of ranks (shard files) or by an unsharded run (`optimizer.safetensors`).
+    pub fn load(&mut self, dir: &Path) -> Result<()> {
+        let flat = FlatState::read(dir, &self.names, &self.offsets)?;
+        let mut at = 0;
+        for r in self.ranges() {
+            let n = r.len();
+            if !self.m.is_empty() {
+                flat.copy(&flat.m, r.clone(), &mut self.m[at..at + n], "m")?;
+            }
+            if !self.v.is_empty() {
+                flat.copy(&flat.v, r.clone(), &mut self.v[at..at + n], "v")?;
+            }
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// Optimizer moments over the flattened parameters, as pieces `(start, values)`.
+struct FlatState {
+    m: Vec<(usize, Vec<f32>)>,
+    v: Vec<(usize, Vec<f32>)>,
+    origin: String,
+}
+
+impl FlatState {
+    /// Reads the shard files of `dir`, or its unsharded `optimizer.safetensors` (laid out
+    /// by `names` at `offsets`).
+    fn read(dir: &Path, names: &[String], offsets: &[usize]) -> Result<Self> {
+        let total = *offsets.last().unwrap();
+        let mut shards: Vec<_> = std::fs::read_dir(dir)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", dir.display())))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("optimizer-shard-"))
+            })
+            .collect();
+        shards.sort();
+        let mut s = FlatState {
+            m: Vec::new(),
+            v: Vec::new(),
+            origin: format!("{} ({} shard files)", dir.display(), shards.len()),
+        };
+        if shards.is_empty() {
+            s.origin = dir.join("optimizer.safetensors").display().to_string();
+            let t = candle_core::safetensors::load(dir.join("optimizer.safetensors"), &Device::Cpu)?;
+            for (i, name) in names.iter().enumerate() {
+                for (key, out) in [("m", &mut s.m), ("v", &mut s.v)] {
+                    if let Some(x) = t.get(&format!("{key}.{name}")) {
+                        out.push((offsets[i], x.flatten_all()?.to_vec1::<f32>()?));
+                    }
+                }
+            }
+            return Ok(s);
+        }
+        for f in &shards {
+            let t = candle_core::safetensors::load(f, &Device::Cpu)?;
+            let bad = |what: &str| candle_core::Error::Msg(format!("{}: {what}", f.display()));
+            let t_total = t
+                .get("total")
+                .ok_or_else(|| bad("no `total`"))?
+                .to_vec1::<i64>()?;
+            if t_total != [total as i64] {
+                return Err(bad(&format!(
+                    "written for {} parameter values, this model has {total}",
+                    t_total.first().copied().unwrap_or(-1)
+                )));
+            }
+            let ranges = t
+                .get("ranges")
+                .ok_or_else(|| bad("no `ranges`"))?
+                .to_vec2::<i64>()?;
+            for (key, out) in [("m", &mut s.m), ("v", &mut s.v)] {
+                let Some(x) = t.get(key) else { continue };
+                let x = x.to_vec1::<f32>()?;
+                let mut at = 0;
+                for r in &ranges {
+                    let (a, b) = (r[0] as usize, r[1] as usize);
+                    out.push((a, x[at..at + (b - a)].to_vec()));
+                    at += b - a;
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// Fills `dst` with the values of flattened range `r`; every value must be found.
+    fn copy(&self, pieces: &[(usize, Vec<f32>)], r: Range<usize>, dst: &mut [f32], what: &str) -> Result<()> {
+        let mut filled = 0;
+        for (start, vals) in pieces {
+            let (s, e) = (r.start.max(*start), r.end.min(start + vals.len()));
+            if s < e {
+                dst[s - r.start..e - r.start].copy_from_slice(&vals[s - start..e - start]);
+                filled += e - s;
+            }
+        }
+        if filled != r.len() {
+            candle_core::bail!(
+                "{}: optimizer state `{what}` covers {filled} of the {} values of range {:?} (a shard file is missing?)",
+                self.origin,
+                r.len(),
+                r
+            )
+        }
+        Ok(())
+    }
+}
+
+/// The unsharded optimizer state (`m.<name>`, `v.<name>`) of a checkpoint written with
+/// ZeRO-1, for a run without it.
+pub fn unshard_state(dir: &Path, params: &[Param]) -> Result<HashMap<String, Tensor>> {
+    let names: Vec<String> = params.iter().map(|p| p.name.clone()).collect();
+    let mut offsets = vec![0];
+    for p in params {
+        offsets.push(offsets.last().unwrap() + p.var.elem_count());
+    }
+    let flat = FlatState::read(dir, &names, &offsets)?;
+    let mut out = HashMap::new();
+    for (i, name) in names.iter().enumerate() {
+        let r = offsets[i]..offsets[i + 1];
+        for (key, pieces) in [("m", &flat.m), ("v", &flat.v)] {
+            if pieces.is_empty() {
+                continue;
+            }
+            let mut v = vec![0f32; r.len()];
+            flat.copy(pieces, r.clone(), &mut v, key)?;
+            out.insert(
+                format!("{key}.{name}"),
+                Tensor::from_vec(v, r.len(), &Device::Cpu)?,
+            );
+        }
+    }
+    Ok(out)
 }

@@ -162,40 +162,28 @@ impl Optimizer {
                 } => {
                     let m = self.m.entry(p.name.clone()).or_insert_with(m);
                     let v = self.v.entry(p.name.clone()).or_insert_with(|| vec![0.0; n]);
-                    let (b1, b2) = (beta1 as f32, beta2 as f32);
-                    let bc1 = 1.0 - beta1.powi(t);
-                    let bc2_sqrt = (1.0 - beta2.powi(t)).sqrt();
-                    let step_size = (lr / bc1) as f32;
-                    let decay = (1.0 - lr * weight_decay) as f32;
-                    let (bc2_sqrt, eps) = (bc2_sqrt as f32, eps as f32);
+                    let pass = AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t);
                     // One pass over each buffer, updating the weight where it lives.
-                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
-                        par_zip4(w, m, v, g, |w, m, v, &g| {
-                            *w *= decay;
-                            *m = b1 * *m + (1.0 - b1) * g;
-                            *v = b2 * *v + (1.0 - b2) * g * g;
-                            *w -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
-                        })
-                    })?;
+                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| pass.run(w, m, v, g))?;
                 }
                 OptimizerConfig::Sgd {
                     momentum,
                     weight_decay,
                     nesterov,
                 } => {
-                    let (mu, wd, lr) = (momentum as f32, weight_decay as f32, lr as f32);
                     // Without momentum there is no state to keep (or to checkpoint).
-                    let mut buf = (momentum > 0.0).then(|| self.m.entry(p.name.clone()).or_insert_with(m));
-                    let first = t == 1;
+                    let buf = (momentum > 0.0).then(|| self.m.entry(p.name.clone()).or_insert_with(m));
                     trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
-                        for i in 0..n {
-                            let mut d = g[i] + wd * w[i];
-                            if let Some(v) = buf.as_deref_mut() {
-                                v[i] = if first { d } else { mu * v[i] + d };
-                                d = if nesterov { d + mu * v[i] } else { v[i] };
-                            }
-                            w[i] -= lr * d;
-                        }
+                        sgd_pass(
+                            w,
+                            buf.map(|b| &mut b[..]),
+                            g,
+                            momentum,
+                            weight_decay,
+                            nesterov,
+                            lr,
+                            t == 1,
+                        )
                     })?;
                 }
             }
@@ -236,6 +224,82 @@ impl Optimizer {
         }
         self.steps = steps;
         Ok(())
+    }
+}
+
+/// One fused AdamW update (PyTorch's formulas) of step `t` (1-based) at learning rate
+/// `lr`, over any slice of weights with its moments and gradient: a whole parameter, or a
+/// ZeRO-1 shard of the flattened parameters (the update is element-wise).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamwPass {
+    b1: f32,
+    b2: f32,
+    step_size: f32,
+    decay: f32,
+    bc2_sqrt: f32,
+    eps: f32,
+}
+
+impl AdamwPass {
+    /// The constants of step `t`.
+    pub fn new(beta1: f64, beta2: f64, eps: f64, weight_decay: f64, lr: f64, t: i32) -> Self {
+        AdamwPass {
+            b1: beta1 as f32,
+            b2: beta2 as f32,
+            step_size: (lr / (1.0 - beta1.powi(t))) as f32,
+            decay: (1.0 - lr * weight_decay) as f32,
+            bc2_sqrt: (1.0 - beta2.powi(t)).sqrt() as f32,
+            eps: eps as f32,
+        }
+    }
+
+    /// Updates `w`, `m`, `v` in place from `g`, in parallel chunks.
+    pub fn run(&self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32]) {
+        let AdamwPass {
+            b1,
+            b2,
+            step_size,
+            decay,
+            bc2_sqrt,
+            eps,
+        } = *self;
+        par_zip4(w, m, v, g, |w, m, v, &g| {
+            *w *= decay;
+            *m = b1 * *m + (1.0 - b1) * g;
+            *v = b2 * *v + (1.0 - b2) * g * g;
+            *w -= step_size * *m / (v.sqrt() / bc2_sqrt + eps);
+        })
+    }
+}
+
+/// One SGD update (PyTorch's `torch.optim.SGD`) of a slice: L2 decay added to the
+/// gradient, momentum buffer `buf` when momentum > 0 (initialised on the `first` step).
+#[allow(clippy::too_many_arguments)]
+pub fn sgd_pass(
+    w: &mut [f32],
+    mut buf: Option<&mut [f32]>,
+    g: &[f32],
+    momentum: f64,
+    weight_decay: f64,
+    nesterov: bool,
+    lr: f64,
+    first: bool,
+) {
+    let (mu, wd, lr) = (momentum as f32, weight_decay as f32, lr as f32);
+    for i in 0..w.len() {
+        let mut d = g[i] + wd * w[i];
+        if let Some(v) = buf.as_deref_mut() {
+            v[i] = if first { d } else { mu * v[i] + d };
+            d = if nesterov { d + mu * v[i] } else { v[i] };
+        }
+        w[i] -= lr * d;
+    }
+}
+
+impl Optimizer {
+    /// The configuration.
+    pub fn config(&self) -> &OptimizerConfig {
+        &self.config
     }
 }
 

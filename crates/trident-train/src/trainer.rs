@@ -173,6 +173,15 @@ pub enum TrainError {
     Invalid(String),
 }
 
+/// `12.3 MiB`, `4.0 KiB` or `12 B`.
+fn human_bytes(b: usize) -> String {
+    match b {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
 fn dist_err(e: trident_dist::DistError) -> TrainError {
     TrainError::Invalid(e.to_string())
 }
@@ -412,6 +421,26 @@ impl Trainer {
             decay: c.decay,
         };
         let mut optimizer = Optimizer::new(c.optimizer.clone());
+        // ZeRO-1: this rank keeps only its shard of the optimizer state.
+        let mut zero = match dp {
+            Some(d) if d.zero => {
+                let z = crate::ddp::Zero1::new(&params, d, &c.optimizer)?;
+                if self.progress {
+                    let full = z.unsharded_state_bytes();
+                    eprintln!(
+                        "ZeRO-1: rank {} updates {} of {} parameter values; optimizer state {} on this rank, {} unsharded ({:.1} %)",
+                        d.rank(),
+                        z.shard_len(),
+                        z.total_len(),
+                        human_bytes(z.state_bytes()),
+                        human_bytes(full),
+                        100.0 * z.state_bytes() as f64 / full.max(1) as f64
+                    );
+                }
+                Some(z)
+            }
+            _ => None,
+        };
         let hash = self.config_hash(data_hash);
         if let Some(d) = dp {
             // Every rank must run the same configuration on the same model.
@@ -445,7 +474,15 @@ impl Trainer {
                     last.display()
                 )));
             }
-            state = checkpoint::load(&last, step.params(), &mut optimizer)?;
+            state = match zero.as_mut() {
+                Some(z) => {
+                    let s = checkpoint::read_state(&last)?;
+                    checkpoint::load_weights(&last, step.params())?;
+                    z.load(&last)?;
+                    s
+                }
+                None => checkpoint::load(&last, step.params(), &mut optimizer)?,
+            };
             if state.config_hash != hash {
                 return Err(TrainError::Invalid(format!(
                     "--resume: {} was written with another configuration (hash {} vs {hash}); \
@@ -491,20 +528,42 @@ impl Trainer {
             return Ok(summary);
         }
         let mut steps_this_process = 0u64;
-        let save = |dir: &Path, state: &TrainerState, optimizer: &Optimizer| -> Result<(), TrainError> {
-            if let Some(d) = dp {
-                d.check_replicas(step.params())?;
+        let save = |dir: &Path,
+                    state: &TrainerState,
+                    optimizer: &Optimizer,
+                    zero: Option<&crate::ddp::Zero1>|
+         -> Result<(), TrainError> {
+            let files = &self.checkpoint_files;
+            let Some(d) = dp else {
+                return Ok(checkpoint::save(dir, step.params(), optimizer, state, files)?);
+            };
+            d.check_replicas(step.params())?;
+            let barrier = || d.comm.barrier().map_err(dist_err);
+            match zero {
+                None if lead => checkpoint::save(dir, step.params(), optimizer, state, files)?,
+                None => {}
+                Some(z) => {
+                    // Rank 0 makes the temporary directory, every rank writes its shard of
+                    // the optimizer state into it, rank 0 adds the rest and renames it.
+                    const TAG: &str = "tmp-ranks";
+                    if lead {
+                        checkpoint::begin(dir, TAG)?;
+                    }
+                    barrier()?;
+                    let tmp = checkpoint::tmp_path(dir, TAG);
+                    z.save_shard(&tmp, d.rank(), d.world())?;
+                    barrier()?;
+                    if lead {
+                        checkpoint::finish(&tmp, dir, step.params(), None, state, files)?;
+                    }
+                }
             }
-            if lead {
-                checkpoint::save(dir, step.params(), optimizer, state, &self.checkpoint_files)?;
-            }
-            if let Some(d) = dp {
-                // Nobody runs ahead of a checkpoint that is still being written.
-                d.comm.barrier().map_err(dist_err)?;
-            }
-            Ok(())
+            // Nobody runs ahead of a checkpoint that is still being written.
+            barrier()
         };
-        let save_last = |state: &TrainerState, optimizer: &Optimizer| save(&last, state, optimizer);
+        let save_last = |state: &TrainerState, optimizer: &Optimizer, zero: Option<&crate::ddp::Zero1>| {
+            save(&last, state, optimizer, zero)
+        };
         let mut flat = Vec::new();
         use crate::profile::{Phase, PhaseTimer};
         let (recorder, _trace_guard) = match &self.profile {
@@ -601,7 +660,10 @@ impl Trainer {
                     // any rank (a signal, --stop-after-steps) stops them all at this step.
                     step_sums[4] = f32::from(u8::from(self.should_stop(steps_this_process + 1)));
                     if let Some(d) = dp {
-                        d.all_reduce_grads(&mut acc, &mut flat)?;
+                        match zero.as_mut() {
+                            Some(z) => z.reduce_scatter(d, &acc)?,
+                            None => d.all_reduce_grads(&mut acc, &mut flat)?,
+                        }
                         d.sum(&mut step_sums)?;
                         timer.mark(Phase::Comm);
                     }
@@ -611,16 +673,29 @@ impl Trainer {
                     seen += step_sums[3] as u64;
                     let stop_now = step_sums[4] > 0.0;
                     step_sums = [0.0; 5];
-                    if in_group > 1 {
-                        let scale = 1.0 / in_group as f32;
-                        acc.iter_mut()
-                            .for_each(|a| a.iter_mut().for_each(|v| *v *= scale));
-                    }
-                    if let Some(max) = c.max_grad_norm {
-                        clip_grad_norm(&mut acc, max);
-                    }
                     let lr = schedule.lr(state.optimizer_step);
-                    optimizer.step(&params, &acc, lr)?;
+                    match (zero.as_mut(), dp) {
+                        (Some(z), Some(d)) => {
+                            if in_group > 1 {
+                                z.scale(1.0 / in_group as f32);
+                            }
+                            if let Some(max) = c.max_grad_norm {
+                                z.clip(d, max)?;
+                            }
+                            z.step(d, &params, lr, state.optimizer_step + 1)?;
+                        }
+                        _ => {
+                            if in_group > 1 {
+                                let scale = 1.0 / in_group as f32;
+                                acc.iter_mut()
+                                    .for_each(|a| a.iter_mut().for_each(|v| *v *= scale));
+                            }
+                            if let Some(max) = c.max_grad_norm {
+                                clip_grad_norm(&mut acc, max);
+                            }
+                            optimizer.step(&params, &acc, lr)?;
+                        }
+                    }
                     timer.mark(Phase::Optimizer);
                     in_group = 0;
                     state.optimizer_step += 1;
@@ -646,7 +721,7 @@ impl Trainer {
                     let periodic =
                         c.checkpoint_every > 0 && state.optimizer_step.is_multiple_of(c.checkpoint_every);
                     if (stop_now || periodic) && i < per_epoch {
-                        save_last(&state, &optimizer)?;
+                        save_last(&state, &optimizer, zero.as_ref())?;
                     }
                     timer.mark(Phase::Other);
                     timer.end_step(state.optimizer_step);
@@ -716,9 +791,9 @@ impl Trainer {
                 .is_some_and(|p| state.epochs_without_improvement >= p);
             state.finished = state.epoch >= c.epochs || early;
             if improved {
-                save(&best, &state, &optimizer)?;
+                save(&best, &state, &optimizer, zero.as_ref())?;
             }
-            save_last(&state, &optimizer)?;
+            save_last(&state, &optimizer, zero.as_ref())?;
             if lead {
                 plot::training_curves(&self.run_dir, &records)?;
             }

@@ -52,6 +52,10 @@ pub struct TrainArgs {
     /// Data parallelism: gradients are summed in buckets of about this many MiB.
     #[arg(long, value_name = "MIB", default_value_t = 25.0)]
     bucket_mb: f64,
+    /// ZeRO stage: 1 shards the optimizer state across the data-parallel ranks (each
+    /// keeps 1/N of AdamW's moments); 0 keeps it whole on every rank.
+    #[arg(long, value_name = "STAGE", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    zero: u8,
 }
 
 /// How this process takes part in training.
@@ -566,8 +570,12 @@ fn fit_replicas<D: Dataset + 'static>(
     let dp = |comm: Arc<dyn Communicator>| DataParallel {
         comm,
         bucket_mb: args.bucket_mb,
+        zero: args.zero == 1,
     };
     match replicas {
+        Replicas::One if args.zero > 0 => {
+            bail!("--zero 1 shards the optimizer state across data-parallel ranks: add --data-parallel N or --dist mpi")
+        }
         Replicas::One => {
             let s = trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, data_hash)?;
             Ok((s, model))
