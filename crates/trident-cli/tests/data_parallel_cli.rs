@@ -273,3 +273,80 @@ fn zero_1_trains_like_unsharded_data_parallelism_and_resumes_on_other_world_size
     // A one-process run wrote the whole state again; it is a plain checkpoint.
     assert!(moments(&d.join("z1/last")).keys().any(|k| k.starts_with("m.")));
 }
+
+/// A CNN with batch norm: each replica normalises over its own part of the batch (as
+/// PyTorch's DDP without SyncBatchNorm), so the replicas' running statistics differ; rank
+/// 0's are given to every replica before evaluation and checkpoints, which then pass the
+/// replica check.
+#[test]
+fn a_batch_norm_cnn_trains_data_parallel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let make = |n: usize, seed: u64| {
+        let (mut px, mut labels) = (Vec::new(), Vec::new());
+        let mut s = seed;
+        for i in 0..n {
+            let label = (i % 2) as u8;
+            for r in 0..8 {
+                for _ in 0..8 {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let bright = (r < 4) == (label == 0);
+                    let noise = (s >> 59) as u8;
+                    px.push(if bright { 200 + noise } else { noise });
+                }
+            }
+            labels.push(label);
+        }
+        (px, labels)
+    };
+    let (px, lab) = make(96, 1);
+    common::write_idx(&d.join("train-images"), &[96, 8, 8], &px);
+    common::write_idx(&d.join("train-labels"), &[96], &lab);
+    let (px, lab) = make(32, 2);
+    common::write_idx(&d.join("test-images"), &[32, 8, 8], &px);
+    common::write_idx(&d.join("test-labels"), &[32], &lab);
+    std::fs::write(
+        d.join("cnn.toml"),
+        r#"
+[run]
+dir = "cnn"
+[data]
+kind = "idx"
+train_images = "train-images"
+train_labels = "train-labels"
+test_images = "test-images"
+test_labels = "test-labels"
+classes = ["top", "bottom"]
+mean = 0.4
+std = 0.4
+[loader]
+batch_size = 8
+[model]
+kind = "cnn"
+width = 4
+[train]
+epochs = 2
+lr = 1e-2
+checkpoint_every = 3
+"#,
+    )
+    .unwrap();
+    ok(&trident(
+        &[
+            "train",
+            "--config",
+            "cnn.toml",
+            "--data-parallel",
+            "2",
+            "--zero",
+            "1",
+        ],
+        d,
+    ));
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("cnn/test/metrics.json")).unwrap()).unwrap();
+    let acc = m["report"]["accuracy"].as_f64().unwrap();
+    assert!(acc >= 0.9, "accuracy {acc}");
+}

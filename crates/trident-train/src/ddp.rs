@@ -126,6 +126,33 @@ impl DataParallel {
         Ok(())
     }
 
+    /// Gives every replica rank 0's non-trainable tensors (batch norm's running statistics,
+    /// frozen weights), packed into one broadcast. Each replica normalises over its own part
+    /// of the batch (no SyncBatchNorm), so their running statistics drift apart; this runs
+    /// before evaluation and before each checkpoint.
+    pub fn broadcast_buffers(&self, params: &Params) -> Result<()> {
+        let bufs: Vec<Param> = params
+            .all()
+            .into_iter()
+            .filter(|p| !p.trainable && p.var.dtype() == candle_core::DType::F32)
+            .collect();
+        if bufs.is_empty() {
+            return Ok(());
+        }
+        let mut flat = Vec::new();
+        for p in &bufs {
+            flat.extend(p.var.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        }
+        self.comm.broadcast((&mut flat[..]).into(), 0).map_err(dist_err)?;
+        let mut at = 0;
+        for p in &bufs {
+            let n = p.var.elem_count();
+            trident_nn::ops::update_f32(p.var.as_tensor(), |w| w.copy_from_slice(&flat[at..at + n]))?;
+            at += n;
+        }
+        Ok(())
+    }
+
     /// Fails, naming the ranks, unless every rank passes the same `what` hash.
     pub fn check_same(&self, what: &str, value: u64) -> Result<()> {
         check_same(self.comm.as_ref(), what, value).map_err(dist_err)
@@ -217,9 +244,10 @@ pub struct Zero1 {
     /// This rank's moments (AdamW: m and v; SGD with momentum: m).
     m: Vec<f32>,
     v: Vec<f32>,
-    /// This rank's gradient and weights, one step's scratch.
-    g: Vec<f32>,
-    w: Vec<f32>,
+    /// Values in this rank's part.
+    shard: usize,
+    /// This rank's part of one bucket (gradients, then weights).
+    part: Vec<f32>,
     /// One bucket's packing buffer.
     flat: Vec<f32>,
 }
@@ -266,15 +294,15 @@ impl Zero1 {
             names: params.iter().map(|p| p.name.clone()).collect(),
             m,
             v,
-            g: vec![0.0; shard],
-            w: vec![0.0; shard],
+            shard,
+            part: Vec::new(),
             flat: Vec::new(),
         })
     }
 
     /// Values of the flattened parameters this rank updates.
     pub fn shard_len(&self) -> usize {
-        self.g.len()
+        self.shard
     }
 
     /// All trainable values.
@@ -301,15 +329,15 @@ impl Zero1 {
             .collect()
     }
 
-    /// Sums the ranks' gradients `acc` (one per parameter), keeping this rank's part.
-    pub fn reduce_scatter(&mut self, dp: &DataParallel, acc: &[Vec<f32>]) -> Result<()> {
-        let mut at = 0;
+    /// Sums the ranks' gradients `acc` (one per parameter) and leaves the sums of this
+    /// rank's part in place in `acc` (the rest of `acc` is stale from here on).
+    pub fn reduce_scatter(&mut self, dp: &DataParallel, acc: &mut [Vec<f32>]) -> Result<()> {
         for b in &self.buckets {
-            let part = &mut self.g[at..at + b.mine.len()];
+            self.part.resize(b.mine.len(), 0.0);
             if b.params.len() == 1 {
                 let g = &acc[b.params.start];
                 dp.comm
-                    .reduce_scatter((&g[..]).into(), part.into(), ReduceOp::Sum)
+                    .reduce_scatter((&g[..]).into(), (&mut self.part[..]).into(), ReduceOp::Sum)
                     .map_err(dist_err)?;
             } else {
                 self.flat.clear();
@@ -317,23 +345,42 @@ impl Zero1 {
                     self.flat.extend_from_slice(g);
                 }
                 dp.comm
-                    .reduce_scatter((&self.flat[..]).into(), part.into(), ReduceOp::Sum)
+                    .reduce_scatter(
+                        (&self.flat[..]).into(),
+                        (&mut self.part[..]).into(),
+                        ReduceOp::Sum,
+                    )
                     .map_err(dist_err)?;
             }
-            at += b.mine.len();
+            let global = b.start + b.mine.start..b.start + b.mine.end;
+            let part = &self.part;
+            Self::pieces(&self.offsets, b, global, |p, src, dst| {
+                acc[p][src].copy_from_slice(&part[dst]);
+            });
         }
         Ok(())
     }
 
-    /// Multiplies this rank's gradient part by `c` (gradient accumulation's mean).
-    pub fn scale(&mut self, c: f32) {
-        self.g.iter_mut().for_each(|v| *v *= c);
+    /// Calls `f` on each piece of `acc` that belongs to this rank's part.
+    fn each_mine(&self, acc: &mut [Vec<f32>], mut f: impl FnMut(&mut [f32])) {
+        for b in &self.buckets {
+            let global = b.start + b.mine.start..b.start + b.mine.end;
+            Self::pieces(&self.offsets, b, global, |p, src, _| f(&mut acc[p][src]));
+        }
+    }
+
+    /// Multiplies this rank's part of the gradients by `c` (gradient accumulation's mean).
+    pub fn scale(&self, acc: &mut [Vec<f32>], c: f32) {
+        self.each_mine(acc, |g| g.iter_mut().for_each(|v| *v *= c));
     }
 
     /// Clips the global gradient norm to `max_norm`, as [`crate::optim::clip_grad_norm`]
     /// does on whole gradients; returns the norm.
-    pub fn clip(&mut self, dp: &DataParallel, max_norm: f64) -> Result<f64> {
-        let local: f64 = self.g.iter().map(|&x| (x as f64) * (x as f64)).sum();
+    pub fn clip(&self, dp: &DataParallel, acc: &mut [Vec<f32>], max_norm: f64) -> Result<f64> {
+        let mut local = 0f64;
+        self.each_mine(acc, |g| {
+            local += g.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()
+        });
         // f64 through an f32 collective: high and low parts.
         let hi = local as f32;
         let mut parts = [hi, (local - hi as f64) as f32];
@@ -341,7 +388,7 @@ impl Zero1 {
         let norm = (parts[0] as f64 + parts[1] as f64).sqrt();
         let coef = max_norm / (norm + 1e-6);
         if coef < 1.0 {
-            self.scale(coef as f32);
+            self.scale(acc, coef as f32);
         }
         Ok(norm)
     }
@@ -363,61 +410,66 @@ impl Zero1 {
         }
     }
 
-    /// Optimizer step `t` (1-based) at `lr` on this rank's part, then every replica
-    /// receives every updated part.
-    pub fn step(&mut self, dp: &DataParallel, params: &[Param], lr: f64, t: u64) -> Result<()> {
-        // Read this rank's weights.
-        let mut at = 0;
-        for bi in 0..self.buckets.len() {
-            let b = self.buckets[bi].clone();
-            let global = b.start + b.mine.start..b.start + b.mine.end;
-            let w = &mut self.w[at..at + b.mine.len()];
-            let mut err = Ok(());
-            Self::pieces(&self.offsets, &b, global, |p, src, dst| {
-                if err.is_ok() {
-                    err = trident_nn::ops::update_f32(params[p].var.as_tensor(), |v| {
-                        w[dst].copy_from_slice(&v[src]);
-                    });
-                }
-            });
-            err?;
-            at += b.mine.len();
-        }
-        match self.config {
-            OptimizerConfig::Adamw {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-                ..
-            } => AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t as i32).run(
-                &mut self.w,
-                &mut self.m,
-                &mut self.v,
-                &self.g,
-            ),
-            OptimizerConfig::Sgd {
-                momentum,
-                weight_decay,
-                nesterov,
-            } => sgd_pass(
-                &mut self.w,
-                (momentum > 0.0).then_some(&mut self.m[..]),
-                &self.g,
-                momentum,
-                weight_decay,
-                nesterov,
-                lr,
-                t == 1,
-            ),
-        }
-        // Gather every part of every bucket and write the weights back.
+    /// Optimizer step `t` (1-based) at `lr`: this rank updates its part of the weights in
+    /// place from its part of `acc` and its moments, then every replica receives every
+    /// updated part, bucket by bucket.
+    pub fn step(
+        &mut self,
+        dp: &DataParallel,
+        params: &[Param],
+        acc: &[Vec<f32>],
+        lr: f64,
+        t: u64,
+    ) -> Result<()> {
         let mut at = 0;
         for b in &self.buckets {
+            let global = b.start + b.mine.start..b.start + b.mine.end;
+            self.part.resize(b.mine.len(), 0.0);
+            let (m, v, part) = (&mut self.m, &mut self.v, &mut self.part);
+            let mut err = Ok(());
+            Self::pieces(&self.offsets, b, global, |p, src, dst| {
+                if err.is_err() {
+                    return;
+                }
+                let (g, at) = (&acc[p][src.clone()], at + dst.start);
+                err = trident_nn::ops::update_f32(params[p].var.as_tensor(), |w| {
+                    let w = &mut w[src.clone()];
+                    let n = w.len();
+                    match self.config {
+                        OptimizerConfig::Adamw {
+                            beta1,
+                            beta2,
+                            eps,
+                            weight_decay,
+                            ..
+                        } => AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t as i32).run(
+                            w,
+                            &mut m[at..at + n],
+                            &mut v[at..at + n],
+                            g,
+                        ),
+                        OptimizerConfig::Sgd {
+                            momentum,
+                            weight_decay,
+                            nesterov,
+                        } => sgd_pass(
+                            w,
+                            (momentum > 0.0).then(|| &mut m[at..at + n]),
+                            g,
+                            momentum,
+                            weight_decay,
+                            nesterov,
+                            lr,
+                            t == 1,
+                        ),
+                    }
+                    part[dst.clone()].copy_from_slice(w);
+                });
+            });
+            err?;
             self.flat.resize(b.len, 0.0);
-            let part = &self.w[at..at + b.mine.len()];
             dp.comm
-                .all_gather(part.into(), (&mut self.flat[..]).into())
+                .all_gather((&self.part[..]).into(), (&mut self.flat[..]).into())
                 .map_err(dist_err)?;
             for p in b.params.clone() {
                 let (s, e) = (self.offsets[p] - b.start, self.offsets[p + 1] - b.start);

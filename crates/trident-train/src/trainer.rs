@@ -537,6 +537,7 @@ impl Trainer {
             let Some(d) = dp else {
                 return Ok(checkpoint::save(dir, step.params(), optimizer, state, files)?);
             };
+            d.broadcast_buffers(step.params())?;
             d.check_replicas(step.params())?;
             let barrier = || d.comm.barrier().map_err(dist_err);
             match zero {
@@ -661,7 +662,7 @@ impl Trainer {
                     step_sums[4] = f32::from(u8::from(self.should_stop(steps_this_process + 1)));
                     if let Some(d) = dp {
                         match zero.as_mut() {
-                            Some(z) => z.reduce_scatter(d, &acc)?,
+                            Some(z) => z.reduce_scatter(d, &mut acc)?,
                             None => d.all_reduce_grads(&mut acc, &mut flat)?,
                         }
                         d.sum(&mut step_sums)?;
@@ -677,12 +678,12 @@ impl Trainer {
                     match (zero.as_mut(), dp) {
                         (Some(z), Some(d)) => {
                             if in_group > 1 {
-                                z.scale(1.0 / in_group as f32);
+                                z.scale(&mut acc, 1.0 / in_group as f32);
                             }
                             if let Some(max) = c.max_grad_norm {
-                                z.clip(d, max)?;
+                                z.clip(d, &mut acc, max)?;
                             }
-                            z.step(d, &params, lr, state.optimizer_step + 1)?;
+                            z.step(d, &params, &acc, lr, state.optimizer_step + 1)?;
                         }
                         _ => {
                             if in_group > 1 {
@@ -738,6 +739,9 @@ impl Trainer {
             }
             bar.finish_and_clear();
             let seconds = started.elapsed().as_secs_f64();
+            if let Some(d) = dp {
+                d.broadcast_buffers(step.params())?;
+            }
             let val_eval = match val {
                 Some(v) => Some(evaluate(step, v, self.classes.len())?),
                 None => None,
