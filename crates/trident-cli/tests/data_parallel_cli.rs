@@ -350,3 +350,57 @@ checkpoint_every = 3
     let acc = m["report"]["accuracy"].as_f64().unwrap();
     assert!(acc >= 0.9, "accuracy {acc}");
 }
+
+/// Ranks started with different configurations (here another learning rate on rank 1,
+/// through mpirun's MPMD syntax) refuse to train, naming the rank that differs.
+#[cfg(feature = "mpi")]
+#[test]
+fn mpi_ranks_with_different_configurations_are_refused_at_the_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_texts(d);
+    let a = config(d, "same", 4, 1);
+    std::fs::write(
+        d.join("other.toml"),
+        std::fs::read_to_string(d.join(&a))
+            .unwrap()
+            .replace("lr = 1e-2", "lr = 2e-2"),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_trident");
+    let t0 = std::time::Instant::now();
+    let out = std::process::Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "1",
+            bin,
+            "train",
+            "--config",
+            &a,
+            "--dist",
+            "mpi",
+        ])
+        .args([
+            ":",
+            "-np",
+            "1",
+            bin,
+            "train",
+            "--config",
+            "other.toml",
+            "--dist",
+            "mpi",
+        ])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let err = failed(&out);
+    assert!(
+        err.contains("the configuration (hash) differs") && err.contains("rank 1 has"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_secs(60));
+    assert!(!d.join("same/last").exists(), "nothing was trained");
+}
