@@ -97,6 +97,25 @@ fn two_replicas_of_batch_4_train_like_one_process_of_batch_8() {
             .collect()
     };
     assert_eq!(steps("one"), steps("two"));
+    // Validation is shared among the replicas (every other batch each) and gathered: the
+    // same figures as one process's.
+    let val = |run: &str| -> Vec<(f64, f64)> {
+        std::fs::read_to_string(d.join(run).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (
+                    v["val_accuracy"].as_f64().unwrap(),
+                    v["val_loss"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    for ((a1, l1), (a2, l2)) in val("one").into_iter().zip(val("two")) {
+        assert_eq!(a1, a2);
+        assert!((l1 - l2).abs() < 1e-5, "val loss {l1} vs {l2}");
+    }
     let (diff, big) = max_diff(
         &d.join("one/last/model.safetensors"),
         &d.join("two/last/model.safetensors"),

@@ -52,6 +52,8 @@ pub struct DataLoader<D: Dataset, B> {
     config: LoaderConfig,
     /// (rank, world) of data-parallel training: this loader's part of each global batch.
     shard: Option<(usize, usize)>,
+    /// (rank, world) of data-parallel evaluation: every world-th batch from rank on.
+    strided: Option<(usize, usize)>,
 }
 
 impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
@@ -66,6 +68,20 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             collate: Arc::new(collate),
             config,
             shard: None,
+            strided: None,
+        }
+    }
+
+    /// The same data for rank `rank` of `world` evaluating together: batches `rank`,
+    /// `rank + world`, … of the plan (the batches themselves unchanged), so the ranks
+    /// share the work of one pass and together see every example once.
+    pub fn strided(&self, rank: usize, world: usize) -> Self {
+        DataLoader {
+            dataset: self.dataset.clone(),
+            collate: self.collate.clone(),
+            config: self.config.clone(),
+            shard: None,
+            strided: (world > 1).then_some((rank, world)),
         }
     }
 
@@ -78,6 +94,7 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             collate: self.collate.clone(),
             config: self.config.clone(),
             shard: (world > 1).then_some((rank, world)),
+            strided: None,
         }
     }
 
@@ -94,8 +111,12 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
     fn plan(&self, epoch: u64) -> EpochPlan {
         let c = &self.config;
         let len = self.dataset.len();
+        let whole = || EpochPlan::new(len, c.batch_size, c.shuffle, c.seed, epoch, c.drop_last);
         match self.shard {
-            None => EpochPlan::new(len, c.batch_size, c.shuffle, c.seed, epoch, c.drop_last),
+            None => match self.strided {
+                None => whole(),
+                Some((rank, world)) => whole().strided(rank, world),
+            },
             Some((rank, world)) => EpochPlan::sharded(
                 len,
                 c.batch_size,

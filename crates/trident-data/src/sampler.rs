@@ -65,6 +65,19 @@ impl EpochPlan {
         EpochPlan { batches, weights }
     }
 
+    /// Batches `rank`, `rank + world`, … of this plan.
+    pub fn strided(self, rank: usize, world: usize) -> Self {
+        EpochPlan {
+            batches: self
+                .batches
+                .into_iter()
+                .skip(rank)
+                .step_by(world.max(1))
+                .collect(),
+            weights: Vec::new(),
+        }
+    }
+
     /// Batch `i`'s share of its global batch (1 without data parallelism): the factor
     /// that turns this rank's mean-loss gradient into its part of the global mean.
     pub fn weight(&self, i: usize) -> f32 {
@@ -147,6 +160,11 @@ mod tests {
         assert_eq!(tiny.len(), 1, "the 1 example left over is dropped");
         assert_eq!(tiny.batch(0), &(20..30).collect::<Vec<_>>()[..]);
         assert_eq!(EpochPlan::new(5, 2, false, 0, 0, false).weight(0), 1.0);
+        // Evaluation: every world-th batch, unchanged.
+        let all = EpochPlan::new(25, 4, false, 0, 0, false);
+        let mine = all.clone().strided(1, 3);
+        assert_eq!(mine.len(), 2);
+        assert_eq!((mine.batch(0), mine.batch(1)), (all.batch(1), all.batch(4)));
     }
 
     #[test]
