@@ -423,3 +423,54 @@ fn mpi_ranks_with_different_configurations_are_refused_at_the_start() {
     assert!(t0.elapsed() < std::time::Duration::from_secs(60));
     assert!(!d.join("same/last").exists(), "nothing was trained");
 }
+
+/// `trident distill --data-parallel 2`: each replica runs its own frozen teacher on its part
+/// of the batch (online), or reads the cache rank 0 filled (cached); the student's weights
+/// agree with one process distilling the global batch.
+#[test]
+fn distillation_runs_data_parallel_online_and_cached() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_texts(d);
+    let teacher = config(d, "teacher", 8, 2);
+    ok(&trident(&["train", "--config", &teacher], d));
+    let student = |run: &str, batch: usize, mode: &str| {
+        let f = config(d, run, batch, 1);
+        let text = std::fs::read_to_string(d.join(&f)).unwrap().replace("hidden = 16", "hidden = 8")
+            + &format!(
+                "[distill]\nteacher = \"teacher/best\"\nmode = \"{mode}\"\n[distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.5\n"
+            );
+        std::fs::write(d.join(&f), text).unwrap();
+        f
+    };
+    let one = student("one", 8, "online");
+    ok(&trident(&["distill", "--config", &one], d));
+    let two = student("two", 4, "online");
+    let log = ok_log(&trident(
+        &["distill", "--config", &two, "--data-parallel", "2"],
+        d,
+    ));
+    assert!(log.contains("2 replicas") && log.contains("(rank 0)"), "{log}");
+    let (diff, _) = max_diff(
+        &d.join("one/last/model.safetensors"),
+        &d.join("two/last/model.safetensors"),
+    );
+    eprintln!("distill one vs two replicas: max abs diff {diff}");
+    assert!(diff <= 5e-6, "{diff}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("two/report.json")).unwrap()).unwrap();
+    assert!(
+        report["distill"]["teacher"]["params"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+
+    let cached = student("cached", 4, "cached");
+    let log = ok_log(&trident(
+        &["distill", "--config", &cached, "--data-parallel", "2"],
+        d,
+    ));
+    assert!(
+        log.contains("teacher: 0 batches run during training"),
+        "the cache rank 0 filled serves every replica: {log}"
+    );
+}

@@ -389,9 +389,6 @@ fn run<D: Dataset + 'static>(
 ) -> anyhow::Result<()> {
     let (config_file, resume) = (&args.config, args.resume);
     let teacher = load_teacher(c, &model)?;
-    if teacher.is_some() && !matches!(replicas, Replicas::One) {
-        bail!("data parallelism is not built for `trident distill` yet: run the distillation without --data-parallel / --dist")
-    }
     let lead = replicas.lead();
     let dir = &c.run.dir;
     let classes = model.card.classes.clone();
@@ -444,26 +441,56 @@ fn run<D: Dataset + 'static>(
             if let Some(h) = &d.hidden {
                 step = step.with_hidden(h.clone());
             }
-            if step.cache.is_some() {
+            // Cached mode: rank 0 runs the teacher over the training set once and saves the
+            // cache; other MPI ranks then read it (replicas on threads open it when built).
+            if step.cache.is_some() && lead {
                 let augmented = c.data.image_options().is_some_and(|o| o.augment);
                 fill_cache(&step, &splits.train, if augmented { c.train.epochs } else { 1 })?;
+            }
+            #[cfg(feature = "mpi")]
+            if let (Replicas::Mpi(comm), Some(_)) = (replicas, &step.cache) {
+                trident_dist::Communicator::barrier(comm.as_ref())?;
+                if !lead {
+                    let (_, cache) = load_teacher(c, &step.student)?.context("the teacher")?;
+                    step.cache = cache.map(std::sync::Mutex::new);
+                }
             }
             let (ran0, cached0) = (
                 step.teacher_batches.load(Ordering::Relaxed),
                 step.cached_batches.load(Ordering::Relaxed),
             );
-            let s = trainer.fit(&step, &splits.train, splits.val.as_ref(), resume, &data_hash)?;
-            step.save_cache()?;
-            eprintln!(
-                "teacher: {} batches run during training, {} from the cache",
-                step.teacher_batches.load(Ordering::Relaxed) - ran0,
-                step.cached_batches.load(Ordering::Relaxed) - cached0
-            );
+            // Replicas beyond rank 0 build their own student and teacher.
+            let card = step.student.card.clone();
+            let make = || -> anyhow::Result<_> {
+                let student = Model::build(&card, c.run.seed, None)?;
+                let (teacher, cache) = load_teacher(c, &student)?.context("the teacher")?;
+                let mut s = Distill::new(student, teacher, d.loss, cache);
+                if let Some(h) = &d.hidden {
+                    s = s.with_hidden(h.clone());
+                }
+                Ok(s)
+            };
+            let (s, step) = fit_replicas(c, args, &trainer, step, &make, &splits, &data_hash, replicas)?;
+            if lead {
+                step.save_cache()?;
+                eprintln!(
+                    "teacher: {} batches run during training, {} from the cache{}",
+                    step.teacher_batches.load(Ordering::Relaxed) - ran0,
+                    step.cached_batches.load(Ordering::Relaxed) - cached0,
+                    if matches!(replicas, Replicas::One) {
+                        ""
+                    } else {
+                        " (rank 0)"
+                    }
+                );
+            }
             model = step.student;
             (s, Some(step.teacher))
         }
         _ => {
-            let (s, m) = fit_replicas(c, args, &trainer, model, &splits, &data_hash, replicas)?;
+            let card = model.card.clone();
+            let make = || Model::build(&card, c.run.seed, None);
+            let (s, m) = fit_replicas(c, args, &trainer, model, &make, &splits, &data_hash, replicas)?;
             model = m;
             (s, None)
         }
@@ -552,17 +579,23 @@ fn run<D: Dataset + 'static>(
     Ok(())
 }
 
-/// Trains `model` alone, as N replicas on threads, or as one MPI rank; returns rank 0's
-/// summary and model.
-fn fit_replicas<D: Dataset + 'static>(
+/// Trains `model` (rank 0's step) alone, as N replicas on threads (the others made by
+/// `make`), or as one MPI rank; returns rank 0's summary and step.
+#[allow(clippy::too_many_arguments)]
+fn fit_replicas<S, D>(
     c: &RunConfig,
     args: &TrainArgs,
     trainer: &Trainer,
-    model: Model,
+    model: S,
+    make: &(dyn Fn() -> anyhow::Result<S> + Sync),
     splits: &Splits<D>,
     data_hash: &str,
     replicas: &Replicas,
-) -> anyhow::Result<(trident_train::trainer::FitSummary, Model)> {
+) -> anyhow::Result<(trident_train::trainer::FitSummary, S)>
+where
+    S: TrainStep<Batch = task::Batch> + Send + Sync,
+    D: Dataset + 'static,
+{
     use std::sync::Arc;
     use trident_dist::Communicator;
     use trident_train::ddp::DataParallel;
@@ -614,10 +647,10 @@ fn fit_replicas<D: Dataset + 'static>(
             );
             let mut models = vec![model];
             for _ in 1..n {
-                models.push(Model::build(&models[0].card, c.run.seed, None)?);
+                models.push(make()?);
             }
             let group = trident_dist::Local::group(n, trident_dist::default_timeout());
-            let results: Vec<(Result<trident_train::trainer::FitSummary, String>, Model)> =
+            let results: Vec<(Result<trident_train::trainer::FitSummary, String>, S)> =
                 std::thread::scope(|s| {
                     let handles: Vec<_> = group
                         .into_iter()
