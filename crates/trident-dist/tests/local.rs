@@ -144,3 +144,73 @@ fn check_same_names_the_rank_whose_configuration_differs() {
     let ok = on_ranks(2, Duration::from_secs(60), |c| check_same(c, "config", 7));
     assert!(ok.iter().all(|r| r.is_ok()));
 }
+
+/// Hundreds of collectives back to back, of every kind and random sizes (the same sequence
+/// on every rank), on 3 ranks: rounds never mix, slots are never overwritten while read.
+#[test]
+fn back_to_back_collectives_of_random_kinds_and_sizes() {
+    let res = on_ranks(3, Duration::from_secs(60), |c| -> Result<(), String> {
+        let (r, w) = (c.rank(), c.world_size());
+        let mut s = 12345u64;
+        let mut next = |m: u64| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) % m
+        };
+        for round in 0..400 {
+            let len = next(300) as usize;
+            let v = |q: usize, i: usize| (q * 31 + i * 7 + round) as f32 % 97.0;
+            let mine: Vec<f32> = (0..len).map(|i| v(r, i)).collect();
+            match next(4) {
+                0 => {
+                    let mut b = mine.clone();
+                    c.all_reduce((&mut b[..]).into(), ReduceOp::Sum)
+                        .map_err(|e| e.to_string())?;
+                    for (i, x) in b.iter().enumerate() {
+                        let want: f32 = (0..w).map(|q| v(q, i)).sum();
+                        if *x != want {
+                            return Err(format!("round {round}: all_reduce[{i}] {x} != {want}"));
+                        }
+                    }
+                }
+                1 => {
+                    let sh = trident_dist::shard_range(len, w, r);
+                    let mut out = vec![0f32; sh.len()];
+                    c.reduce_scatter((&mine[..]).into(), (&mut out[..]).into(), ReduceOp::Mean)
+                        .map_err(|e| e.to_string())?;
+                    for (k, x) in out.iter().enumerate() {
+                        let i = sh.start + k;
+                        let want = (0..w).map(|q| v(q, i)).sum::<f32>() / w as f32;
+                        if *x != want {
+                            return Err(format!("round {round}: reduce_scatter[{i}] {x} != {want}"));
+                        }
+                    }
+                }
+                2 => {
+                    let sh = trident_dist::shard_range(len, w, r);
+                    let mut out = vec![0f32; len];
+                    let full: Vec<f32> = (0..len).map(|i| v(0, i)).collect();
+                    c.all_gather((&full[sh]).into(), (&mut out[..]).into())
+                        .map_err(|e| e.to_string())?;
+                    if out != full {
+                        return Err(format!("round {round}: all_gather"));
+                    }
+                }
+                _ => {
+                    let root = next(w as u64) as usize;
+                    let mut b = mine.clone();
+                    c.broadcast((&mut b[..]).into(), root)
+                        .map_err(|e| e.to_string())?;
+                    if b != (0..len).map(|i| v(root, i)).collect::<Vec<_>>() {
+                        return Err(format!("round {round}: broadcast from {root}"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+    for (r, x) in res.iter().enumerate() {
+        assert_eq!(x, &Ok(()), "rank {r}");
+    }
+}
