@@ -527,7 +527,11 @@ pub fn diagnose(
                 "gradient exchange takes {} of the profiled time",
                 pct(share("comm"))
             ),
-            suggestion: "larger buckets, gradient accumulation, or fewer ranks per machine".into(),
+            suggestion: "raise train.grad_accum (one exchange per optimizer step serves every micro-batch), \
+                         or --bucket-mb when the model has many small tensors; ranks sharing one \
+                         machine split its cores rather than the work: one process with more threads \
+                         is faster there"
+                .into(),
         });
     }
     let steady: Vec<&StepPhases> = rows.iter().skip(1).collect();
