@@ -325,8 +325,9 @@ impl Inner {
                 let qkv_f32 = qkv.f32("op.fwd");
                 let seq = m / batch;
                 let merged = {
+                    let pairs = attention.live_pairs(*batch, seq);
                     let _core =
-                        crate::trace::op_span_flops("attention-core", "op.fwd", 4 * (m * seq * d) as u64);
+                        crate::trace::op_span_flops("attention-core", "op.fwd", 4 * (pairs * d) as u64);
                     attention.forward_slices(&qkv_f32, *batch, seq, 3 * d)
                 };
                 recycle(qkv_f32);
@@ -393,8 +394,9 @@ impl Inner {
                 let qkv_f32 = qkv_v.f32("op.bwd");
                 let seq = m / batch;
                 let dqkv = {
+                    let pairs = attention.live_pairs(*batch, seq);
                     let _core =
-                        crate::trace::op_span_flops("attention-core", "op.bwd", 8 * (m * seq * d) as u64);
+                        crate::trace::op_span_flops("attention-core", "op.bwd", 8 * (pairs * d) as u64);
                     attention.backward_slices(&qkv_f32, &dmerged, *batch, seq, 3 * d)
                 };
                 recycle(qkv_f32);

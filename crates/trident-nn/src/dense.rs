@@ -345,30 +345,64 @@ impl Attention {
         })
     }
 
-    /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` into `p` (`[s, s]`).
-    fn probabilities(&self, x: &Seq, i: usize, h: usize, p: &mut [f32]) {
+    /// The keys of sequence `i` (of `s`) that can receive attention: all but a suffix
+    /// masked out by the bias (padding, ≤ −1e4: its probability is exactly 0 after the
+    /// softmax, whose exponential flushes to 0 far above that). Leaving them out of the
+    /// products changes no bit of the result and saves their share of the work. A fully
+    /// masked row keeps every key (its softmax is uniform).
+    fn live_keys(&self, i: usize, s: usize) -> usize {
+        const MASKED: f32 = -1e4;
+        let Some(bias) = &self.bias else { return s };
+        let row = &bias[i * s..(i + 1) * s];
+        match row.iter().rposition(|&b| b > MASKED) {
+            Some(last) => last + 1,
+            None => s,
+        }
+    }
+
+    /// (query, key) pairs the products cover over a batch of `b` sequences of `s`: the
+    /// FLOPs of the attention core are 4 (forward) or 8 (backward) × width × this.
+    pub(crate) fn live_pairs(&self, b: usize, s: usize) -> usize {
+        (0..b).map(|i| s * self.live_keys(i, s)).sum()
+    }
+
+    /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` over its first `k`
+    /// keys into `p` (`[s, k]`).
+    fn probabilities(&self, x: &Seq, i: usize, h: usize, k: usize, p: &mut [f32]) {
         let s = x.s;
         let scale = 1.0 / (x.d as f32).sqrt();
-        blas::gemm_serial(s, s, x.d, scale, x.head(0, h), x.head(1, h).t(), 0.0, p);
-        for r in p.chunks_mut(s) {
+        blas::gemm_serial(
+            s,
+            k,
+            x.d,
+            scale,
+            x.head(0, h),
+            x.head(1, h).t(),
+            0.0,
+            &mut p[..s * k],
+        );
+        for r in p[..s * k].chunks_mut(k) {
             if let Some(bias) = &self.bias {
                 r.iter_mut()
-                    .zip(&bias[i * s..(i + 1) * s])
+                    .zip(&bias[i * s..i * s + k])
                     .for_each(|(v, b)| *v += b);
             }
             crate::ops::softmax_in_place(r);
         }
     }
 
-    /// The dropout multiplier of each probability of (i, h) (`[s, s]`); false without dropout.
-    fn dropout_scale(&self, i: usize, h: usize, s: usize, out: &mut [f32]) -> bool {
+    /// The dropout multiplier of each probability of (i, h) over the first `k` keys
+    /// (`[s, k]`, drawn as for the full `[s, s]` matrix); false without dropout.
+    fn dropout_scale(&self, i: usize, h: usize, s: usize, k: usize, out: &mut [f32]) -> bool {
         let Some(m) = &self.dropout else {
             return false;
         };
         let base = (i * self.heads + h) * s * s;
-        out.iter_mut()
-            .enumerate()
-            .for_each(|(j, v)| *v = m.scale(base + j));
+        for (r, o) in out[..s * k].chunks_mut(k).enumerate() {
+            o.iter_mut()
+                .enumerate()
+                .for_each(|(c, v)| *v = m.scale(base + r * s + c));
+        }
         true
     }
 }
@@ -388,19 +422,20 @@ impl Attention {
                 d,
                 width,
             };
-            let mut p = vec![0f32; s * s];
-            let mut mask = vec![0f32; s * s];
+            let k = self.live_keys(i, s);
+            let mut p = vec![0f32; s * k];
+            let mut mask = vec![0f32; s * k];
             for h in 0..self.heads {
-                self.probabilities(&x, i, h, &mut p);
-                if self.dropout_scale(i, h, s, &mut mask) {
+                self.probabilities(&x, i, h, k, &mut p);
+                if self.dropout_scale(i, h, s, k, &mut mask) {
                     p.iter_mut().zip(&mask).for_each(|(p, m)| *p *= m);
                 }
                 blas::gemm_serial_ld(
                     s,
                     d,
-                    s,
+                    k,
                     1.0,
-                    Mat::new(&p, s),
+                    Mat::new(&p, k),
                     x.head(2, h),
                     0.0,
                     &mut o[h * d..],
@@ -434,10 +469,15 @@ impl Attention {
                 width,
             };
             let g = &gs[i * n..(i + 1) * n];
-            let mut p = vec![0f32; s * s];
-            let mut pd = vec![0f32; s * s];
-            let mut dp = vec![0f32; s * s];
-            let mut mask = vec![0f32; s * s];
+            let k = self.live_keys(i, s);
+            let mut p = vec![0f32; s * k];
+            let mut pd = vec![0f32; s * k];
+            let mut dp = vec![0f32; s * k];
+            let mut mask = vec![0f32; s * k];
+            // Keys left out received no attention: their dK and dV rows are 0.
+            for row in dx.chunks_mut(width3).skip(k) {
+                row[width..].fill(0.0);
+            }
             for h in 0..self.heads {
                 let col = h * d;
                 let g_h = Mat {
@@ -445,8 +485,8 @@ impl Attention {
                     ld: width,
                     trans: false,
                 };
-                self.probabilities(&x, i, h, &mut p);
-                let dropped = self.dropout_scale(i, h, s, &mut mask);
+                self.probabilities(&x, i, h, k, &mut p);
+                let dropped = self.dropout_scale(i, h, s, k, &mut mask);
                 let used: &[f32] = if dropped {
                     pd.iter_mut()
                         .zip(p.iter().zip(&mask))
@@ -457,23 +497,23 @@ impl Attention {
                 };
                 // dV = P_usedᵀ · dO
                 blas::gemm_serial_ld(
-                    s,
+                    k,
                     d,
                     s,
                     1.0,
-                    Mat::new(used, s).t(),
+                    Mat::new(used, k).t(),
                     g_h,
                     0.0,
                     &mut dx[2 * width + col..],
                     width3,
                 );
                 // dP_used = dO · Vᵀ, then through dropout.
-                blas::gemm_serial(s, s, d, 1.0, g_h, x.head(2, h).t(), 0.0, &mut dp);
+                blas::gemm_serial(s, k, d, 1.0, g_h, x.head(2, h).t(), 0.0, &mut dp);
                 if dropped {
                     dp.iter_mut().zip(&mask).for_each(|(g, m)| *g *= m);
                 }
                 // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale (the scale of the scores).
-                for (gr, pr) in dp.chunks_mut(s).zip(p.chunks(s)) {
+                for (gr, pr) in dp.chunks_mut(k).zip(p.chunks(k)) {
                     let dot: f32 = gr.iter().zip(pr).map(|(a, b)| a * b).sum();
                     gr.iter_mut()
                         .zip(pr)
@@ -483,20 +523,20 @@ impl Attention {
                 blas::gemm_serial_ld(
                     s,
                     d,
-                    s,
+                    k,
                     1.0,
-                    Mat::new(&dp, s),
+                    Mat::new(&dp, k),
                     x.head(1, h),
                     0.0,
                     &mut dx[col..],
                     width3,
                 );
                 blas::gemm_serial_ld(
-                    s,
+                    k,
                     d,
                     s,
                     1.0,
-                    Mat::new(&dp, s).t(),
+                    Mat::new(&dp, k).t(),
                     x.head(0, h),
                     0.0,
                     &mut dx[width + col..],
@@ -645,6 +685,20 @@ mod tests {
             let d = max_diff(gw.get(v).unwrap(), gg.get(v).unwrap());
             assert!(d < 1e-3, "gradient differs by {d}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn masked_key_suffixes_are_left_out_of_the_products() -> Result<()> {
+        let dev = Device::Cpu;
+        // Padding at the end, none, everything masked, and a masked key in the middle.
+        let mask = Tensor::new(&[[1u32, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]], &dev)?;
+        let bias = crate::transformer::mask_bias(&mask)?;
+        let a = Attention::new(4, 4, 8, Some(&bias), 2, None)?;
+        let keys: Vec<usize> = (0..4).map(|i| a.live_keys(i, 4)).collect();
+        assert_eq!(keys, [2, 4, 4, 3]);
+        assert_eq!(a.live_pairs(4, 4), 4 * (2 + 4 + 4 + 3));
+        assert_eq!(Attention::new(2, 4, 8, None, 2, None)?.live_pairs(2, 4), 32);
         Ok(())
     }
 
