@@ -32,6 +32,7 @@ pub struct Sample {
 /// A running monitor; [`Monitor::finish`] stops it and returns the samples.
 pub struct Monitor {
     stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
     samples: Arc<Mutex<Vec<Sample>>>,
     handle: Option<JoinHandle<()>>,
 }
@@ -95,9 +96,10 @@ impl Monitor {
     /// Starts sampling every `interval`.
     pub fn start(interval: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
         let handle = {
-            let (stop, samples) = (stop.clone(), samples.clone());
+            let (stop, paused, samples) = (stop.clone(), paused.clone(), samples.clone());
             std::thread::Builder::new()
                 .name("trident-monitor".into())
                 .spawn(move || {
@@ -121,6 +123,10 @@ impl Monitor {
                             })
                             .collect();
                         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+                        if paused.load(Ordering::Relaxed) {
+                            prev = now;
+                            continue;
+                        }
                         samples.lock().expect("monitor lock").push(Sample {
                             t: t0.elapsed().as_secs_f64(),
                             cores,
@@ -139,9 +145,17 @@ impl Monitor {
         };
         Monitor {
             stop,
+            paused,
             samples,
             handle,
         }
+    }
+
+    /// Pauses (`true`) or resumes sampling: the profiler's own work after the profiled
+    /// steps (resolving the sampled stacks' symbols reads the binary's line tables, a few
+    /// hundred MiB for a debug-info build) is not the training run's.
+    pub fn pause(&self, on: bool) {
+        self.paused.store(on, Ordering::Relaxed);
     }
 
     /// Stops the thread (after its current interval and one last sample) and returns what

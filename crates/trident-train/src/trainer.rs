@@ -640,7 +640,14 @@ impl Trainer {
         // The sampling profiler runs from the first profiled step to the last.
         let mut sampler: Option<Result<crate::sampler::Sampler, String>> = None;
         let mut sampled: Option<Result<Vec<crate::sampler::SampleRow>, String>> = None;
-        let finish_sampler = |s: Result<crate::sampler::Sampler, String>| s.and_then(|s| s.finish());
+        // The monitor pauses while the sampler resolves its stacks: that memory is the
+        // profiler's, not the run's.
+        let finish_sampler = |s: Result<crate::sampler::Sampler, String>| {
+            monitor.as_ref().inspect(|m| m.pause(true));
+            let rows = s.and_then(|s| s.finish());
+            monitor.as_ref().inspect(|m| m.pause(false));
+            rows
+        };
 
         'epochs: while state.epoch < c.epochs {
             let epoch = state.epoch;
@@ -886,9 +893,10 @@ impl Trainer {
         if let (Some(opts), Some(rec)) = (&self.profile, &recorder) {
             trident_nn::trace::stop();
             let events = rec.take();
+            let sampled = sampled.or_else(|| sampler.take().map(finish_sampler));
             let samples = monitor.map(|m| m.finish()).unwrap_or_default();
             let mut report = crate::profile::analyse(&timer.rows, &events, &samples, opts);
-            match sampled.or_else(|| sampler.take().map(finish_sampler)) {
+            match sampled {
                 Some(Ok(rows)) => report.sampled = Some(crate::profile::Sampled { rows }),
                 Some(Err(e)) if self.progress => eprintln!("sampling profiler: {e}; no samples.csv"),
                 _ => {}
