@@ -17,24 +17,40 @@ static POOL: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
 
 /// A buffer of `len` values with unspecified contents (left from an earlier use, or
 /// zero): the caller must overwrite every value before reading any.
+///
+/// The smallest pooled buffer that holds `len` values, and is at most twice as large, is
+/// reused (cut to `len`): batches of text vary in length, and reusing only exact lengths
+/// filled the pool with buffers of lengths that never came back (the heap grew by about
+/// 15 MiB a step on the MiniLM fine-tune).
 pub(crate) fn take(len: usize) -> Vec<f32> {
     if len >= MIN_LEN {
         let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = pool.iter().position(|v| v.len() == len) {
-            return pool.swap_remove(i);
+        let best = pool
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.len() >= len && v.len() <= 2 * len)
+            .min_by_key(|(_, v)| v.len())
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            let mut v = pool.swap_remove(i);
+            v.truncate(len);
+            return v;
         }
     }
     vec![0.0; len]
 }
 
-/// Returns a buffer for reuse.
-pub(crate) fn give(v: Vec<f32>) {
-    if v.len() < MIN_LEN {
+/// Returns a buffer for reuse, at its full capacity (the part beyond its length is
+/// zero-filled, which is all the writing a reused buffer costs).
+pub(crate) fn give(mut v: Vec<f32>) {
+    let cap = v.capacity();
+    if cap < MIN_LEN {
         return;
     }
+    v.resize(cap, 0.0);
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
     let held: usize = pool.iter().map(|v| v.len() * 4).sum();
-    if held + v.len() * 4 <= MAX_BYTES {
+    if held + cap * 4 <= MAX_BYTES {
         pool.push(v);
     }
 }
@@ -61,5 +77,22 @@ mod tests {
         assert_eq!((b.as_ptr(), b[0]), (ptr, 7.0));
         // Small buffers are plain allocations.
         assert_eq!(super::take(10), vec![0.0; 10]);
+        // A shorter request reuses the smallest buffer that holds it (at most twice its
+        // size), cut to length; returned, it is whole again.
+        // (Lengths far above what the other unit tests' kernels ask for.)
+        let (big, small) = ((1 << 22) + 77, (3 << 20) + 77);
+        let c = super::take(big);
+        let ptr = c.as_ptr();
+        super::give(c);
+        let d = super::take(small);
+        assert_eq!((d.as_ptr(), d.len()), (ptr, small));
+        super::give(d);
+        let e = super::take(big);
+        assert_eq!((e.as_ptr(), e.len()), (ptr, big));
+        // Too large a buffer for the request is left for others.
+        super::give(e);
+        let f = super::take((1 << 21) - 5);
+        assert_ne!(f.as_ptr(), ptr);
+        let _ = super::take(big);
     }
 }
