@@ -140,6 +140,36 @@ pub fn shard_range(len: usize, world: usize, rank: usize) -> Range<usize> {
     start..start + base + usize::from(rank < extra)
 }
 
+/// Refuses, before any communication, a shard of `got` values for `rank` of `world` where
+/// [`shard_range`]`(total, world, rank)` holds another number: `reduce_scatter`'s output
+/// or `all_gather`'s input. Returns the rank's range.
+pub(crate) fn check_shard(
+    op: &str,
+    rank: usize,
+    world: usize,
+    total: usize,
+    got: usize,
+) -> Result<Range<usize>> {
+    let mine = shard_range(total, world, rank);
+    if got != mine.len() {
+        return Err(DistError::Invalid(format!(
+            "{op}: rank {rank}'s shard of {total} values over {world} ranks holds {}, the call gives {got}",
+            mine.len()
+        )));
+    }
+    Ok(mine)
+}
+
+/// Refuses a broadcast root outside the group.
+pub(crate) fn check_root(root: usize, world: usize) -> Result<()> {
+    if root >= world {
+        return Err(DistError::Invalid(format!(
+            "broadcast: root {root} is not a rank of a group of {world}"
+        )));
+    }
+    Ok(())
+}
+
 /// Why a collective failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DistError {

@@ -12,7 +12,7 @@
 //! failure of another rank) can return while others still read: nothing dangles. A failure
 //! poisons the group; every later collective fails at once with the same error.
 
-use crate::{shard_range, Buf, BufMut, Communicator, DistError, ReduceOp, Result};
+use crate::{check_root, check_shard, shard_range, Buf, BufMut, Communicator, DistError, ReduceOp, Result};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -334,14 +334,7 @@ impl Communicator for Local {
 
     fn reduce_scatter(&self, input: Buf<'_>, mut out: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (r, w, len) = (self.rank, self.shared.world, input.len());
-        let mine = shard_range(len, w, r);
-        if out.len() != mine.len() {
-            return Err(DistError::Invalid(format!(
-                "reduce_scatter: rank {r}'s shard of {len} values over {w} ranks holds {}, the output {}",
-                mine.len(),
-                out.len()
-            )));
-        }
+        let mine = check_shard("reduce_scatter", r, w, len, out.len())?;
         let desc = Desc {
             op: "reduce_scatter",
             len,
@@ -363,13 +356,7 @@ impl Communicator for Local {
 
     fn all_gather(&self, shard: Buf<'_>, mut out: BufMut<'_>) -> Result<()> {
         let (r, w, total) = (self.rank, self.shared.world, out.len());
-        if shard.len() != shard_range(total, w, r).len() {
-            return Err(DistError::Invalid(format!(
-                "all_gather: rank {r} gives {} values; its shard of {total} over {w} ranks holds {}",
-                shard.len(),
-                shard_range(total, w, r).len()
-            )));
-        }
+        check_shard("all_gather", r, w, total, shard.len())?;
         let desc = Desc {
             op: "all_gather",
             len: total,
@@ -380,13 +367,9 @@ impl Communicator for Local {
             desc,
             self.staged(Some(shard)),
             0,
+            // Every rank checked its shard against the same total (the round's description),
+            // so the shards fill `out` exactly.
             |inputs, _, _| {
-                let sum: usize = inputs.iter().map(|s| s.len()).sum();
-                if sum != total {
-                    return Err(DistError::Invalid(format!(
-                        "all_gather: the shards hold {sum} values, the output {total}"
-                    )));
-                }
                 let mut at = 0;
                 for s in inputs {
                     out.store(at, s);
@@ -399,12 +382,8 @@ impl Communicator for Local {
     }
 
     fn broadcast(&self, mut buf: BufMut<'_>, root: usize) -> Result<()> {
-        let (r, w) = (self.rank, self.shared.world);
-        if root >= w {
-            return Err(DistError::Invalid(format!(
-                "broadcast: root {root} is not a rank of a group of {w}"
-            )));
-        }
+        let r = self.rank;
+        check_root(root, self.shared.world)?;
         let desc = Desc {
             op: "broadcast",
             len: buf.len(),

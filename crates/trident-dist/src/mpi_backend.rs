@@ -11,7 +11,7 @@
 //! caller's buffer, so a timeout or a mismatch cannot be returned as an error: the rank
 //! prints the error and calls `MPI_Abort`, which makes `mpirun` stop every rank.
 
-use crate::{shard_range, Buf, BufMut, Communicator, DistError, ReduceOp, Result};
+use crate::{check_root, check_shard, shard_range, Buf, BufMut, Communicator, DistError, ReduceOp, Result};
 use mpi::ffi;
 use mpi::traits::{AsRaw, Communicator as _};
 use std::os::raw::{c_int, c_void};
@@ -67,6 +67,17 @@ fn name(code: u64) -> &'static str {
 
 fn count(n: usize) -> Result<c_int> {
     c_int::try_from(n).map_err(|_| DistError::Invalid(format!("a buffer of {n} values is too large for MPI")))
+}
+
+/// Every rank's shard of `len` values ([`shard_range`]) as MPI counts and displacements.
+fn shards(len: usize, world: usize) -> Result<(Vec<c_int>, Vec<c_int>)> {
+    (0..world)
+        .map(|q| {
+            let r = shard_range(len, world, q);
+            Ok((count(r.len())?, count(r.start)?))
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(|v| v.into_iter().unzip())
 }
 
 impl Mpi {
@@ -247,16 +258,8 @@ impl Communicator for Mpi {
 
     fn reduce_scatter(&self, input: Buf<'_>, mut out: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (r, w, len) = (self.rank, self.world, input.len());
-        if out.len() != shard_range(len, w, r).len() {
-            return Err(DistError::Invalid(format!(
-                "reduce_scatter: rank {r}'s shard of {len} values over {w} ranks holds {}, the output {}",
-                shard_range(len, w, r).len(),
-                out.len()
-            )));
-        }
-        let counts = (0..w)
-            .map(|q| count(shard_range(len, w, q).len()))
-            .collect::<Result<Vec<c_int>>>()?;
+        check_shard("reduce_scatter", r, w, len, out.len())?;
+        let (counts, _) = shards(len, w)?;
         let mut staging = self.calls.lock().unwrap_or_else(|e| e.into_inner());
         let (send, shard) = &mut *staging;
         send.resize(len, 0.0);
@@ -281,19 +284,8 @@ impl Communicator for Mpi {
 
     fn all_gather(&self, shard: Buf<'_>, mut out: BufMut<'_>) -> Result<()> {
         let (r, w, total) = (self.rank, self.world, out.len());
-        if shard.len() != shard_range(total, w, r).len() {
-            return Err(DistError::Invalid(format!(
-                "all_gather: rank {r} gives {} values; its shard of {total} over {w} ranks holds {}",
-                shard.len(),
-                shard_range(total, w, r).len()
-            )));
-        }
-        let counts = (0..w)
-            .map(|q| count(shard_range(total, w, q).len()))
-            .collect::<Result<Vec<c_int>>>()?;
-        let displs = (0..w)
-            .map(|q| count(shard_range(total, w, q).start))
-            .collect::<Result<Vec<c_int>>>()?;
+        check_shard("all_gather", r, w, total, shard.len())?;
+        let (counts, displs) = shards(total, w)?;
         // bf16 travels as its 16 bits: gathering needs no arithmetic.
         let dtype = |b: &Buf<'_>| match b {
             Buf::F32(_) => unsafe { ffi::RSMPI_FLOAT },
@@ -331,12 +323,7 @@ impl Communicator for Mpi {
     }
 
     fn broadcast(&self, mut buf: BufMut<'_>, root: usize) -> Result<()> {
-        if root >= self.world {
-            return Err(DistError::Invalid(format!(
-                "broadcast: root {root} is not a rank of a group of {}",
-                self.world
-            )));
-        }
+        check_root(root, self.world)?;
         let _one = self.calls.lock().unwrap_or_else(|e| e.into_inner());
         let len = buf.len();
         let n = count(len)?;

@@ -325,9 +325,7 @@ impl Inner {
                 let qkv_f32 = qkv.f32("op.fwd");
                 let seq = m / batch;
                 let merged = {
-                    let pairs = attention.live_pairs(*batch, seq);
-                    let _core =
-                        crate::trace::op_span_flops("attention-core", "op.fwd", 4 * (pairs * d) as u64);
+                    let _core = attention.core_span(*batch, seq, d, false);
                     attention.forward_slices(&qkv_f32, *batch, seq, 3 * d)
                 };
                 recycle(qkv_f32);
@@ -394,9 +392,7 @@ impl Inner {
                 let qkv_f32 = qkv_v.f32("op.bwd");
                 let seq = m / batch;
                 let dqkv = {
-                    let pairs = attention.live_pairs(*batch, seq);
-                    let _core =
-                        crate::trace::op_span_flops("attention-core", "op.bwd", 8 * (pairs * d) as u64);
+                    let _core = attention.core_span(*batch, seq, d, true);
                     attention.backward_slices(&qkv_f32, &dmerged, *batch, seq, 3 * d)
                 };
                 recycle(qkv_f32);

@@ -360,10 +360,21 @@ impl Attention {
         }
     }
 
-    /// (query, key) pairs the products cover over a batch of `b` sequences of `s`: the
-    /// FLOPs of the attention core are 4 (forward) or 8 (backward) × width × this.
+    /// (query, key) pairs the products cover over a batch of `b` sequences of `s`.
     pub(crate) fn live_pairs(&self, b: usize, s: usize) -> usize {
         (0..b).map(|i| s * self.live_keys(i, s)).sum()
+    }
+
+    /// The profiler span of the core over `b` sequences of `s` and `width` columns, with
+    /// the FLOPs of its products over the live pairs: 4 × width per pair forward, 8
+    /// backward.
+    pub(crate) fn core_span(&self, b: usize, s: usize, width: usize, backward: bool) -> crate::trace::Span {
+        let (cat, per) = if backward { ("op.bwd", 8) } else { ("op.fwd", 4) };
+        crate::trace::op_span_flops(
+            "attention-core",
+            cat,
+            (per * width * self.live_pairs(b, s)) as u64,
+        )
     }
 
     /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` over its first `k`

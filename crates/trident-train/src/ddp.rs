@@ -252,7 +252,7 @@ pub struct Zero1 {
     flat: Vec<f32>,
 }
 
-use crate::optim::{sgd_pass, AdamwPass, OptimizerConfig};
+use crate::optim::OptimizerConfig;
 
 impl Zero1 {
     /// Plans the shards of `params` (the trainable ones, in the optimizer's order) for
@@ -425,7 +425,7 @@ impl Zero1 {
         for b in &self.buckets {
             let global = b.start + b.mine.start..b.start + b.mine.end;
             self.part.resize(b.mine.len(), 0.0);
-            let (m, v, part) = (&mut self.m, &mut self.v, &mut self.part);
+            let (m, v, part, config) = (&mut self.m, &mut self.v, &mut self.part, &self.config);
             let mut err = Ok(());
             Self::pieces(&self.offsets, b, global, |p, src, dst| {
                 if err.is_err() {
@@ -435,34 +435,17 @@ impl Zero1 {
                 err = trident_nn::ops::update_f32(params[p].var.as_tensor(), |w| {
                     let w = &mut w[src.clone()];
                     let n = w.len();
-                    match self.config {
-                        OptimizerConfig::Adamw {
-                            beta1,
-                            beta2,
-                            eps,
-                            weight_decay,
-                            ..
-                        } => AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t as i32).run(
-                            w,
-                            &mut m[at..at + n],
-                            &mut v[at..at + n],
-                            g,
-                        ),
-                        OptimizerConfig::Sgd {
-                            momentum,
-                            weight_decay,
-                            nesterov,
-                        } => sgd_pass(
-                            w,
-                            (momentum > 0.0).then(|| &mut m[at..at + n]),
-                            g,
-                            momentum,
-                            weight_decay,
-                            nesterov,
-                            lr,
-                            t == 1,
-                        ),
-                    }
+                    let v = if v.is_empty() {
+                        &mut [][..]
+                    } else {
+                        &mut v[at..at + n]
+                    };
+                    let m = if m.is_empty() {
+                        &mut [][..]
+                    } else {
+                        &mut m[at..at + n]
+                    };
+                    config.update_slice(w, m, v, g, lr, t);
                     part[dst.clone()].copy_from_slice(w);
                 });
             });

@@ -153,37 +153,24 @@ impl Optimizer {
                     p.var.set(&next_theta)?;
                     self.tensors.insert(p.name.clone(), (next_m, next_v));
                 }
-                OptimizerConfig::Adamw {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                    fused: true,
-                } => {
+                OptimizerConfig::Adamw { fused: true, .. } => {
                     let m = self.m.entry(p.name.clone()).or_insert_with(m);
                     let v = self.v.entry(p.name.clone()).or_insert_with(|| vec![0.0; n]);
-                    let pass = AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t);
                     // One pass over each buffer, updating the weight where it lives.
-                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| pass.run(w, m, v, g))?;
-                }
-                OptimizerConfig::Sgd {
-                    momentum,
-                    weight_decay,
-                    nesterov,
-                } => {
-                    // Without momentum there is no state to keep (or to checkpoint).
-                    let buf = (momentum > 0.0).then(|| self.m.entry(p.name.clone()).or_insert_with(m));
+                    let config = &self.config;
                     trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
-                        sgd_pass(
-                            w,
-                            buf.map(|b| &mut b[..]),
-                            g,
-                            momentum,
-                            weight_decay,
-                            nesterov,
-                            lr,
-                            t == 1,
-                        )
+                        config.update_slice(w, m, v, g, lr, t as u64)
+                    })?;
+                }
+                OptimizerConfig::Sgd { momentum, .. } => {
+                    // Without momentum there is no state to keep (or to checkpoint).
+                    let buf = match momentum > 0.0 {
+                        true => &mut self.m.entry(p.name.clone()).or_insert_with(m)[..],
+                        false => &mut [][..],
+                    };
+                    let config = &self.config;
+                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
+                        config.update_slice(w, buf, &mut [], g, lr, t as u64)
                     })?;
                 }
             }
@@ -227,11 +214,43 @@ impl Optimizer {
     }
 }
 
+impl OptimizerConfig {
+    /// One in-place update of step `t` (1-based) at learning rate `lr` of a slice of
+    /// weights `w` from its gradient `g`: a whole parameter, or a piece of a ZeRO-1 shard
+    /// (the update is element-wise, so any slicing gives the same values). AdamW runs the
+    /// fused pass with moments `m` and `v`; SGD uses `m` as its momentum buffer (empty
+    /// without momentum) and ignores `v`.
+    pub fn update_slice(&self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], lr: f64, t: u64) {
+        match *self {
+            OptimizerConfig::Adamw {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                ..
+            } => AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t as i32).run(w, m, v, g),
+            OptimizerConfig::Sgd {
+                momentum,
+                weight_decay,
+                nesterov,
+            } => sgd_pass(
+                w,
+                (momentum > 0.0).then_some(m),
+                g,
+                momentum,
+                weight_decay,
+                nesterov,
+                lr,
+                t == 1,
+            ),
+        }
+    }
+}
+
 /// One fused AdamW update (PyTorch's formulas) of step `t` (1-based) at learning rate
-/// `lr`, over any slice of weights with its moments and gradient: a whole parameter, or a
-/// ZeRO-1 shard of the flattened parameters (the update is element-wise).
+/// `lr`, over a slice of weights with its moments and gradient.
 #[derive(Debug, Clone, Copy)]
-pub struct AdamwPass {
+struct AdamwPass {
     b1: f32,
     b2: f32,
     step_size: f32,
@@ -242,7 +261,7 @@ pub struct AdamwPass {
 
 impl AdamwPass {
     /// The constants of step `t`.
-    pub fn new(beta1: f64, beta2: f64, eps: f64, weight_decay: f64, lr: f64, t: i32) -> Self {
+    fn new(beta1: f64, beta2: f64, eps: f64, weight_decay: f64, lr: f64, t: i32) -> Self {
         AdamwPass {
             b1: beta1 as f32,
             b2: beta2 as f32,
@@ -254,7 +273,7 @@ impl AdamwPass {
     }
 
     /// Updates `w`, `m`, `v` in place from `g`, in parallel chunks.
-    pub fn run(&self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32]) {
+    fn run(&self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32]) {
         let AdamwPass {
             b1,
             b2,
@@ -275,7 +294,7 @@ impl AdamwPass {
 /// One SGD update (PyTorch's `torch.optim.SGD`) of a slice: L2 decay added to the
 /// gradient, momentum buffer `buf` when momentum > 0 (initialised on the `first` step).
 #[allow(clippy::too_many_arguments)]
-pub fn sgd_pass(
+fn sgd_pass(
     w: &mut [f32],
     mut buf: Option<&mut [f32]>,
     g: &[f32],

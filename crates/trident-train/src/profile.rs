@@ -228,6 +228,25 @@ pub struct LayerRow {
     pub ops: Vec<OpRow>,
 }
 
+/// The columns of [`OpRow::csv`].
+const OP_COLUMNS: &str = "op,pass,calls,self_ms,total_ms,share,gflops";
+
+impl OpRow {
+    /// The row as CSV fields ([`OP_COLUMNS`]), as `ops.csv` and `layers.csv` write it.
+    fn csv(&self) -> String {
+        format!(
+            "{},{},{},{:.4},{:.4},{:.5},{}",
+            self.name,
+            self.pass,
+            self.calls,
+            self.self_ms,
+            self.total_ms,
+            self.share,
+            self.gflops.map_or(String::new(), |g| format!("{g:.2}"))
+        )
+    }
+}
+
 /// A finding of the diagnosis.
 #[derive(Debug, Clone, Serialize)]
 pub struct Finding {
@@ -766,34 +785,15 @@ pub fn write(
         );
     }
     put("steps.csv", csv.as_bytes())?;
-    let mut ops = String::from("op,pass,calls,self_ms,total_ms,share,gflops\n");
+    let mut ops = format!("{OP_COLUMNS}\n");
     for o in &report.ops {
-        ops += &format!(
-            "{},{},{},{:.4},{:.4},{:.5},{}\n",
-            o.name,
-            o.pass,
-            o.calls,
-            o.self_ms,
-            o.total_ms,
-            o.share,
-            o.gflops.map_or(String::new(), |g| format!("{g:.2}"))
-        );
+        ops += &format!("{}\n", o.csv());
     }
     put("ops.csv", ops.as_bytes())?;
-    let mut layers = String::from("layer,op,pass,calls,self_ms,total_ms,share,gflops\n");
+    let mut layers = format!("layer,{OP_COLUMNS}\n");
     for l in &report.layers {
         for o in &l.ops {
-            layers += &format!(
-                "{},{},{},{},{:.4},{:.4},{:.5},{}\n",
-                l.layer,
-                o.name,
-                o.pass,
-                o.calls,
-                o.self_ms,
-                o.total_ms,
-                o.share,
-                o.gflops.map_or(String::new(), |g| format!("{g:.2}"))
-            );
+            layers += &format!("{},{}\n", l.layer, o.csv());
         }
     }
     put("layers.csv", layers.as_bytes())?;
