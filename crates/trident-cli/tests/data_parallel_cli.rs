@@ -4,7 +4,7 @@
 //! up to the order of floating-point sums).
 
 mod common;
-use common::{failed, ok, ok_log, reviews_data, tiny_bert, trident, write_texts};
+use common::{epoch_records, failed, ok, ok_log, reviews_data, tiny_bert, trident, write_texts};
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -84,27 +84,20 @@ fn two_replicas_of_batch_4_train_like_one_process_of_batch_8() {
     );
     // Same number of optimizer steps, the same data per step: the weights agree to float
     // rounding (summing two half-batch gradients instead of one batch's changes the last
-    // bits, and 20 AdamW steps carry that along).
+    // bits, and the AdamW steps carry that along).
     let steps = |run: &str| -> Vec<u64> {
-        std::fs::read_to_string(d.join(run).join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                    .as_u64()
-                    .unwrap()
-            })
+        epoch_records(&d.join(run))
+            .iter()
+            .map(|r| r["step"].as_u64().unwrap())
             .collect()
     };
     assert_eq!(steps("one"), steps("two"));
     // Validation is shared among the replicas (every other batch each) and gathered: the
     // same figures as one process's.
     let val = |run: &str| -> Vec<(f64, f64)> {
-        std::fs::read_to_string(d.join(run).join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        epoch_records(&d.join(run))
+            .iter()
+            .map(|v| {
                 (
                     v["val_accuracy"].as_f64().unwrap(),
                     v["val_loss"].as_f64().unwrap(),
@@ -121,7 +114,10 @@ fn two_replicas_of_batch_4_train_like_one_process_of_batch_8() {
         &d.join("two/last/model.safetensors"),
     );
     assert!(big > 0.05, "weights are not all ~0");
-    eprintln!("one vs two replicas: max abs diff {diff} (largest weight {big})");
+    eprintln!(
+        "one vs two replicas: max abs diff {diff} after {} optimizer steps (largest weight {big})",
+        steps("two").last().unwrap()
+    );
     assert!(diff <= 5e-6, "max |one - two| = {diff}");
     // …and differ from a run that saw other batches (the comparison can fail).
     let other = config(d, "other", 4, 2);
@@ -301,31 +297,7 @@ fn zero_1_trains_like_unsharded_data_parallelism_and_resumes_on_other_world_size
 fn a_batch_norm_cnn_trains_data_parallel() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let make = |n: usize, seed: u64| {
-        let (mut px, mut labels) = (Vec::new(), Vec::new());
-        let mut s = seed;
-        for i in 0..n {
-            let label = (i % 2) as u8;
-            for r in 0..8 {
-                for _ in 0..8 {
-                    s = s
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let bright = (r < 4) == (label == 0);
-                    let noise = (s >> 59) as u8;
-                    px.push(if bright { 200 + noise } else { noise });
-                }
-            }
-            labels.push(label);
-        }
-        (px, labels)
-    };
-    let (px, lab) = make(96, 1);
-    common::write_idx(&d.join("train-images"), &[96, 8, 8], &px);
-    common::write_idx(&d.join("train-labels"), &[96], &lab);
-    let (px, lab) = make(32, 2);
-    common::write_idx(&d.join("test-images"), &[32, 8, 8], &px);
-    common::write_idx(&d.join("test-labels"), &[32], &lab);
+    common::write_top_bottom_images(d);
     std::fs::write(
         d.join("cnn.toml"),
         r#"

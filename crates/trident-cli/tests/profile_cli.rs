@@ -76,11 +76,7 @@ fn profiling_writes_phases_operators_and_a_trace() {
             "total_ms"
         ]
     );
-    let records: Vec<serde_json::Value> = std::fs::read_to_string(d.join("prof/metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let records = common::epoch_records(&d.join("prof"));
     let n_steps = records[0]["step"].as_u64().unwrap() as usize;
     assert_eq!(steps.len() - 1, n_steps);
     let (mut named, mut total) = (0.0, 0.0);

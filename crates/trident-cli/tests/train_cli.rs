@@ -3,7 +3,7 @@
 //! images. Checks the run directory, exact resume, and the errors for bad input.
 
 mod common;
-use common::{failed, ok, reviews_data, tiny_bert, trident, write_idx, write_texts};
+use common::{epoch_records, failed, ok, reviews_data, tiny_bert, trident, write_texts};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -75,11 +75,7 @@ fn train_eval_predict_and_the_run_directory() {
     }
     let events: Vec<_> = std::fs::read_dir(run.join("tensorboard")).unwrap().collect();
     assert_eq!(events.len(), 1);
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = epoch_records(&run);
     assert_eq!(lines.len(), 3);
     let loss = |i: usize| lines[i]["train_loss"].as_f64().unwrap();
     assert!(
@@ -162,14 +158,9 @@ fn an_interrupted_and_resumed_run_equals_an_uninterrupted_one() {
         );
     }
     let losses = |run: &str| -> Vec<f64> {
-        std::fs::read_to_string(d.join(run).join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["train_loss"]
-                    .as_f64()
-                    .unwrap()
-            })
+        epoch_records(&d.join(run))
+            .iter()
+            .map(|r| r["train_loss"].as_f64().unwrap())
             .collect()
     };
     assert_eq!(losses("whole"), losses("parts"));
@@ -256,32 +247,7 @@ fn a_cnn_trains_on_idx_images() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     // Class 0: bright top half; class 1: bright bottom half; with noise.
-    let make = |n: usize, seed: u64| {
-        let mut px = Vec::new();
-        let mut labels = Vec::new();
-        let mut s = seed;
-        for i in 0..n {
-            let label = (i % 2) as u8;
-            for r in 0..8 {
-                for _ in 0..8 {
-                    s = s
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let noise = (s >> 59) as u8;
-                    let bright = (r < 4) == (label == 0);
-                    px.push(if bright { 200 + noise } else { noise });
-                }
-            }
-            labels.push(label);
-        }
-        (px, labels)
-    };
-    let (px, lab) = make(96, 1);
-    write_idx(&d.join("train-images"), &[96, 8, 8], &px);
-    write_idx(&d.join("train-labels"), &[96], &lab);
-    let (px, lab) = make(32, 2);
-    write_idx(&d.join("test-images"), &[32, 8, 8], &px);
-    write_idx(&d.join("test-labels"), &[32], &lab);
+    common::write_top_bottom_images(d);
     let cfg = d.join("cnn.toml");
     std::fs::write(
         &cfg,
@@ -395,11 +361,7 @@ lr = 5e-3
         serde_json::from_slice(&std::fs::read(d.join("vit-bf16/test/metrics.json")).unwrap()).unwrap();
     let acc16 = m16["report"]["accuracy"].as_f64().unwrap();
     assert!(acc16 >= 0.9, "bf16 learns colour too: accuracy {acc16}");
-    let first_loss = |run: &str| -> f64 {
-        let log = std::fs::read_to_string(d.join(run).join("metrics.jsonl")).unwrap();
-        let line: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
-        line["train_loss"].as_f64().unwrap()
-    };
+    let first_loss = |run: &str| -> f64 { epoch_records(&d.join(run))[0]["train_loss"].as_f64().unwrap() };
     let (l32, l16) = (first_loss("vit"), first_loss("vit-bf16"));
     assert!(
         l32 != l16 && (l32 - l16).abs() < 0.05 * l32,

@@ -79,3 +79,41 @@ max_len = 16
 "#
     )
 }
+
+/// The epoch records of the run directory `run` (`metrics.jsonl`), in order.
+pub fn epoch_records(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A two-class set of 8×8 IDX images in `dir` (`train-images`, `train-labels`: 96;
+/// `test-images`, `test-labels`: 32): class 0 has a bright top half, class 1 a bright
+/// bottom half, with noise.
+pub fn write_top_bottom_images(dir: &Path) {
+    let make = |n: usize, seed: u64| {
+        let (mut px, mut labels, mut s) = (Vec::new(), Vec::new(), seed);
+        for i in 0..n {
+            let label = (i % 2) as u8;
+            for r in 0..8 {
+                for _ in 0..8 {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let noise = (s >> 59) as u8;
+                    let bright = (r < 4) == (label == 0);
+                    px.push(if bright { 200 + noise } else { noise });
+                }
+            }
+            labels.push(label);
+        }
+        (px, labels)
+    };
+    for (split, n, seed) in [("train", 96, 1), ("test", 32, 2)] {
+        let (px, lab) = make(n, seed);
+        write_idx(&dir.join(format!("{split}-images")), &[n as u32, 8, 8], &px);
+        write_idx(&dir.join(format!("{split}-labels")), &[n as u32], &lab);
+    }
+}
