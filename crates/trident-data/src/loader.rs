@@ -45,15 +45,23 @@ impl Default for LoaderConfig {
 /// Turns the items of one batch (in plan order) into a batch.
 pub type Collate<I, B> = dyn Fn(Vec<I>) -> Result<B, DataError> + Send + Sync;
 
+/// Which part of each epoch's plan a loader delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Every batch.
+    Whole,
+    /// Data-parallel training, (rank, world): this rank's part of each global batch.
+    Sharded(usize, usize),
+    /// Data-parallel evaluation, (rank, world): every world-th batch from `rank` on.
+    Strided(usize, usize),
+}
+
 /// Batches a dataset, epoch by epoch.
 pub struct DataLoader<D: Dataset, B> {
     dataset: Arc<D>,
     collate: Arc<Collate<D::Item, B>>,
     config: LoaderConfig,
-    /// (rank, world) of data-parallel training: this loader's part of each global batch.
-    shard: Option<(usize, usize)>,
-    /// (rank, world) of data-parallel evaluation: every world-th batch from rank on.
-    strided: Option<(usize, usize)>,
+    part: Part,
 }
 
 impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
@@ -67,8 +75,17 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
             dataset,
             collate: Arc::new(collate),
             config,
-            shard: None,
-            strided: None,
+            part: Part::Whole,
+        }
+    }
+
+    /// The same data and collate function, delivering `part` (whole for one rank).
+    fn with_part(&self, part: Part, world: usize) -> Self {
+        DataLoader {
+            dataset: self.dataset.clone(),
+            collate: self.collate.clone(),
+            config: self.config.clone(),
+            part: if world > 1 { part } else { Part::Whole },
         }
     }
 
@@ -76,31 +93,22 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
     /// `rank + world`, … of the plan (the batches themselves unchanged), so the ranks
     /// share the work of one pass and together see every example once.
     pub fn strided(&self, rank: usize, world: usize) -> Self {
-        DataLoader {
-            dataset: self.dataset.clone(),
-            collate: self.collate.clone(),
-            config: self.config.clone(),
-            shard: None,
-            strided: (world > 1).then_some((rank, world)),
-        }
+        self.with_part(Part::Strided(rank, world), world)
     }
 
     /// The same data for rank `rank` of `world` data-parallel ranks: each global batch
     /// (`world × batch_size` examples, planned as one process would) split among the
     /// ranks ([`EpochPlan::sharded`]). Shares the dataset and collate function.
     pub fn sharded(&self, rank: usize, world: usize) -> Self {
-        DataLoader {
-            dataset: self.dataset.clone(),
-            collate: self.collate.clone(),
-            config: self.config.clone(),
-            shard: (world > 1).then_some((rank, world)),
-            strided: None,
-        }
+        self.with_part(Part::Sharded(rank, world), world)
     }
 
     /// (rank, world) when sharded.
     pub fn shard(&self) -> Option<(usize, usize)> {
-        self.shard
+        match self.part {
+            Part::Sharded(rank, world) => Some((rank, world)),
+            _ => None,
+        }
     }
 
     /// Batches per epoch.
@@ -112,12 +120,10 @@ impl<D: Dataset + 'static, B: Send + 'static> DataLoader<D, B> {
         let c = &self.config;
         let len = self.dataset.len();
         let whole = || EpochPlan::new(len, c.batch_size, c.shuffle, c.seed, epoch, c.drop_last);
-        match self.shard {
-            None => match self.strided {
-                None => whole(),
-                Some((rank, world)) => whole().strided(rank, world),
-            },
-            Some((rank, world)) => EpochPlan::sharded(
+        match self.part {
+            Part::Whole => whole(),
+            Part::Strided(rank, world) => whole().strided(rank, world),
+            Part::Sharded(rank, world) => EpochPlan::sharded(
                 len,
                 c.batch_size,
                 c.shuffle,

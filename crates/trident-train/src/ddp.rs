@@ -11,7 +11,8 @@
 //! small tensors do not each pay a collective's latency. candle's backward pass returns
 //! all gradients at once, so the exchange runs right after it, not overlapped with it.
 
-use candle_core::{Device, Result, Tensor};
+use crate::TrainError;
+use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
@@ -43,9 +44,8 @@ impl std::fmt::Debug for DataParallel {
     }
 }
 
-fn dist_err(e: trident_dist::DistError) -> candle_core::Error {
-    candle_core::Error::Msg(e.to_string())
-}
+/// Collectives and tensor reads fail alike as a [`TrainError`].
+type Result<T> = std::result::Result<T, TrainError>;
 
 /// Consecutive parameter groups of at most `bytes` (a larger parameter is a bucket alone).
 pub fn buckets(sizes: &[usize], bytes: usize) -> Vec<Range<usize>> {
@@ -85,17 +85,14 @@ impl DataParallel {
         for b in buckets(&sizes, bytes.max(4)) {
             if b.len() == 1 {
                 self.comm
-                    .all_reduce((&mut grads[b.start][..]).into(), ReduceOp::Sum)
-                    .map_err(dist_err)?;
+                    .all_reduce((&mut grads[b.start][..]).into(), ReduceOp::Sum)?;
                 continue;
             }
             flat.clear();
             for g in &grads[b.clone()] {
                 flat.extend_from_slice(g);
             }
-            self.comm
-                .all_reduce((&mut flat[..]).into(), ReduceOp::Sum)
-                .map_err(dist_err)?;
+            self.comm.all_reduce((&mut flat[..]).into(), ReduceOp::Sum)?;
             let mut at = 0;
             for g in &mut grads[b] {
                 let n = g.len();
@@ -108,9 +105,7 @@ impl DataParallel {
 
     /// Sums small per-step figures (losses, counts, flags) across ranks.
     pub fn sum(&self, values: &mut [f32]) -> Result<()> {
-        self.comm
-            .all_reduce(values.into(), ReduceOp::Sum)
-            .map_err(dist_err)
+        Ok(self.comm.all_reduce(values.into(), ReduceOp::Sum)?)
     }
 
     /// Makes every rank's parameters and buffers (all f32 tensors) rank 0's.
@@ -120,7 +115,7 @@ impl DataParallel {
                 continue;
             }
             let mut v = p.var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
-            self.comm.broadcast((&mut v[..]).into(), 0).map_err(dist_err)?;
+            self.comm.broadcast((&mut v[..]).into(), 0)?;
             trident_nn::ops::update_f32(p.var.as_tensor(), |w| w.copy_from_slice(&v))?;
         }
         Ok(())
@@ -143,7 +138,7 @@ impl DataParallel {
         for p in &bufs {
             flat.extend(p.var.as_tensor().flatten_all()?.to_vec1::<f32>()?);
         }
-        self.comm.broadcast((&mut flat[..]).into(), 0).map_err(dist_err)?;
+        self.comm.broadcast((&mut flat[..]).into(), 0)?;
         let mut at = 0;
         for p in &bufs {
             let n = p.var.elem_count();
@@ -155,7 +150,7 @@ impl DataParallel {
 
     /// Fails, naming the ranks, unless every rank passes the same `what` hash.
     pub fn check_same(&self, what: &str, value: u64) -> Result<()> {
-        check_same(self.comm.as_ref(), what, value).map_err(dist_err)
+        Ok(check_same(self.comm.as_ref(), what, value)?)
     }
 
     /// Fails unless every replica's weights are bit-identical (checked before each
@@ -244,8 +239,6 @@ pub struct Zero1 {
     /// This rank's moments (AdamW: m and v; SGD with momentum: m).
     m: Vec<f32>,
     v: Vec<f32>,
-    /// Values in this rank's part.
-    shard: usize,
     /// This rank's part of one bucket (gradients, then weights).
     part: Vec<f32>,
     /// One bucket's packing buffer.
@@ -259,7 +252,9 @@ impl Zero1 {
     /// this rank of `dp`. Only the fused AdamW and SGD shard.
     pub fn new(params: &[Param], dp: &DataParallel, config: &OptimizerConfig) -> Result<Self> {
         if matches!(config, OptimizerConfig::Adamw { fused: false, .. }) {
-            candle_core::bail!("ZeRO-1 shards the fused AdamW (or SGD); remove `fused = false`")
+            return Err(TrainError::Invalid(
+                "ZeRO-1 shards the fused AdamW (or SGD); remove `fused = false`".into(),
+            ));
         }
         let sizes: Vec<usize> = params.iter().map(|p| p.var.elem_count()).collect();
         let mut offsets = vec![0];
@@ -294,7 +289,6 @@ impl Zero1 {
             names: params.iter().map(|p| p.name.clone()).collect(),
             m,
             v,
-            shard,
             part: Vec::new(),
             flat: Vec::new(),
         })
@@ -302,7 +296,7 @@ impl Zero1 {
 
     /// Values of the flattened parameters this rank updates.
     pub fn shard_len(&self) -> usize {
-        self.shard
+        self.buckets.iter().map(|b| b.mine.len()).sum()
     }
 
     /// All trainable values.
@@ -337,20 +331,17 @@ impl Zero1 {
             if b.params.len() == 1 {
                 let g = &acc[b.params.start];
                 dp.comm
-                    .reduce_scatter((&g[..]).into(), (&mut self.part[..]).into(), ReduceOp::Sum)
-                    .map_err(dist_err)?;
+                    .reduce_scatter((&g[..]).into(), (&mut self.part[..]).into(), ReduceOp::Sum)?;
             } else {
                 self.flat.clear();
                 for g in &acc[b.params.clone()] {
                     self.flat.extend_from_slice(g);
                 }
-                dp.comm
-                    .reduce_scatter(
-                        (&self.flat[..]).into(),
-                        (&mut self.part[..]).into(),
-                        ReduceOp::Sum,
-                    )
-                    .map_err(dist_err)?;
+                dp.comm.reduce_scatter(
+                    (&self.flat[..]).into(),
+                    (&mut self.part[..]).into(),
+                    ReduceOp::Sum,
+                )?;
             }
             let global = b.start + b.mine.start..b.start + b.mine.end;
             let part = &self.part;
@@ -452,8 +443,7 @@ impl Zero1 {
             err?;
             self.flat.resize(b.len, 0.0);
             dp.comm
-                .all_gather((&self.part[..]).into(), (&mut self.flat[..]).into())
-                .map_err(dist_err)?;
+                .all_gather((&self.part[..]).into(), (&mut self.flat[..]).into())?;
             for p in b.params.clone() {
                 let (s, e) = (self.offsets[p] - b.start, self.offsets[p + 1] - b.start);
                 trident_nn::ops::update_f32(params[p].var.as_tensor(), |v| {
@@ -501,7 +491,10 @@ impl Zero1 {
         candle_core::safetensors::save(&t, &f)?;
         std::fs::File::open(&f)
             .and_then(|f| f.sync_all())
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", f.display())))
+            .map_err(|source| TrainError::Io {
+                path: f.clone(),
+                source,
+            })
     }
 
     /// Restores this rank's part of the optimizer state from checkpoint `dir`, written by
@@ -536,7 +529,10 @@ impl FlatState {
     fn read(dir: &Path, names: &[String], offsets: &[usize]) -> Result<Self> {
         let total = *offsets.last().unwrap();
         let mut shards: Vec<_> = std::fs::read_dir(dir)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", dir.display())))?
+            .map_err(|source| TrainError::Io {
+                path: dir.into(),
+                source,
+            })?
             .filter_map(|e| e.ok())
             .map(|e| e.path())
             .filter(|p| {
@@ -565,7 +561,7 @@ impl FlatState {
         }
         for f in &shards {
             let t = candle_core::safetensors::load(f, &Device::Cpu)?;
-            let bad = |what: &str| candle_core::Error::Msg(format!("{}: {what}", f.display()));
+            let bad = |what: &str| TrainError::Invalid(format!("{}: {what}", f.display()));
             let t_total = t
                 .get("total")
                 .ok_or_else(|| bad("no `total`"))?
@@ -605,12 +601,12 @@ impl FlatState {
             }
         }
         if filled != r.len() {
-            candle_core::bail!(
+            return Err(TrainError::Invalid(format!(
                 "{}: optimizer state `{what}` covers {filled} of the {} values of range {:?} (a shard file is missing?)",
                 self.origin,
                 r.len(),
                 r
-            )
+            )));
         }
         Ok(())
     }

@@ -171,6 +171,9 @@ pub enum TrainError {
     /// The run cannot go on as asked.
     #[error("{0}")]
     Invalid(String),
+    /// A data-parallel collective failed (this rank's, or another rank's failure).
+    #[error("{0}")]
+    Dist(#[from] trident_dist::DistError),
 }
 
 /// `12.3 MiB`, `4.0 KiB` or `12 B`.
@@ -180,10 +183,6 @@ fn human_bytes(b: usize) -> String {
         b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
         b => format!("{b} B"),
     }
-}
-
-fn dist_err(e: trident_dist::DistError) -> TrainError {
-    TrainError::Invalid(e.to_string())
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
@@ -278,7 +277,7 @@ pub fn evaluate_data_parallel<S: TrainStep, D: Dataset + 'static>(
 ) -> Result<Evaluation, TrainError> {
     let (world, row) = (d.world(), classes + 1);
     let (loss, n, probs, labels) = eval_pass(step, &loader.strided(d.rank(), world))?;
-    let counts = d.comm.all_gather_u64(n as u64).map_err(dist_err)?;
+    let counts = d.comm.all_gather_u64(n as u64)?;
     let max = counts.iter().copied().max().unwrap_or(0) as usize;
     // Equal, padded parts: each row its probabilities and its label.
     let mut mine = vec![0f32; max * row];
@@ -287,9 +286,7 @@ pub fn evaluate_data_parallel<S: TrainStep, D: Dataset + 'static>(
         mine[i * row + classes] = labels[i] as f32;
     }
     let mut all = vec![0f32; world * max * row];
-    d.comm
-        .all_gather((&mine[..]).into(), (&mut all[..]).into())
-        .map_err(dist_err)?;
+    d.comm.all_gather((&mine[..]).into(), (&mut all[..]).into())?;
     let (mut probs, mut labels) = (Vec::new(), Vec::new());
     for (r, &c) in counts.iter().enumerate() {
         for i in 0..c as usize {
@@ -562,7 +559,7 @@ impl Trainer {
         if let Some(d) = dp {
             // Every rank has looked at the run directory before rank 0 writes to it; then
             // all start from rank 0's weights.
-            d.comm.barrier().map_err(dist_err)?;
+            d.comm.barrier()?;
             d.broadcast_params(step.params())?;
         }
         if lead {
@@ -596,7 +593,7 @@ impl Trainer {
             };
             d.broadcast_buffers(step.params())?;
             d.check_replicas(step.params())?;
-            let barrier = || d.comm.barrier().map_err(dist_err);
+            let barrier = || -> Result<(), TrainError> { Ok(d.comm.barrier()?) };
             match zero {
                 None if lead => checkpoint::save(dir, step.params(), optimizer, state, files)?,
                 None => {}

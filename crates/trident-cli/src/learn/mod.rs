@@ -14,7 +14,7 @@ use task::{image_splits, read_text, text_splits, InputSpec, Model, ModelCard, Sp
 use trident_data::Dataset;
 use trident_nn::Ctx;
 use trident_train::distill::{teacher_fingerprint, Distill, LogitCache};
-use trident_train::{evaluate, plot, TrainStep, Trainer};
+use trident_train::{evaluate, plot, TrainError, TrainStep, Trainer};
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -650,7 +650,7 @@ where
                 models.push(make()?);
             }
             let group = trident_dist::Local::group(n, trident_dist::default_timeout());
-            let results: Vec<(Result<trident_train::trainer::FitSummary, String>, S)> =
+            let results: Vec<(Result<trident_train::trainer::FitSummary, TrainError>, S)> =
                 std::thread::scope(|s| {
                     let handles: Vec<_> = group
                         .into_iter()
@@ -683,13 +683,15 @@ where
                                         })
                                         .build();
                                     let res = match pool {
-                                        Ok(pool) => pool
-                                            .install(|| t.fit(&m, &train, val, resume, data_hash))
-                                            .map_err(|e| e.to_string()),
-                                        Err(e) => Err(format!("replica {r}: thread pool: {e}")),
+                                        Ok(pool) => {
+                                            pool.install(|| t.fit(&m, &train, val, resume, data_hash))
+                                        }
+                                        Err(e) => {
+                                            Err(TrainError::Invalid(format!("replica {r}: thread pool: {e}")))
+                                        }
                                     };
                                     if let Err(e) = &res {
-                                        comm.abort(e);
+                                        comm.abort(&e.to_string());
                                     }
                                     (res, m)
                                 })
@@ -703,8 +705,10 @@ where
                         .collect()
                 });
             // The root cause is the error that is not another rank's failure.
-            let errors: Vec<&String> = results.iter().filter_map(|(r, _)| r.as_ref().err()).collect();
-            if let Some(e) = errors.iter().find(|e| !e.contains("failed: ")).or(errors.first()) {
+            let errors: Vec<&TrainError> = results.iter().filter_map(|(r, _)| r.as_ref().err()).collect();
+            let peer =
+                |e: &&&TrainError| matches!(e, TrainError::Dist(trident_dist::DistError::PeerFailed { .. }));
+            if let Some(e) = errors.iter().find(|e| !peer(e)).or(errors.first()) {
                 bail!("{e}")
             }
             let (first, model) = results.into_iter().next().expect("rank 0");
