@@ -42,6 +42,7 @@ READY_MODELS = [
     "noconfig",
     "nobatch",
     "queue_limited",
+    "strings_batched",
 ]
 FAILING_MODELS = ["typo", "broken"]
 

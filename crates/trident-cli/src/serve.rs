@@ -43,6 +43,23 @@ pub struct ServeArgs {
     /// Largest accepted HTTP request body in bytes (larger: 413).
     #[arg(long, default_value_t = ServerConfig::default().max_body_bytes)]
     http_max_body_bytes: usize,
+    /// Seconds a client may take to send a request head (from its first byte, or from
+    /// the accept for a connection's first request); slower heads get 408.
+    #[arg(long, default_value_t = secs(ServerConfig::default().header_timeout))]
+    http_header_timeout_secs: f64,
+    /// Seconds a client may take to send a request body after its head (else 408).
+    #[arg(long, default_value_t = secs(ServerConfig::default().body_timeout))]
+    http_body_timeout_secs: f64,
+    /// Seconds an idle keep-alive connection is kept open between requests.
+    #[arg(long, default_value_t = secs(ServerConfig::default().keepalive_timeout))]
+    http_keepalive_timeout_secs: f64,
+    /// Open connections per service (HTTP, metrics); more are answered 503 and closed.
+    #[arg(long, default_value_t = ServerConfig::default().max_connections)]
+    http_max_connections: usize,
+    /// Seconds in-flight requests may take to finish after SIGTERM before their
+    /// connections are dropped and the server exits (Triton's flag).
+    #[arg(long, default_value_t = secs(ServerConfig::default().drain_timeout))]
+    exit_timeout_secs: f64,
     /// CPU cores shared among model instances (default: all available).
     #[arg(long)]
     cores: Option<usize>,
@@ -50,6 +67,35 @@ pub struct ServeArgs {
     /// parameter: auto (ONNX Runtime when available, else tract), ort or tract.
     #[arg(long, value_enum, env = "TRIDENT_ONNX_ENGINE", default_value_t = Engine::Auto)]
     onnx_engine: Engine,
+}
+
+/// The server's limits from the flags, checked before anything is loaded.
+fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
+    anyhow::ensure!(
+        args.http_max_connections > 0,
+        "--http-max-connections must be at least 1"
+    );
+    Ok(ServerConfig {
+        max_body_bytes: args.http_max_body_bytes,
+        header_timeout: duration("http-header-timeout-secs", args.http_header_timeout_secs)?,
+        body_timeout: duration("http-body-timeout-secs", args.http_body_timeout_secs)?,
+        keepalive_timeout: duration("http-keepalive-timeout-secs", args.http_keepalive_timeout_secs)?,
+        max_connections: args.http_max_connections,
+        drain_timeout: duration("exit-timeout-secs", args.exit_timeout_secs)?,
+    })
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// A positive, finite number of seconds from a flag.
+fn duration(flag: &str, secs: f64) -> anyhow::Result<Duration> {
+    anyhow::ensure!(
+        secs.is_finite() && secs > 0.0,
+        "--{flag} must be a positive number of seconds, got {secs}"
+    );
+    Ok(Duration::from_secs_f64(secs))
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -67,6 +113,7 @@ enum Mode {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = server_config(&args)?;
     let cores = args
         .cores
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -110,10 +157,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("trident-http")
         .enable_all()
         .build()?;
-    runtime.block_on(serve(repository, args))
+    let result = runtime.block_on(serve(repository, args, config));
+    // Connections the drain gave up on are dropped here, not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    result
 }
 
-async fn serve(repository: Arc<Repository>, args: ServeArgs) -> anyhow::Result<()> {
+async fn serve(repository: Arc<Repository>, args: ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
     let http = bind(&args.http_address, args.http_port).await?;
     tracing::info!("HTTP service listening on {}", http.local_addr()?);
     let metrics = match args.allow_metrics {
@@ -128,9 +178,6 @@ async fn serve(repository: Arc<Repository>, args: ServeArgs) -> anyhow::Result<(
         "gRPC front end is not implemented yet: --grpc-port {} is not served",
         args.grpc_port
     );
-    let config = ServerConfig {
-        max_body_bytes: args.http_max_body_bytes,
-    };
     trident_server::run(repository, config, http, metrics, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())

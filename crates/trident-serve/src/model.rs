@@ -87,6 +87,8 @@ pub struct ModelVersion {
     max_queue: usize,
     stats: Arc<ModelStats>,
     scheduler: Scheduler,
+    /// The loaded model, for its per-input checks.
+    model: Box<dyn Model>,
 }
 
 /// Queue bound used when `max_queue_size` is 0 (Triton: unbounded). Trident bounds every
@@ -139,6 +141,7 @@ impl ModelVersion {
             max_queue,
             stats,
             scheduler,
+            model: d.model,
         })
     }
 
@@ -276,6 +279,9 @@ impl ModelVersion {
                 )));
             };
             let r = self.check_input(spec, &tensor)?;
+            self.model
+                .check_input(&spec.name, &tensor)
+                .map_err(ServeError::InvalidRequest)?;
             if *rows.get_or_insert(r) != r {
                 return Err(invalid(format!(
                     "input '{}' has batch size {r} but other inputs have {}",

@@ -103,7 +103,7 @@ impl Repository {
             || self.options.startup_models.iter().any(|m| m == "*");
         for name in &names {
             if load_all || self.options.startup_models.contains(name) {
-                self.load_model(name);
+                let _ = self.load_model(name);
             }
         }
         for wanted in &self.options.startup_models {
@@ -118,14 +118,7 @@ impl Repository {
     pub fn load(&self, name: &str) -> Result<(), ServeError> {
         self.require_explicit("load")?;
         let name = self.existing_dir(name)?;
-        self.load_model(&name);
-        match self
-            .models
-            .read()
-            .expect("lock")
-            .get(&name)
-            .and_then(|m| m.error.clone())
-        {
+        match self.load_model(&name) {
             Some(reason) => Err(ServeError::NotReady { model: name, reason }),
             None => Ok(()),
         }
@@ -162,7 +155,7 @@ impl Repository {
         for name in stale {
             if names.contains(&name) {
                 tracing::info!(model = %name, "repository changed: (re)loading");
-                self.load_model(&name);
+                let _ = self.load_model(&name);
             } else {
                 tracing::info!(model = %name, "removed from repository: unloading");
                 self.models.write().expect("lock").remove(&name);
@@ -297,10 +290,11 @@ impl Repository {
     /// Model directory names, sorted. Hidden entries are skipped.
     fn model_dirs(&self) -> Result<Vec<String>, ServeError> {
         let read = std::fs::read_dir(&self.options.root).map_err(|e| {
-            ServeError::NotAllowed(format!(
+            tracing::error!(
                 "cannot read model repository {}: {e}",
                 self.options.root.display()
-            ))
+            );
+            ServeError::NotAllowed(format!("cannot read the model repository: {e}"))
         })?;
         let mut names: Vec<String> = read
             .filter_map(Result::ok)
@@ -320,31 +314,101 @@ impl Repository {
             .ok_or_else(|| ServeError::ModelNotFound(name.to_string()))
     }
 
-    /// Loads every selected version of `name` and swaps the result in.
-    fn load_model(&self, name: &str) {
+    /// Loads every selected version of `name` and swaps the result in. A reload that
+    /// fails leaves what was serving in place: a version that was ready stays ready
+    /// until a replacement has loaded, and the failure is logged and returned.
+    fn load_model(&self, name: &str) -> Option<String> {
         let dir = self.options.root.join(name);
-        let state = match load_versions(&dir, name, &self.options) {
-            Ok(versions) => ModelState {
-                versions,
-                error: None,
-                fingerprint: fingerprint(&dir),
-            },
+        let fingerprint = fingerprint(&dir);
+        let loaded = load_versions(&dir, name, &self.options);
+        let mut models = self.models.write().expect("lock");
+        let previous = models.remove(name).map(|m| m.versions).unwrap_or_default();
+        let (state, failure) = match loaded {
+            Ok(versions) => self.merge_reload(name, previous, versions, fingerprint),
             Err(reason) => {
-                tracing::error!(model = %name, "failed to load: {reason}");
-                ModelState {
-                    versions: BTreeMap::new(),
-                    error: Some(reason),
-                    fingerprint: fingerprint(&dir),
+                let reason = self.relative(&reason);
+                if previous.values().any(|s| matches!(s, Slot::Ready(_))) {
+                    tracing::error!(model = %name, "reload failed, the loaded versions keep serving: {reason}");
+                    let state = ModelState {
+                        versions: previous,
+                        error: None,
+                        fingerprint,
+                    };
+                    (
+                        state,
+                        Some(format!("{reason} (the previously loaded versions keep serving)")),
+                    )
+                } else {
+                    tracing::error!(model = %name, "failed to load: {reason}");
+                    let state = ModelState {
+                        versions: BTreeMap::new(),
+                        error: Some(reason.clone()),
+                        fingerprint,
+                    };
+                    (state, Some(reason))
                 }
             }
         };
-        for (v, slot) in &state.versions {
-            match slot {
-                Slot::Ready(m) => tracing::info!(model = %name, version = v, backend = m.backend(), "ready"),
-                Slot::Failed(r) => tracing::error!(model = %name, version = v, "failed to load: {r}"),
-            }
+        models.insert(name.to_string(), state);
+        failure
+    }
+
+    /// The new versions, except that one which failed to load keeps its previous ready
+    /// instance. Returns the state and the first failure, if any.
+    fn merge_reload(
+        &self,
+        name: &str,
+        mut previous: BTreeMap<i64, Slot>,
+        versions: BTreeMap<i64, Slot>,
+        fingerprint: Vec<(PathBuf, SystemTime, u64)>,
+    ) -> (ModelState, Option<String>) {
+        let mut failure = None;
+        let mut merged = BTreeMap::new();
+        for (v, slot) in versions {
+            let slot = match slot {
+                Slot::Ready(m) => {
+                    tracing::info!(model = %name, version = v, backend = m.backend(), "ready");
+                    Slot::Ready(m)
+                }
+                Slot::Failed(reason) => {
+                    let reason = self.relative(&reason);
+                    match previous.remove(&v) {
+                        Some(Slot::Ready(old)) => {
+                            tracing::error!(model = %name, version = v, "reload failed, the loaded version keeps serving: {reason}");
+                            failure.get_or_insert(format!(
+                                "version {v}: {reason} (the previously loaded version keeps serving)"
+                            ));
+                            Slot::Ready(old)
+                        }
+                        _ => {
+                            tracing::error!(model = %name, version = v, "failed to load: {reason}");
+                            failure.get_or_insert(format!("version {v}: {reason}"));
+                            Slot::Failed(reason)
+                        }
+                    }
+                }
+            };
+            merged.insert(v, slot);
         }
-        self.models.write().expect("lock").insert(name.to_string(), state);
+        let state = ModelState {
+            versions: merged,
+            error: None,
+            fingerprint,
+        };
+        (state, failure)
+    }
+
+    /// `message` with the repository's own path removed, so that what reaches clients
+    /// (index reasons, 503 texts) names files relative to the repository.
+    fn relative(&self, message: &str) -> String {
+        let root = self.options.root.display().to_string();
+        let root = root.trim_end_matches('/');
+        if root.is_empty() {
+            return message.to_string();
+        }
+        message
+            .replace(&format!("{root}/"), "")
+            .replace(root, "<repository>")
     }
 }
 

@@ -138,60 +138,84 @@ fn instance_loop(mut instance: Box<dyn ModelInstance>, shared: &Shared, stats: &
     }
 }
 
+/// Runs one batch and replies to each of its requests. When a merged execution fails,
+/// its requests run again one by one, so a request that breaks the engine fails alone
+/// and the others get their answers.
 fn run_batch(instance: &mut dyn ModelInstance, jobs: Vec<Job>, stats: &ModelStats) {
     let start = Instant::now();
     for job in &jobs {
         stats.inference.queue.record(start - job.enqueued);
     }
-    let rows: Vec<i64> = jobs.iter().map(|j| j.rows as i64).collect();
-    let total: usize = jobs.iter().map(|j| j.rows).sum();
-    let (inputs, replies) = assemble(jobs);
-    let result = inputs.and_then(|inputs| {
-        let t_input = start.elapsed();
-        let t0 = Instant::now();
-        let outputs = instance
-            .execute(inputs)
-            .map_err(|e| ServeError::Backend(e.to_string()))?;
-        let t_infer = t0.elapsed();
-        let t1 = Instant::now();
-        let split = split_outputs(outputs, &rows, replies.len())?;
-        let times = ExecutionTimes {
-            input: t_input,
-            infer: t_infer,
-            output: t1.elapsed(),
-        };
-        stats.record_execution(total, replies.len(), times);
-        Ok((split, t_infer))
-    });
-    match result {
-        Ok((per_job, compute_infer)) => {
-            for (reply, outputs) in replies.into_iter().zip(per_job) {
-                let _ = reply.send(Ok(Executed {
-                    outputs,
-                    compute_infer,
-                }));
+    match execute(instance, &jobs, start, stats) {
+        Ok(answers) => reply(jobs, answers),
+        Err(e) if jobs.len() > 1 => {
+            tracing::warn!(
+                "an execution of {} merged requests failed ({e}); running them one by one",
+                jobs.len()
+            );
+            for job in jobs {
+                let job = vec![job];
+                match execute(instance, &job, Instant::now(), stats) {
+                    Ok(answers) => reply(job, answers),
+                    Err(e) => fail(job, e),
+                }
             }
         }
-        Err(e) => {
-            tracing::warn!("execution failed: {e}");
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
-            }
-        }
+        Err(e) => fail(jobs, e),
     }
 }
 
-type Reply = tokio::sync::oneshot::Sender<Result<Executed, ServeError>>;
+/// One execution of `jobs` merged: each job's outputs and the execution's model time.
+fn execute(
+    instance: &mut dyn ModelInstance,
+    jobs: &[Job],
+    start: Instant,
+    stats: &ModelStats,
+) -> Result<(Vec<Outputs>, std::time::Duration), ServeError> {
+    let rows: Vec<i64> = jobs.iter().map(|j| j.rows as i64).collect();
+    let total: usize = jobs.iter().map(|j| j.rows).sum();
+    let inputs = assemble(jobs)?;
+    let t_input = start.elapsed();
+    let t0 = Instant::now();
+    let outputs = instance
+        .execute(inputs)
+        .map_err(|e| ServeError::Backend(e.to_string()))?;
+    let t_infer = t0.elapsed();
+    let t1 = Instant::now();
+    let split = split_outputs(outputs, &rows, jobs.len())?;
+    let times = ExecutionTimes {
+        input: t_input,
+        infer: t_infer,
+        output: t1.elapsed(),
+    };
+    stats.record_execution(total, jobs.len(), times);
+    Ok((split, t_infer))
+}
 
-/// Concatenates the jobs' inputs along the batch dimension (a single job is moved).
-fn assemble(mut jobs: Vec<Job>) -> (Result<Outputs, ServeError>, Vec<Reply>) {
-    if jobs.len() == 1 {
-        let job = jobs.pop().expect("one job");
-        return (Ok(job.inputs), vec![job.reply]);
+fn reply(jobs: Vec<Job>, (per_job, compute_infer): (Vec<Outputs>, std::time::Duration)) {
+    for (job, outputs) in jobs.into_iter().zip(per_job) {
+        let _ = job.reply.send(Ok(Executed {
+            outputs,
+            compute_infer,
+        }));
     }
-    let names: Vec<String> = jobs[0].inputs.iter().map(|(n, _)| n.clone()).collect();
-    let merged = names
-        .iter()
+}
+
+fn fail(jobs: Vec<Job>, e: ServeError) {
+    tracing::warn!("execution failed: {e}");
+    for job in jobs {
+        let _ = job.reply.send(Err(e.clone()));
+    }
+}
+
+/// Concatenates the jobs' inputs along the batch dimension (a single job's are shared,
+/// not copied).
+fn assemble(jobs: &[Job]) -> Result<Outputs, ServeError> {
+    if let [job] = jobs {
+        return Ok(job.inputs.clone());
+    }
+    let names = jobs[0].inputs.iter().map(|(n, _)| n);
+    names
         .enumerate()
         .map(|(i, name)| {
             let parts: Vec<&Tensor> = jobs.iter().map(|j| &j.inputs[i].1).collect();
@@ -199,8 +223,7 @@ fn assemble(mut jobs: Vec<Job>) -> (Result<Outputs, ServeError>, Vec<Reply>) {
                 .map(|t| (name.clone(), t))
                 .map_err(|e| ServeError::Backend(format!("batching input '{name}': {e}")))
         })
-        .collect();
-    (merged, jobs.into_iter().map(|j| j.reply).collect())
+        .collect()
 }
 
 /// Splits every output along the batch dimension into one set per job.
@@ -221,4 +244,77 @@ fn split_outputs(outputs: Outputs, rows: &[i64], jobs: usize) -> Result<Vec<Outp
         }
     }
     Ok(per_job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ModelIo;
+    use std::time::Duration;
+
+    /// y = x, except that an execution containing a NaN fails (an engine error).
+    struct FailsOnNan;
+    struct FailsOnNanInstance;
+
+    impl Model for FailsOnNan {
+        fn io(&self) -> &ModelIo {
+            unreachable!("not used by the scheduler")
+        }
+        fn instance(&self) -> Result<Box<dyn ModelInstance>, BackendError> {
+            Ok(Box::new(FailsOnNanInstance))
+        }
+    }
+
+    impl ModelInstance for FailsOnNanInstance {
+        fn execute(&mut self, inputs: Vec<(String, Tensor)>) -> Result<Outputs, BackendError> {
+            let x = inputs[0].1.to_f32().expect("f32 input");
+            if x.iter().any(|v| v.is_nan()) {
+                return Err(BackendError::Execute("NaN in the input".into()));
+            }
+            Ok(vec![("y".into(), inputs[0].1.clone())])
+        }
+    }
+
+    fn job(value: f32) -> (Job, tokio::sync::oneshot::Receiver<Result<Executed, ServeError>>) {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let job = Job {
+            inputs: vec![("x".into(), Tensor::from_f32(vec![1, 1], &[value]).unwrap())],
+            rows: 1,
+            signature: vec![0, 1, -2],
+            enqueued: Instant::now(),
+            reply,
+        };
+        (job, rx)
+    }
+
+    #[test]
+    fn a_failing_request_does_not_fail_the_requests_merged_with_it() {
+        let stats = Arc::new(ModelStats::default());
+        let policy = BatchPolicy {
+            enabled: true,
+            max_batch_size: 8,
+            preferred: vec![3],
+            max_delay: Duration::from_secs(5),
+        };
+        let scheduler = start("t", &FailsOnNan, 1, policy, stats.clone()).unwrap();
+        let replies: Vec<_> = [1.0, f32::NAN, 3.0]
+            .into_iter()
+            .map(|v| {
+                let (job, rx) = job(v);
+                scheduler.submit(job);
+                rx
+            })
+            .collect();
+        let results: Vec<_> = replies
+            .into_iter()
+            .map(|rx| rx.blocking_recv().unwrap())
+            .collect();
+        let value =
+            |r: &Result<Executed, ServeError>| r.as_ref().ok().map(|e| e.outputs[0].1.to_f32().unwrap());
+        assert_eq!(value(&results[0]), Some(vec![1.0]));
+        assert!(matches!(&results[1], Err(ServeError::Backend(m)) if m.contains("NaN")));
+        assert_eq!(value(&results[2]), Some(vec![3.0]));
+        // Failed executions are not counted: the two that succeeded ran alone.
+        assert_eq!(stats.snapshot("t", 1).execution_count, 2);
+    }
 }

@@ -18,6 +18,14 @@ impl ApiError {
         ApiError { status, ..self }
     }
 
+    /// An error with a status and a message.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
     /// A 400 with a message.
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError {

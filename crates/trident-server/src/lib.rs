@@ -7,35 +7,60 @@
 
 pub mod codec;
 mod error;
+mod guard;
 mod http;
+mod listen;
 mod metrics;
 
 pub use error::ApiError;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use trident_serve::Repository;
 
-/// Server settings.
+/// Server settings: request limits, timeouts and the shutdown drain.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Largest accepted request body; larger ones get 413.
+    /// Largest accepted request body; larger ones get 413 (checked against
+    /// `Content-Length` before any of the body is read).
     pub max_body_bytes: usize,
+    /// A request head must arrive whole within this time of its first byte (of the
+    /// accept, for a connection's first request); else 408 and the connection closes.
+    pub header_timeout: Duration,
+    /// The whole body must arrive within this time of the head; else 408.
+    pub body_timeout: Duration,
+    /// A connection idle this long between requests is closed.
+    pub keepalive_timeout: Duration,
+    /// Open connections per service; past it a new connection gets 503 and is closed.
+    pub max_connections: usize,
+    /// On shutdown, how long in-flight requests may take before their connections are
+    /// dropped.
+    pub drain_timeout: Duration,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        // Triton's HTTP front end has no fixed cap; 64 MiB holds a batch of 64 × 512
-        // tokens many times over while bounding what one request can make us buffer.
         ServerConfig {
+            // Triton's HTTP front end has no fixed cap; 64 MiB holds a batch of 64 × 512
+            // tokens many times over while bounding what one request can make us buffer.
             max_body_bytes: 64 << 20,
+            // nginx allows 60 s for a header and Go servers commonly 10–30 s; a client
+            // on loopback or a LAN sends its head in one packet.
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(75),
+            max_connections: 1024,
+            // Triton's --exit-timeout-secs default.
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }
 
 /// Serves HTTP (and metrics, when a listener is given) until `shutdown` completes, then
-/// stops accepting connections and waits for in-flight requests to finish.
+/// stops accepting connections, lets in-flight requests finish for up to
+/// `drain_timeout`, and returns.
 pub async fn run(
     repository: Arc<Repository>,
     config: ServerConfig,
@@ -44,19 +69,27 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|&stop| stop).await;
-    };
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let api = axum::serve(http, http::router(repository.clone(), &config))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let guarded = |router: axum::Router| {
+        router.layer(axum::middleware::from_fn_with_state(
+            guard::Limits::from(&config),
+            guard::guard,
+        ))
+    };
+    let api = listen::serve(
+        http,
+        guarded(http::router(repository.clone(), &config)),
+        config.clone(),
+        "HTTP",
+        stop_rx.clone(),
+    );
     match metrics {
         Some(listener) => {
-            let metrics =
-                axum::serve(listener, metrics::router(repository)).with_graceful_shutdown(stopped(stop_rx));
+            let router = guarded(metrics::router(repository));
+            let metrics = listen::serve(listener, router, config.clone(), "metrics", stop_rx);
             let (a, m) = tokio::join!(api, metrics);
             a.and(m)
         }

@@ -147,8 +147,35 @@ pub(crate) fn render(stats: &[ModelStatSnapshot]) -> String {
     out
 }
 
-/// `model="…",version="…"`, the label value escaped (backslash and double quote).
+/// `model="…",version="…"`.
 fn labels(s: &ModelStatSnapshot) -> String {
-    let model = s.name.replace('\\', "\\\\").replace('"', "\\\"");
-    format!("model=\"{model}\",version=\"{}\"", s.version)
+    format!("model=\"{}\",version=\"{}\"", escape_label(&s.name), s.version)
+}
+
+/// A label value as the text exposition format wants it: backslash, double quote and
+/// line feed escaped, so no model name can end a line and forge a metric.
+fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_cannot_break_out_of_their_line() {
+        let escaped = escape_label("a\"b\\c\nnv_inference_count{model=\"x\"} 999");
+        assert!(!escaped.contains('\n'), "{escaped}");
+        assert_eq!(escaped, "a\\\"b\\\\c\\nnv_inference_count{model=\\\"x\\\"} 999");
+        assert_eq!(escape_label("plain"), "plain");
+    }
 }

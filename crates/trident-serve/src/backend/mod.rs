@@ -85,6 +85,29 @@ pub trait Model: Send + Sync {
     fn io(&self) -> &ModelIo;
     /// A new instance with its own execution state.
     fn instance(&self) -> Result<Box<dyn ModelInstance>, BackendError>;
+    /// Checks an input for what this engine needs beyond `config.pbtxt` (e.g. BYTES
+    /// that are UTF-8), before the request joins a batch: a refusal fails only that
+    /// request, as the client's error, and never an execution shared with others.
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+        let _ = (name, tensor);
+        Ok(())
+    }
+}
+
+/// For engines whose string tensors are UTF-8 (ONNX Runtime, tract): the first BYTES
+/// element that is not, named.
+pub fn check_utf8(engine: &str, name: &str, tensor: &Tensor) -> Result<(), String> {
+    if tensor.dtype() != DataType::Bytes {
+        return Ok(());
+    }
+    let elements =
+        trident_core::tensor::bytes_elements(tensor.data()).map_err(|e| format!("input '{name}': {e}"))?;
+    match elements.iter().position(|e| std::str::from_utf8(e).is_err()) {
+        Some(i) => Err(format!(
+            "input '{name}': BYTES element {i} is not valid UTF-8; {engine} takes BYTES inputs as UTF-8 strings"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// One execution context, used by exactly one OS thread at a time.

@@ -172,6 +172,10 @@ impl Model for OrtModel {
         &self.io
     }
 
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+        super::check_utf8("ONNX Runtime", name, tensor)
+    }
+
     fn instance(&self) -> Result<Box<dyn ModelInstance>, BackendError> {
         let session = self.session().map_err(|e| BackendError::Execute(e.to_string()))?;
         let outputs = self.io.outputs.iter().map(|s| s.name.clone()).collect();

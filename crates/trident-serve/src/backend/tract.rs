@@ -126,6 +126,10 @@ impl Model for TractModel {
         &self.io
     }
 
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+        super::check_utf8("tract", name, tensor)
+    }
+
     fn instance(&self) -> Result<Box<dyn ModelInstance>, BackendError> {
         let state = self
             .plan

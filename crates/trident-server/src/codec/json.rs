@@ -1,10 +1,11 @@
 //! The JSON half of the codec: the request header's shape (deserialised without a
 //! `serde_json::Value` tree for tensor `data`) and the writer for response `data`.
 //!
-//! Tensor `data` is flattened while it is parsed. When an input's `datatype` comes
-//! before its `data` in the JSON object (what every client sends), elements are
-//! converted straight into the tensor's little-endian bytes as they stream past;
-//! otherwise they are held as compact scalars and converted once the type is known.
+//! Tensor `data` is flattened while it is parsed, its elements converted straight into
+//! the tensor's little-endian bytes as they stream past. That needs the `datatype`, so
+//! when `data` comes first in the input object, its JSON text is kept as a borrowed
+//! slice of the body and parsed the same way once the type is known: either way the
+//! only copy of the elements is the tensor itself.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -12,6 +13,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::ser::{CompactFormatter, Formatter};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use trident_core::{DataType, Tensor};
 
@@ -22,12 +24,13 @@ const VEC_WRITE: &str = "writing to a Vec<u8> cannot fail";
 /// The request header as sent; fields are checked (with tensor names in the errors) by
 /// `decode_request`, so most are kept as loose JSON values here.
 #[derive(Deserialize)]
-pub(super) struct RawRequest {
+pub(super) struct RawRequest<'a> {
     #[serde(default)]
     pub id: Option<Value>,
     #[serde(default)]
     pub parameters: Option<Value>,
-    pub inputs: Vec<RawInput>,
+    #[serde(borrow)]
+    pub inputs: Vec<RawInput<'a>>,
     #[serde(default)]
     pub outputs: Option<Vec<RawOutput>>,
 }
@@ -41,14 +44,36 @@ pub(super) struct RawOutput {
     pub parameters: Option<Value>,
 }
 
-/// One `$request_input`, its `data` already flattened.
+/// One `$request_input`, its `data` already flattened (or, when it came before the
+/// `datatype`, its JSON text).
 #[derive(Default)]
-pub(super) struct RawInput {
+pub(super) struct RawInput<'a> {
     pub name: Option<Value>,
     pub shape: Option<Value>,
     pub datatype: Option<Value>,
     pub parameters: Option<Value>,
-    pub data: Option<Collected>,
+    pub data: Option<Data<'a>>,
+}
+
+/// An input's `data` field.
+pub(super) enum Data<'a> {
+    /// Parsed with the datatype known.
+    Parsed(Collected),
+    /// Seen before the datatype: its text, parsed by [`Data::collect`].
+    Unparsed(&'a RawValue),
+}
+
+impl Data<'_> {
+    /// The flattened elements as `dtype`, reserving `reserve` bytes.
+    pub fn collect(self, dtype: DataType, reserve: usize) -> Result<Collected, serde_json::Error> {
+        match self {
+            Data::Parsed(collected) => Ok(collected),
+            Data::Unparsed(raw) => {
+                let mut de = serde_json::Deserializer::from_str(raw.get());
+                DataSeed { dtype, reserve }.deserialize(&mut de)
+            }
+        }
+    }
 }
 
 /// What an input's `data` field held.
@@ -56,37 +81,7 @@ pub(super) enum Collected {
     /// Not an array; the JSON kind found ("a number", "null", ...).
     NotArray(&'static str),
     /// An array (possibly nested), flattened.
-    Array(Sink),
-}
-
-/// Flattened elements: converted already, or held until the datatype is known.
-pub(super) enum Sink {
-    Typed(Typed),
-    Deferred(Vec<Scalar<'static>>),
-}
-
-impl Sink {
-    fn push(&mut self, scalar: Scalar<'_>) {
-        match self {
-            Sink::Typed(typed) => typed.push(&scalar),
-            Sink::Deferred(held) => held.push(scalar.into_owned()),
-        }
-    }
-
-    /// The elements as bytes of `dtype` (the input's datatype, which a typed sink was
-    /// created from).
-    pub fn finish(self, dtype: DataType) -> Typed {
-        match self {
-            Sink::Typed(typed) => typed,
-            Sink::Deferred(held) => {
-                let mut typed = Typed::new(dtype);
-                for scalar in &held {
-                    typed.push(scalar);
-                }
-                typed
-            }
-        }
-    }
+    Array(Typed),
 }
 
 /// Elements converted to a data type's binary layout.
@@ -141,17 +136,6 @@ pub(super) enum Scalar<'s> {
 }
 
 impl Scalar<'_> {
-    fn into_owned(self) -> Scalar<'static> {
-        match self {
-            Scalar::Bool(b) => Scalar::Bool(b),
-            Scalar::U(u) => Scalar::U(u),
-            Scalar::I(i) => Scalar::I(i),
-            Scalar::F(f) => Scalar::F(f),
-            Scalar::Str(s) => Scalar::Str(Cow::Owned(s.into_owned())),
-            Scalar::Other(kind) => Scalar::Other(kind),
-        }
-    }
-
     fn describe(&self) -> String {
         match self {
             Scalar::Bool(b) => format!("boolean {b}"),
@@ -315,13 +299,13 @@ impl<'de> Deserialize<'de> for InputField {
     }
 }
 
-impl<'de> Deserialize<'de> for RawInput {
+impl<'de: 'a, 'a> Deserialize<'de> for RawInput<'a> {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(InputVisitor)
+        deserializer.deserialize_map(InputVisitor(std::marker::PhantomData))
     }
 }
 
-struct InputVisitor;
+struct InputVisitor<'a>(std::marker::PhantomData<&'a ()>);
 
 fn set_once<'de, A: MapAccess<'de>>(
     slot: &mut Option<Value>,
@@ -335,14 +319,14 @@ fn set_once<'de, A: MapAccess<'de>>(
     Ok(())
 }
 
-impl<'de> Visitor<'de> for InputVisitor {
-    type Value = RawInput;
+impl<'de: 'a, 'a> Visitor<'de> for InputVisitor<'a> {
+    type Value = RawInput<'a>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an input tensor object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawInput, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawInput<'a>, A::Error> {
         let mut input = RawInput::default();
         while let Some(field) = map.next_key::<InputField>()? {
             match field {
@@ -354,15 +338,13 @@ impl<'de> Visitor<'de> for InputVisitor {
                     if input.data.is_some() {
                         return Err(de::Error::duplicate_field("data"));
                     }
-                    let dtype: Option<DataType> = match &input.datatype {
-                        Some(Value::String(s)) => s.parse().ok(),
-                        _ => None,
-                    };
-                    let reserve = match (dtype.and_then(DataType::size), &input.shape) {
-                        (Some(size), Some(Value::Array(dims))) => byte_len(size, dims),
-                        _ => 0,
-                    };
-                    input.data = Some(map.next_value_seed(DataSeed { dtype, reserve })?);
+                    input.data = Some(match input.dtype() {
+                        Some(dtype) => {
+                            let reserve = input.reserve(dtype);
+                            Data::Parsed(map.next_value_seed(DataSeed { dtype, reserve })?)
+                        }
+                        None => Data::Unparsed(map.next_value::<&'a RawValue>()?),
+                    });
                 }
                 InputField::Other => {
                     map.next_value::<IgnoredAny>()?;
@@ -370,6 +352,24 @@ impl<'de> Visitor<'de> for InputVisitor {
             }
         }
         Ok(input)
+    }
+}
+
+impl RawInput<'_> {
+    /// The datatype, if it has been seen and is one.
+    pub fn dtype(&self) -> Option<DataType> {
+        match &self.datatype {
+            Some(Value::String(s)) => s.parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// Bytes to reserve for this input's elements as `dtype`, from its shape.
+    pub fn reserve(&self, dtype: DataType) -> usize {
+        match (dtype.size(), &self.shape) {
+            (Some(size), Some(Value::Array(dims))) => byte_len(size, dims),
+            _ => 0,
+        }
     }
 }
 
@@ -386,7 +386,7 @@ fn byte_len(size: usize, dims: &[Value]) -> usize {
 
 /// Deserialises an input's `data` field into a [`Collected`].
 struct DataSeed {
-    dtype: Option<DataType>,
+    dtype: DataType,
     /// Capacity to reserve for converted elements.
     reserve: usize,
 }
@@ -407,16 +407,10 @@ impl<'de> Visitor<'de> for DataSeed {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Collected, A::Error> {
-        let mut sink = match self.dtype {
-            Some(dtype) => {
-                let mut typed = Typed::new(dtype);
-                typed.buf.reserve(self.reserve);
-                Sink::Typed(typed)
-            }
-            None => Sink::Deferred(Vec::new()),
-        };
-        while seq.next_element_seed(ElementSeed(&mut sink))?.is_some() {}
-        Ok(Collected::Array(sink))
+        let mut typed = Typed::new(self.dtype);
+        typed.buf.reserve(self.reserve);
+        while seq.next_element_seed(ElementSeed(&mut typed))?.is_some() {}
+        Ok(Collected::Array(typed))
     }
 
     fn visit_bool<E: de::Error>(self, _: bool) -> Result<Collected, E> {
@@ -443,8 +437,9 @@ impl<'de> Visitor<'de> for DataSeed {
     }
 }
 
-/// Deserialises one element of a `data` array (flattening nested arrays) into a sink.
-struct ElementSeed<'s>(&'s mut Sink);
+/// Deserialises one element of a `data` array (flattening nested arrays) into its
+/// typed buffer.
+struct ElementSeed<'s>(&'s mut Typed);
 
 impl<'de> DeserializeSeed<'de> for ElementSeed<'_> {
     type Value = ();
@@ -468,32 +463,32 @@ impl<'de> Visitor<'de> for ElementSeed<'_> {
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        self.0.push(Scalar::Bool(v));
+        self.0.push(&Scalar::Bool(v));
         Ok(())
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.0.push(Scalar::I(v));
+        self.0.push(&Scalar::I(v));
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.0.push(Scalar::U(v));
+        self.0.push(&Scalar::U(v));
         Ok(())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.0.push(Scalar::F(v));
+        self.0.push(&Scalar::F(v));
         Ok(())
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.0.push(Scalar::Str(Cow::Borrowed(v)));
+        self.0.push(&Scalar::Str(Cow::Borrowed(v)));
         Ok(())
     }
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        self.0.push(Scalar::Other("null"));
+        self.0.push(&Scalar::Other("null"));
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        self.0.push(Scalar::Other("an object"));
+        self.0.push(&Scalar::Other("an object"));
         Ok(())
     }
 }

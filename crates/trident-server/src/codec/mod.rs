@@ -372,9 +372,11 @@ fn duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
 
 fn decode_input(
     index: usize,
-    input: json::RawInput,
+    input: json::RawInput<'_>,
     parts: &mut binary::Parts,
 ) -> Result<(String, Tensor), CodecError> {
+    // Taken before the fields are moved out: capacity for `data` parsed late.
+    let reserve = input.dtype().map_or(0, |dtype| input.reserve(dtype));
     let name = match input.name {
         Some(Value::String(name)) => name,
         Some(other) => return Err(invalid(format!("input #{index}"), "name", "a string", &other)),
@@ -432,11 +434,14 @@ fn decode_input(
             let data = parts.take(&name, size)?;
             Tensor::new(dtype, shape, data).map_err(|e| tensor_error(&name, e))?
         }
-        (Some(json::Collected::NotArray(got)), None) => {
-            return Err(CodecError::DataNotArray { input: name, got })
-        }
-        (Some(json::Collected::Array(sink)), None) => {
-            let typed = sink.finish(dtype);
+        (Some(data), None) => {
+            let typed = match data
+                .collect(dtype, reserve)
+                .map_err(|e| CodecError::InvalidJson(format!("input '{name}': 'data': {e}")))?
+            {
+                json::Collected::NotArray(got) => return Err(CodecError::DataNotArray { input: name, got }),
+                json::Collected::Array(typed) => typed,
+            };
             if let Some(error) = typed.error {
                 return Err(CodecError::InvalidElement {
                     input: name,

@@ -906,3 +906,31 @@ fn unimplemented_parameters_are_refused_not_ignored() {
         "the parameters Trident implements are still accepted"
     );
 }
+
+// ---- field order -------------------------------------------------------------------------
+
+/// `json!` sorts keys, so the tests above send `data` before `datatype`; clients send
+/// `datatype` first. Both orders must decode alike, errors included.
+#[test]
+fn data_before_or_after_datatype_decodes_alike() {
+    let decode_text = |text: &str| decode_request(Bytes::from(text.to_string()), None);
+    for (datatype, data) in [
+        ("FP32", "[[1.5, -2], [3e3, \"NaN\"]]"),
+        ("INT64", "[1, 2, 3, -4]"),
+        ("BYTES", "[\"a\", \"\", \"é\", \"xyz\"]"),
+        ("INT8", "[1, 2, 300, 4]"),
+        ("BOOL", "[true, false, 1, true]"),
+        ("FP16", "{\"not\": \"an array\"}"),
+    ] {
+        let first =
+            format!(r#"{{"inputs":[{{"name":"x","shape":[2,2],"datatype":"{datatype}","data":{data}}}]}}"#);
+        let last =
+            format!(r#"{{"inputs":[{{"name":"x","data":{data},"shape":[2,2],"datatype":"{datatype}"}}]}}"#);
+        assert_eq!(decode_text(&first), decode_text(&last), "{datatype} {data}");
+    }
+    let bad = r#"{"inputs":[{"name":"x","data":[1,2,3,4],"shape":[2,2],"datatype":"FP99"}]}"#;
+    assert!(matches!(
+        decode_text(bad),
+        Err(CodecError::UnknownDatatype { .. })
+    ));
+}

@@ -1,0 +1,158 @@
+//! The request guard in front of every route: size limits checked before anything is
+//! read, the body read whole under a deadline, and every error answer in the server's
+//! one shape, `{"error": "..."}` (axum's own rejections, 404 and 405 included).
+
+use crate::{ApiError, ServerConfig};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
+use http_body_util::BodyExt;
+use std::time::Duration;
+
+/// Longest request URI (path and query) accepted.
+pub(crate) const MAX_URI_BYTES: usize = 8 << 10;
+/// Largest total size of the request's header fields (names and values).
+pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// Limits the guard enforces.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    max_body_bytes: usize,
+    body_timeout: Duration,
+}
+
+impl From<&ServerConfig> for Limits {
+    fn from(c: &ServerConfig) -> Self {
+        Limits {
+            max_body_bytes: c.max_body_bytes,
+            body_timeout: c.body_timeout,
+        }
+    }
+}
+
+/// The middleware: checks, reads the body, runs the route, and rewrites a non-JSON
+/// error answer into `{"error": ...}`.
+pub(crate) async fn guard(State(limits): State<Limits>, request: Request, next: Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let request = match admit(request, limits).await {
+        Ok(request) => request,
+        Err(e) => return e.into_response(),
+    };
+    let response = next.run(request).await;
+    if response.status().is_client_error() || response.status().is_server_error() {
+        return as_json_error(response, &method, &path).await;
+    }
+    response
+}
+
+async fn admit(request: Request, limits: Limits) -> Result<Request, ApiError> {
+    check_head(&request)?;
+    let declared = content_length(request.headers())?;
+    if let Some(len) = declared.filter(|&len| len > limits.max_body_bytes as u64) {
+        return Err(too_large(len, limits.max_body_bytes));
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = tokio::time::timeout(limits.body_timeout, read_body(body, declared, limits))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body was not received within {:?} (--http-body-timeout-secs)",
+                    limits.body_timeout
+                ),
+            )
+        })??;
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+fn check_head(request: &Request) -> Result<(), ApiError> {
+    let uri = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri > MAX_URI_BYTES {
+        return Err(ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            format!("the request URI has {uri} bytes, more than the limit of {MAX_URI_BYTES}"),
+        ));
+    }
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if headers > MAX_HEADER_BYTES {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the request header fields have {headers} bytes, more than the limit of {MAX_HEADER_BYTES}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get(header::CONTENT_LENGTH) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| ApiError::bad_request(format!("Content-Length is not a number: {value:?}")))
+}
+
+fn too_large(len: u64, limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body has {len} bytes, more than the limit of {limit} (--http-max-body-bytes)"),
+    )
+}
+
+/// Reads the whole body into one buffer, sized from `Content-Length` up front, so a
+/// large body is held once.
+async fn read_body(mut body: Body, declared: Option<u64>, limits: Limits) -> Result<bytes::Bytes, ApiError> {
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limits.max_body_bytes {
+                return Err(too_large((buf.len() + data.len()) as u64, limits.max_body_bytes));
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+/// An error answer that is not JSON (axum's rejections are plain text, 405 is empty)
+/// becomes `{"error": "<its text>"}` with the same status and headers.
+async fn as_json_error(response: Response, method: &axum::http::Method, path: &str) -> Response {
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = match http_body_util::Limited::new(body, 64 << 10).collect().await {
+        Ok(collected) => String::from_utf8_lossy(&collected.to_bytes()).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = match (parts.status, text.is_empty()) {
+        (StatusCode::METHOD_NOT_ALLOWED, _) => format!("method {method} is not allowed for {path}"),
+        (status, true) => status.canonical_reason().unwrap_or("error").to_lowercase(),
+        (_, false) => text,
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(header::CONTENT_TYPE);
+    let json = ApiError::new(parts.status, message).into_response();
+    let (json_parts, json_body) = json.into_parts();
+    parts.headers.extend(json_parts.headers);
+    Response::from_parts(parts, json_body)
+}

@@ -1,0 +1,408 @@
+//! The connection layer under both HTTP services: an accept loop with a connection cap,
+//! hyper's HTTP/1 server with read timeouts, and a bounded graceful drain.
+//!
+//! Written on hyper directly because `axum::serve` exposes none of this: it sets no
+//! timer (so hyper's header timeout never fires), has no connection limit, and its
+//! graceful shutdown waits for every connection however long a client stalls.
+//!
+//! * **Connection cap.** Each connection holds a permit; past the cap a connection is
+//!   answered `503 {"error": ...}` and closed, so existing clients keep being served.
+//! * **Header timeout.** A request head must arrive whole within `header_timeout` of its
+//!   first byte (of the accept, for a connection's first request); else `408` and close.
+//! * **Idle keep-alive.** A connection that waits `keepalive_timeout` for its next
+//!   request head is closed (hyper's header timer, which runs from the moment a
+//!   connection is ready for its next request).
+//! * **Drain.** On shutdown the listener closes at once, each connection finishes the
+//!   request it has and closes; after `drain_timeout` whatever is left is dropped.
+//!
+//! hyper answers unparseable heads (400, 414, 431) itself with an empty body. The
+//! connection's I/O wrapper knows whether a request of ours is being answered, so any
+//! response written while none is must be one of hyper's; it is replaced by the same
+//! status with a `{"error": ...}` body, as every other error of the server has.
+
+use crate::ServerConfig;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Sleep;
+use tower_service::Service;
+
+/// Serves `router` on `listener` until `stop` turns true, then drains.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    config: ServerConfig,
+    what: &'static str,
+    mut stop: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let permits = Arc::new(Semaphore::new(config.max_connections));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.keepalive_timeout);
+    let builder = Arc::new(builder);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("{what}: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stopped(&mut stop) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "{what}: connection refused: {} connections open (--http-max-connections)", config.max_connections);
+            tokio::spawn(refuse(stream, config.max_connections));
+            continue;
+        };
+        let connection = Connection {
+            builder: builder.clone(),
+            router: router.clone(),
+            header_timeout: config.header_timeout,
+            stop: stop.clone(),
+        };
+        tokio::spawn(async move {
+            connection.run(stream).await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let open = config.max_connections - permits.available_permits();
+    if open > 0 {
+        tracing::info!("{what}: draining {open} open connections");
+    }
+    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+    match tokio::time::timeout(config.drain_timeout, permits.acquire_many(all)).await {
+        Ok(_) => {}
+        Err(_) => tracing::warn!(
+            "{what}: {} connections still open after the {:?} drain time (--exit-timeout-secs): dropped",
+            config.max_connections - permits.available_permits(),
+            config.drain_timeout
+        ),
+    }
+    Ok(())
+}
+
+/// Resolves once shutdown has begun.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|&s| s).await;
+}
+
+/// Everything a connection task needs.
+struct Connection {
+    builder: Arc<hyper::server::conn::http1::Builder>,
+    router: Router,
+    header_timeout: Duration,
+    stop: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn run(mut self, stream: TcpStream) {
+        let state = Arc::new(ConnState::default());
+        let io = Guarded::new(stream, state.clone(), self.header_timeout);
+        let router = self.router;
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let guard = InFlight::start(state.clone());
+            let mut router = router.clone();
+            async move {
+                let response = router.call(request).await?;
+                Ok::<_, std::convert::Infallible>(response.map(|body| Tracked { body, _guard: guard }))
+            }
+        });
+        let conn = self.builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        let result = tokio::select! {
+            result = conn.as_mut() => result,
+            () = stopped(&mut self.stop) => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!("connection closed: {e}");
+        }
+    }
+}
+
+/// Answers a connection over the cap and closes it (bounded: a client that does not
+/// read is dropped).
+async fn refuse(mut stream: TcpStream, cap: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = format!(
+        "{{\"error\":\"the server has {cap} connections open, its limit: retry later or reuse a connection\"}}"
+    );
+    let response = json_response(503, "Service Unavailable", &body);
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        stream.write_all(&response).await?;
+        stream.shutdown().await?;
+        // Read what the client sent so closing does not reset the connection before it
+        // has read the answer.
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    })
+    .await;
+}
+
+fn json_response(status: u16, reason: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Per-connection bookkeeping shared by the I/O wrapper and the service.
+#[derive(Default)]
+struct ConnState {
+    /// Requests handed to the service so far.
+    started: AtomicU64,
+    /// Responses whose body has been sent (or dropped).
+    finished: AtomicU64,
+}
+
+impl ConnState {
+    /// The number of requests started, and whether one is being answered.
+    fn progress(&self) -> (u64, bool) {
+        let started = self.started.load(Ordering::Acquire);
+        (started, self.finished.load(Ordering::Acquire) < started)
+    }
+}
+
+/// Marks a request as being answered until the response body is done.
+struct InFlight(Arc<ConnState>);
+
+impl InFlight {
+    fn start(state: Arc<ConnState>) -> Self {
+        state.started.fetch_add(1, Ordering::AcqRel);
+        InFlight(state)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.finished.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that ends the request's [`InFlight`] when hyper drops it.
+struct Tracked {
+    body: axum::body::Body,
+    _guard: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The connection's socket, with the header deadline and the rewriting of hyper's own
+/// error responses (see the module documentation).
+struct Guarded {
+    io: TcpStream,
+    state: Arc<ConnState>,
+    header_timeout: Duration,
+    /// Deadline of the request head being read, and the request count when it began.
+    deadline: Option<(Pin<Box<Sleep>>, u64)>,
+    /// A replacement response still being written; hyper's bytes are swallowed.
+    replacement: Option<(Vec<u8>, usize)>,
+}
+
+impl Guarded {
+    fn new(io: TcpStream, state: Arc<ConnState>, header_timeout: Duration) -> Self {
+        Guarded {
+            io,
+            state,
+            header_timeout,
+            // A new connection's first head is due within the header timeout too.
+            deadline: Some((Box::pin(tokio::time::sleep(header_timeout)), 0)),
+            replacement: None,
+        }
+    }
+
+    /// Writes what is left of the replacement response.
+    fn poll_replacement(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some((data, written)) = &mut self.replacement {
+            while *written < data.len() {
+                let n = std::task::ready!(Pin::new(&mut self.io).poll_write(cx, &data[*written..]))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                *written += n;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Whether `first` (the start of a write) is a response hyper makes on its own, and
+    /// if so, starts writing its JSON replacement.
+    fn intercept(&mut self, first: &[u8]) -> bool {
+        if self.replacement.is_some() {
+            return true;
+        }
+        let Some((code, reason, message)) = hyper_error(first) else {
+            return false;
+        };
+        let body = format!("{{\"error\":\"{message}\"}}");
+        self.replacement = Some((json_response(code, reason, &body), 0));
+        true
+    }
+}
+
+/// The status of one of hyper's automatic answers to an unparseable head: a 400, 414 or
+/// 431 with `content-length: 0`. The server's own error answers always have a JSON
+/// body (the guard sees to that), so they never look like this.
+fn hyper_error(head: &[u8]) -> Option<(u16, &'static str, &'static str)> {
+    let rest = head.strip_prefix(b"HTTP/1.1 ")?;
+    let answer = match rest.get(..4)? {
+        b"400 " => (400, "Bad Request", "malformed HTTP request"),
+        b"414 " => (414, "URI Too Long", "the request URI is too long"),
+        b"431 " => (
+            431,
+            "Request Header Fields Too Large",
+            "the request header fields are too large",
+        ),
+        _ => return None,
+    };
+    let end = head.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let fields = head[..end + 2].to_ascii_lowercase();
+    fields
+        .windows(21)
+        .any(|w| w == b"\r\ncontent-length: 0\r\n")
+        .then_some(answer)
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let (started, answering) = this.state.progress();
+        // A deadline belongs to one head: gone once that request reached the service.
+        if answering || this.deadline.as_ref().is_some_and(|(_, at)| *at != started) {
+            this.deadline = None;
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if !answering && this.deadline.is_none() && buf.filled().len() > before {
+                    let sleep = Box::pin(tokio::time::sleep(this.header_timeout));
+                    this.deadline = Some((sleep, started));
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                let expired = match &mut this.deadline {
+                    Some((sleep, _)) => sleep.as_mut().poll(cx).is_ready(),
+                    None => false,
+                };
+                if !expired {
+                    return Poll::Pending;
+                }
+                {
+                    let body = format!(
+                        "{{\"error\":\"the request header was not received within {:?}\"}}",
+                        this.header_timeout
+                    );
+                    // Best effort: the client is told why before the connection closes.
+                    let _ = this.io.try_write(&json_response(408, "Request Timeout", &body));
+                    Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "request header timeout",
+                    )))
+                }
+            }
+            ready => ready,
+        }
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.intercept(buf) {
+            std::task::ready!(this.poll_replacement(cx))?;
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut this.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let first = bufs.iter().find(|b| !b.is_empty()).map_or(&[][..], |b| &b[..]);
+        if !first.is_empty() && this.intercept(first) {
+            std::task::ready!(this.poll_replacement(cx))?;
+            return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
+        }
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_replacement(cx))?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_replacement(cx))?;
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_hypers_empty_parse_error_answers_are_replaced() {
+        let hyper = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        assert_eq!(hyper_error(hyper).map(|a| a.0), Some(431));
+        let last = b"HTTP/1.1 400 Bad Request\r\ndate: x\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(hyper_error(last).map(|a| a.0), Some(400));
+        let ours =
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 20\r\n\r\n{}";
+        assert_eq!(hyper_error(ours), None);
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(hyper_error(ok), None);
+        assert_eq!(hyper_error(b"{\"model_name\":"), None);
+        let long = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 05\r\n\r\n";
+        assert_eq!(hyper_error(long), None);
+    }
+}
