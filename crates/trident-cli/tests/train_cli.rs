@@ -3,45 +3,9 @@
 //! images. Checks the run directory, exact resume, and the errors for bad input.
 
 mod common;
-use common::{epoch_records, failed, ok, reviews_data, tiny_bert, trident, write_texts};
+use common::{assert_same_checkpoints, epoch_records, failed, ok, text_config, trident, write_texts};
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-
-fn text_config(dir: &Path, data: &Path, run: &str, extra_data: &str) -> PathBuf {
-    let cfg = format!(
-        r#"
-[run]
-dir = "{run}"
-seed = 3
-
-{reviews}{extra_data}
-
-[loader]
-batch_size = 8
-num_workers = 1
-
-[model]
-kind = "bert"
-pretrained = "{bert}"
-pooling = "cls"
-
-[train]
-epochs = 3
-lr = 3e-3
-warmup_steps = 2
-decay = "linear"
-max_grad_norm = 1.0
-grad_accum = 2
-log_every = 1
-"#,
-        reviews = reviews_data(&data.display().to_string()),
-        bert = tiny_bert().display(),
-    );
-    let f = dir.join(format!("{run}.toml"));
-    std::fs::write(&f, cfg).unwrap();
-    f
-}
 
 #[test]
 fn train_eval_predict_and_the_run_directory() {
@@ -145,18 +109,7 @@ fn an_interrupted_and_resumed_run_equals_an_uninterrupted_one() {
         d,
     ));
     ok(&trident(&["train", "--config", p, "--resume"], d));
-    for f in [
-        "last/model.safetensors",
-        "last/optimizer.safetensors",
-        "best/model.safetensors",
-    ] {
-        let a = std::fs::read(d.join("whole").join(f)).unwrap();
-        let b = std::fs::read(d.join("parts").join(f)).unwrap();
-        assert!(
-            a == b,
-            "{f} differs between the uninterrupted and the resumed run"
-        );
-    }
+    assert_same_checkpoints(&d.join("whole"), &d.join("parts"));
     let losses = |run: &str| -> Vec<f64> {
         epoch_records(&d.join(run))
             .iter()

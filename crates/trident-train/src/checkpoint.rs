@@ -1,18 +1,31 @@
 //! Checkpoints: a directory holding the weights (`model.safetensors`), the optimizer state
 //! (`optimizer.safetensors`), the trainer state (`state.json`: counters, data position,
-//! early-stopping state, config hash) and any files the caller adds (the model description
-//! that `trident predict` needs).
+//! early-stopping state, config hash), any files the caller adds (the model description
+//! that `trident predict` needs) and a manifest (`manifest.json`: every file's size and
+//! CRC-32C).
 //!
 //! Written atomically: everything goes into a temporary sibling directory, each file and
 //! the directory are fsynced, then the directory is renamed over the old one. A crash at any
-//! moment leaves either the old checkpoint or the new one, never a mixture.
+//! moment leaves either the old checkpoint or the new one, never a mixture: the one moment
+//! where neither is at its place (between moving the old one aside and renaming the new one
+//! in) is repaired by [`recover`], which the trainer runs before it looks at a run directory.
+//! A write that fails (a full disk) removes its temporary directory and leaves the old
+//! checkpoint as it was.
+//!
+//! Loading checks the files against the manifest first, so a truncated or damaged file is
+//! reported by name instead of being read as weights (checkpoints from before the manifest
+//! load unchecked).
 
 use crate::optim::Optimizer;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use trident_nn::{Loaded, Params};
+
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
 
 /// Where training stands: enough to continue exactly where it stopped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,12 +68,43 @@ pub enum CheckpointError {
     /// Tensor (de)serialisation failed.
     #[error("{0}")]
     Tensor(String),
+    /// A file of the checkpoint is not the one that was written (truncated or damaged), or
+    /// does not fit the model.
+    #[error("{}: {what}", path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// Writing checkpoint `dir` failed (`error`); `kept` says whether the checkpoint that
+    /// was there before is still there, unchanged.
+    #[error(
+        "writing checkpoint {}: {error}{}",
+        dir.display(),
+        if *kept { "; the previous checkpoint there is unchanged" } else { "" }
+    )]
+    Write {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// What failed.
+        error: Box<CheckpointError>,
+        /// A previous checkpoint is in `dir`, unchanged.
+        kept: bool,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.into(),
         source,
+    }
+}
+
+fn corrupt(path: &Path, what: impl Into<String>) -> CheckpointError {
+    CheckpointError::Corrupt {
+        path: path.into(),
+        what: what.into(),
     }
 }
 
@@ -77,7 +121,11 @@ pub fn save(
     state: &TrainerState,
     extra: &[(String, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
-    let tmp = begin(dir, &format!("tmp-{}", std::process::id()))?;
+    let tag = format!("tmp-{}", std::process::id());
+    let tmp = match begin(dir, &tag) {
+        Ok(tmp) => tmp,
+        Err(e) => return Err(write_failed(dir, &tmp_path(dir, &tag), e)),
+    };
     finish(&tmp, dir, params, Some(optimizer), state, extra)
 }
 
@@ -97,17 +145,38 @@ pub fn begin(dir: &Path, tag: &str) -> Result<PathBuf, CheckpointError> {
 
 /// The temporary sibling [`begin`] makes for `dir`.
 pub fn tmp_path(dir: &Path, tag: &str) -> PathBuf {
+    sibling(dir, tag)
+}
+
+/// `.<name>.<tag>` next to `dir`.
+fn sibling(dir: &Path, tag: &str) -> PathBuf {
     let parent = dir.parent().unwrap_or(Path::new("."));
-    let name = dir
-        .file_name()
+    parent.join(format!(".{}.{tag}", dir_name(dir)))
+}
+
+fn dir_name(dir: &Path) -> String {
+    dir.file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    parent.join(format!(".{name}.{tag}"))
+        .unwrap_or_default()
+}
+
+/// The failure `error` of a write of `dir` through `tmp`: the temporary directory is
+/// removed (it would hold the space a full disk needs), the old checkpoint is untouched.
+fn write_failed(dir: &Path, tmp: &Path, error: CheckpointError) -> CheckpointError {
+    if tmp.exists() {
+        // Best effort: what is left is removed by the next write or `recover`.
+        let _ = fs::remove_dir_all(tmp);
+    }
+    CheckpointError::Write {
+        dir: dir.into(),
+        error: Box::new(error),
+        kept: dir.join("state.json").exists(),
+    }
 }
 
 /// Writes the weights, the optimizer state (unless the ranks wrote it sharded), the trainer
-/// state and `extra` into `tmp`, syncs everything (shard files included), and renames it
-/// over `dir`.
+/// state, `extra` and the manifest into `tmp`, syncs everything (shard files included), and
+/// renames it over `dir`. On failure `tmp` is removed and `dir` is as it was.
 pub fn finish(
     tmp: &Path,
     dir: &Path,
@@ -116,16 +185,22 @@ pub fn finish(
     state: &TrainerState,
     extra: &[(String, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    write_files(tmp, params, optimizer, state, extra).map_err(|e| write_failed(dir, tmp, e))?;
+    swap(tmp, dir)
+}
+
+/// The files of a checkpoint, into `tmp`, synced.
+fn write_files(
+    tmp: &Path,
+    params: &Params,
+    optimizer: Option<&Optimizer>,
+    state: &TrainerState,
+    extra: &[(String, Vec<u8>)],
+) -> Result<(), CheckpointError> {
     let model = tmp.join("model.safetensors");
     params
         .save(&model)
         .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", model.display())))?;
-    let mut files = vec![model];
     if let Some(optimizer) = optimizer {
         let opt = tmp.join("optimizer.safetensors");
         let tensors = optimizer
@@ -133,30 +208,65 @@ pub fn finish(
             .map_err(|e| CheckpointError::Tensor(e.to_string()))?;
         candle_core::safetensors::save(&tensors, &opt)
             .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", opt.display())))?;
-        files.push(opt);
     }
-    let state_file = tmp.join("state.json");
     let json = serde_json::to_vec_pretty(state).expect("state serialises");
-    write_file(&state_file, &json)?;
-    files.push(state_file);
+    write_file(&tmp.join("state.json"), &json)?;
     for (n, bytes) in extra {
-        let f = tmp.join(n);
-        write_file(&f, bytes)?;
-        files.push(f);
+        write_file(&tmp.join(n), bytes)?;
     }
-    for f in &files {
-        sync_file(f)?;
+    // Every file of the directory (data-parallel ranks' optimizer shards too), read back.
+    let mut files = Vec::new();
+    for entry in fs::read_dir(tmp).map_err(io(tmp))? {
+        let entry = entry.map_err(io(tmp))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type().map_err(io(&entry.path()))?.is_file() && name != MANIFEST {
+            files.push(name);
+        }
     }
-    sync_file(tmp)?;
-    // Swap: move any old checkpoint aside, rename the new one in, then delete the old.
-    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-    if dir.exists() {
-        fs::rename(dir, &old).map_err(io(dir))?;
+    let mut manifest = Manifest::default();
+    for name in &files {
+        let f = tmp.join(name);
+        let bytes = fs::read(&f).map_err(io(&f))?;
+        manifest.files.insert(name.clone(), FileSum::of(&bytes));
     }
-    fs::rename(tmp, dir).map_err(io(dir))?;
-    sync_file(parent)?;
+    let manifest_file = tmp.join(MANIFEST);
+    let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+    write_file(&manifest_file, &json)?;
+    for name in files.iter().map(String::as_str).chain([MANIFEST]) {
+        sync_file(&tmp.join(name))?;
+    }
+    sync_file(tmp)
+}
+
+/// Moves the complete checkpoint `tmp` to `dir`: the old one aside, the new one in, the old
+/// one deleted. [`recover`] puts the old one back after a crash between the two renames.
+fn swap(tmp: &Path, dir: &Path) -> Result<(), CheckpointError> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let old = sibling(dir, &format!("old-{}", std::process::id()));
+    let fail = |e| write_failed(dir, tmp, e);
     if old.exists() {
-        fs::remove_dir_all(&old).map_err(io(&old))?;
+        // A leftover of an earlier failed write: a rename cannot replace a full directory.
+        fs::remove_dir_all(&old).map_err(io(&old)).map_err(fail)?;
+    }
+    let had_old = dir.exists();
+    if had_old {
+        fs::rename(dir, &old).map_err(io(dir)).map_err(fail)?;
+    }
+    if let Err(e) = fs::rename(tmp, dir) {
+        if had_old {
+            // Put the old one back; if even that fails, `recover` will.
+            let _ = fs::rename(&old, dir);
+        }
+        return Err(fail(CheckpointError::Io {
+            path: dir.into(),
+            source: e,
+        }));
+    }
+    sync_file(parent)?;
+    if had_old {
+        // The new checkpoint is in place; a leftover is removed by the next write or by
+        // `recover`, so a failure here does not fail the run.
+        let _ = fs::remove_dir_all(&old);
     }
     Ok(())
 }
@@ -166,35 +276,190 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     f.write_all(bytes).map_err(io(path))
 }
 
+/// Repairs what a process killed while writing checkpoint `dir` leaves behind: when `dir`
+/// is missing but the old checkpoint was moved aside (the moment between the two renames
+/// of a swap), puts it back; removes leftover temporary and old directories. Returns a line
+/// saying what was restored, if anything. Only one process may write a run directory.
+pub fn recover(dir: &Path) -> Result<Option<String>, CheckpointError> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let entries = match fs::read_dir(parent) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(parent)(e)),
+    };
+    let name = dir_name(dir);
+    let (tmp_prefix, old_prefix) = (format!(".{name}.tmp-"), format!(".{name}.old-"));
+    let (mut olds, mut tmps) = (Vec::new(), Vec::new());
+    for entry in entries {
+        let entry = entry.map_err(io(parent))?;
+        let n = entry.file_name().to_string_lossy().into_owned();
+        if n.starts_with(&old_prefix) {
+            let modified = entry.metadata().and_then(|m| m.modified()).ok();
+            olds.push((modified, entry.path()));
+        } else if n.starts_with(&tmp_prefix) {
+            tmps.push(entry.path());
+        }
+    }
+    let mut restored = None;
+    if !dir.exists() {
+        // The newest old one is the checkpoint that was in place.
+        olds.sort();
+        if let Some((_, old)) = olds.pop() {
+            fs::rename(&old, dir).map_err(io(dir))?;
+            sync_file(parent)?;
+            restored = Some(format!(
+                "{}: restored from {} (the process was stopped while replacing it)",
+                dir.display(),
+                old.display()
+            ));
+        }
+    }
+    for p in olds.into_iter().map(|(_, p)| p).chain(tmps) {
+        fs::remove_dir_all(&p).map_err(io(&p))?;
+    }
+    Ok(restored)
+}
+
+/// Every file of a checkpoint with its size and CRC-32C.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Manifest {
+    files: BTreeMap<String, FileSum>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct FileSum {
+    bytes: u64,
+    crc32c: u32,
+}
+
+impl FileSum {
+    fn of(bytes: &[u8]) -> Self {
+        FileSum {
+            bytes: bytes.len() as u64,
+            crc32c: crc32c::crc32c(bytes),
+        }
+    }
+}
+
+/// Checks the files `names` of checkpoint `dir` (all when empty) against its manifest:
+/// present, of the size written and with the same CRC-32C. Files the manifest does not
+/// list, and checkpoints without a manifest (written before it existed), are not checked.
+pub fn verify(dir: &Path, names: &[&str]) -> Result<(), CheckpointError> {
+    let manifest_file = dir.join(MANIFEST);
+    let bytes = match fs::read(&manifest_file) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(&manifest_file)(e)),
+    };
+    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
+        corrupt(
+            &manifest_file,
+            format!("damaged checkpoint manifest ({e}); the checkpoint cannot be checked"),
+        )
+    })?;
+    for (name, want) in &manifest.files {
+        if !names.is_empty() && !names.contains(&name.as_str()) {
+            continue;
+        }
+        let f = dir.join(name);
+        let bytes = fs::read(&f).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                corrupt(&f, format!("missing (the checkpoint's {MANIFEST} lists it)"))
+            }
+            _ => io(&f)(e),
+        })?;
+        let got = FileSum::of(&bytes);
+        if got.bytes != want.bytes {
+            return Err(corrupt(
+                &f,
+                format!(
+                    "{} bytes, but {} were written: the file is truncated or damaged",
+                    got.bytes, want.bytes
+                ),
+            ));
+        }
+        if got.crc32c != want.crc32c {
+            return Err(corrupt(
+                &f,
+                format!(
+                    "the contents differ from those written (CRC-32C {:08x}, written {:08x}): the file is damaged",
+                    got.crc32c, want.crc32c
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads a checkpoint's trainer state.
 pub fn read_state(dir: &Path) -> Result<TrainerState, CheckpointError> {
+    verify(dir, &["state.json"])?;
+    read_state_unchecked(dir)
+}
+
+fn read_state_unchecked(dir: &Path) -> Result<TrainerState, CheckpointError> {
     let f = dir.join("state.json");
     let bytes = fs::read(&f).map_err(io(&f))?;
-    serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Tensor(format!("{}: {e}", f.display())))
+    serde_json::from_slice(&bytes).map_err(|e| corrupt(&f, format!("not a trainer state: {e}")))
 }
 
 /// Loads weights and optimizer state from `dir` into `params` and `optimizer`. A
 /// checkpoint whose optimizer state was written sharded (ZeRO-1) is reassembled.
 pub fn load(dir: &Path, params: &Params, optimizer: &mut Optimizer) -> Result<TrainerState, CheckpointError> {
-    let state = read_state(dir)?;
-    load_weights(dir, params)?;
+    verify(dir, &[])?;
+    let state = read_state_unchecked(dir)?;
+    load_weights_unchecked(dir, params)?;
     let f = dir.join("optimizer.safetensors");
+    let trainable = params.trainable();
     let tensors = if f.exists() {
         candle_core::safetensors::load(&f, &candle_core::Device::Cpu)
-            .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", f.display())))?
+            .map_err(|e| corrupt(&f, format!("not a readable optimizer state: {e}")))?
     } else {
-        crate::ddp::unshard_state(dir, &params.trainable())
-            .map_err(|e| CheckpointError::Tensor(e.to_string()))?
+        crate::ddp::unshard_state(dir, &trainable).map_err(|e| CheckpointError::Tensor(e.to_string()))?
     };
+    // Every moment must belong to a trainable parameter and have its size: the optimizer
+    // indexes them with the parameter's.
+    for (k, t) in &tensors {
+        let p = k
+            .split_once('.')
+            .and_then(|(_, name)| trainable.iter().find(|p| p.name == name));
+        match p {
+            None => {
+                return Err(corrupt(
+                    &f,
+                    format!(
+                        "has optimizer state `{k}`, which belongs to no trainable parameter of this model"
+                    ),
+                ))
+            }
+            Some(p) if p.var.elem_count() != t.elem_count() => {
+                return Err(corrupt(
+                    &f,
+                    format!(
+                        "optimizer state `{k}` has {} values, the parameter {}",
+                        t.elem_count(),
+                        p.var.elem_count()
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
     optimizer
         .load_state(&tensors, state.optimizer_step)
-        .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", f.display())))?;
+        .map_err(|e| corrupt(&f, e.to_string()))?;
     Ok(state)
 }
 
 /// Loads only the weights of the checkpoint in `dir`.
 pub fn load_weights(dir: &Path, params: &Params) -> Result<(), CheckpointError> {
+    verify(dir, &["model.safetensors"])?;
+    load_weights_unchecked(dir, params)
+}
+
+fn load_weights_unchecked(dir: &Path, params: &Params) -> Result<(), CheckpointError> {
     let f = dir.join("model.safetensors");
+    // Both errors name the file.
     let loaded = Loaded::read(&f).map_err(|e| CheckpointError::Tensor(e.to_string()))?;
     params
         .load_values(&loaded)
@@ -206,6 +471,111 @@ mod tests {
     use super::*;
     use crate::optim::OptimizerConfig;
     use trident_nn::Init;
+
+    fn small() -> (Params, Optimizer, TrainerState) {
+        let params = Params::new();
+        params
+            .builder(3, None)
+            .get((2, 3), "w", Init::Normal(1.0))
+            .unwrap();
+        let mut opt = Optimizer::new(OptimizerConfig::default());
+        opt.step(&params.trainable(), &[vec![0.5; 6]], 0.1).unwrap();
+        let state = TrainerState {
+            epoch: 0,
+            batch_in_epoch: 1,
+            micro_step: 1,
+            optimizer_step: 1,
+            best_metric: None,
+            best_epoch: None,
+            epochs_without_improvement: 0,
+            finished: false,
+            epoch_sums: (0.5, 1, 1, 2),
+            config_hash: "h".into(),
+        };
+        (params, opt, state)
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut n: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn recover_puts_back_a_checkpoint_moved_aside_and_clears_leftovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = dir.path().join("last");
+        let (params, opt, state) = small();
+        save(&ck, &params, &opt, &state, &[]).unwrap();
+        assert_eq!(recover(&ck).unwrap(), None, "nothing to repair");
+        // Killed between the two renames of a swap, with a killed write's leftover too.
+        fs::rename(&ck, dir.path().join(".last.old-77")).unwrap();
+        fs::create_dir(dir.path().join(".last.tmp-78")).unwrap();
+        fs::write(dir.path().join(".last.tmp-78/model.safetensors"), b"half").unwrap();
+        let note = recover(&ck).unwrap().expect("restored");
+        assert!(note.contains(".last.old-77"), "{note}");
+        assert_eq!(names(dir.path()), ["last"]);
+        let mut opt2 = Optimizer::new(OptimizerConfig::default());
+        assert_eq!(load(&ck, &params, &mut opt2).unwrap(), state);
+        // A leftover old directory of this process does not block the next write.
+        fs::create_dir(sibling(&ck, &format!("old-{}", std::process::id()))).unwrap();
+        save(&ck, &params, &opt, &state, &[]).unwrap();
+        assert_eq!(names(dir.path()), ["last"]);
+    }
+
+    #[test]
+    fn damaged_files_are_named_and_a_failed_write_keeps_the_old_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = dir.path().join("last");
+        let (params, opt, state) = small();
+        save(&ck, &params, &opt, &state, &[("note.txt".into(), b"hi".to_vec())]).unwrap();
+        assert!(names(&ck).contains(&MANIFEST.to_string()));
+        let pristine: Vec<(String, Vec<u8>)> = names(&ck)
+            .into_iter()
+            .map(|n| (n.clone(), fs::read(ck.join(&n)).unwrap()))
+            .collect();
+        let restore = || {
+            for (n, b) in &pristine {
+                fs::write(ck.join(n), b).unwrap();
+            }
+        };
+        let mut opt2 = Optimizer::new(OptimizerConfig::default());
+        for (file, damage) in [
+            ("model.safetensors", "truncate"),
+            ("model.safetensors", "flip"),
+            ("optimizer.safetensors", "flip"),
+            ("state.json", "truncate"),
+            (MANIFEST, "truncate"),
+        ] {
+            let f = ck.join(file);
+            let mut bytes = fs::read(&f).unwrap();
+            match damage {
+                "truncate" => bytes.truncate(bytes.len() / 2),
+                _ => *bytes.last_mut().unwrap() ^= 0x40,
+            }
+            fs::write(&f, bytes).unwrap();
+            let e = load(&ck, &params, &mut opt2).unwrap_err().to_string();
+            assert!(e.contains(&f.display().to_string()), "{file} {damage}: {e}");
+            restore();
+        }
+        load(&ck, &params, &mut opt2).unwrap();
+        // A write that cannot finish (here: a directory where a file goes) removes its
+        // temporary directory and leaves the old checkpoint.
+        let e = save(&ck, &params, &opt, &state, &[("sub/x".into(), vec![1])]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("writing checkpoint {}: ", ck.display()))
+                && msg.contains("sub/x")
+                && msg.ends_with("the previous checkpoint there is unchanged"),
+            "{msg}"
+        );
+        assert_eq!(names(dir.path()), ["last"]);
+        assert_eq!(load(&ck, &params, &mut opt2).unwrap(), state);
+        assert!(ck.join("note.txt").exists());
+    }
 
     #[test]
     fn round_trip_and_replace() {

@@ -549,7 +549,9 @@ impl FlatState {
         };
         if shards.is_empty() {
             s.origin = dir.join("optimizer.safetensors").display().to_string();
-            let t = candle_core::safetensors::load(dir.join("optimizer.safetensors"), &Device::Cpu)?;
+            let f = dir.join("optimizer.safetensors");
+            let t = candle_core::safetensors::load(&f, &Device::Cpu)
+                .map_err(|e| TrainError::Invalid(format!("{}: {e}", f.display())))?;
             for (i, name) in names.iter().enumerate() {
                 for (key, out) in [("m", &mut s.m), ("v", &mut s.v)] {
                     if let Some(x) = t.get(&format!("{key}.{name}")) {
@@ -560,7 +562,8 @@ impl FlatState {
             return Ok(s);
         }
         for f in &shards {
-            let t = candle_core::safetensors::load(f, &Device::Cpu)?;
+            let t = candle_core::safetensors::load(f, &Device::Cpu)
+                .map_err(|e| TrainError::Invalid(format!("{}: {e}", f.display())))?;
             let bad = |what: &str| TrainError::Invalid(format!("{}: {what}", f.display()));
             let t_total = t
                 .get("total")

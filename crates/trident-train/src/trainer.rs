@@ -521,6 +521,30 @@ impl Trainer {
             config_hash: hash.clone(),
         };
         let mut records: Vec<EpochRecord> = Vec::new();
+        if lead {
+            // A process killed while swapping a checkpoint in leaves it moved aside: put it
+            // back, and clear the temporary directories of killed writes, before looking.
+            let recovered = checkpoint::recover(&last).and_then(|l| Ok([l, checkpoint::recover(&best)?]));
+            match recovered {
+                Ok(notes) => {
+                    for note in notes.into_iter().flatten() {
+                        if self.progress {
+                            eprintln!("{note}");
+                        }
+                    }
+                }
+                Err(e) => {
+                    if let Some(d) = dp {
+                        d.comm.abort(&e.to_string());
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        if let Some(d) = dp {
+            // No rank looks at `last` before rank 0 has repaired it.
+            d.comm.barrier()?;
+        }
         if resume {
             if !last.join("state.json").exists() {
                 return Err(TrainError::Invalid(format!(
@@ -530,6 +554,7 @@ impl Trainer {
             }
             state = match zero.as_mut() {
                 Some(z) => {
+                    checkpoint::verify(&last, &[])?;
                     let s = checkpoint::read_state(&last)?;
                     checkpoint::load_weights(&last, step.params())?;
                     z.load(&last)?;
@@ -578,6 +603,10 @@ impl Trainer {
             profile: None,
         };
         if state.finished {
+            if lead {
+                // Killed while drawing the final plots: draw them again.
+                plot::training_curves(&self.run_dir, &records)?;
+            }
             summary.records = records;
             return Ok(summary);
         }

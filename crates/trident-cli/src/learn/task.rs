@@ -571,6 +571,17 @@ impl Model {
 
     /// Reads a checkpoint directory written by `trident train`.
     pub fn load_checkpoint(dir: &Path) -> anyhow::Result<Self> {
+        // The files read here, against the checkpoint's manifest (not the optimizer state).
+        trident_train::checkpoint::verify(
+            dir,
+            &[
+                "trident.json",
+                "model.safetensors",
+                "config.json",
+                "tokenizer.json",
+                "run.toml",
+            ],
+        )?;
         let card_file = dir.join("trident.json");
         let card: ModelCard = serde_json::from_slice(
             &std::fs::read(&card_file)

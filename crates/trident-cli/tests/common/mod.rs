@@ -80,6 +80,58 @@ max_len = 16
     )
 }
 
+/// A run configuration `<run>.toml` in `dir` for the reviews in `data`: the tiny BERT, batch
+/// 8, 3 epochs of 4 optimizer steps (grad_accum 2), run directory `run`; `extra_data` joins
+/// the `[data]` section.
+pub fn text_config(dir: &Path, data: &Path, run: &str, extra_data: &str) -> PathBuf {
+    let cfg = format!(
+        r#"
+[run]
+dir = "{run}"
+seed = 3
+
+{reviews}{extra_data}
+
+[loader]
+batch_size = 8
+num_workers = 1
+
+[model]
+kind = "bert"
+pretrained = "{bert}"
+pooling = "cls"
+
+[train]
+epochs = 3
+lr = 3e-3
+warmup_steps = 2
+decay = "linear"
+max_grad_norm = 1.0
+grad_accum = 2
+log_every = 1
+"#,
+        reviews = reviews_data(&data.display().to_string()),
+        bert = tiny_bert().display(),
+    );
+    let f = dir.join(format!("{run}.toml"));
+    std::fs::write(&f, cfg).unwrap();
+    f
+}
+
+/// Asserts that the weights and optimizer state of run directories `a` and `b` are the same
+/// bits (`last/`), and their best weights (`best/`): a resumed run against an uninterrupted one.
+pub fn assert_same_checkpoints(a: &Path, b: &Path) {
+    for f in [
+        "last/model.safetensors",
+        "last/optimizer.safetensors",
+        "best/model.safetensors",
+    ] {
+        let x = std::fs::read(a.join(f)).unwrap();
+        let y = std::fs::read(b.join(f)).unwrap();
+        assert!(x == y, "{f} differs between {} and {}", a.display(), b.display());
+    }
+}
+
 /// The epoch records of the run directory `run` (`metrics.jsonl`), in order.
 pub fn epoch_records(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
