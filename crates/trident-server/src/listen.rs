@@ -37,6 +37,9 @@ use tokio::sync::{watch, Semaphore};
 use tokio::time::Sleep;
 use tower_service::Service;
 
+/// Connections over the cap being answered at once, at most.
+const REFUSALS_IN_FLIGHT: usize = 64;
+
 /// Serves `router` on `listener` until `stop` turns true, then drains.
 pub(crate) async fn serve(
     listener: TcpListener,
@@ -46,11 +49,15 @@ pub(crate) async fn serve(
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<()> {
     let permits = Arc::new(Semaphore::new(config.max_connections));
+    // Refusals are answered by tasks that live up to two seconds; past this many at once
+    // (a flood), a connection over the cap is simply closed.
+    let refusals = Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT));
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(config.keepalive_timeout);
     let builder = Arc::new(builder);
+    let mut refused = Refused::default();
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -66,8 +73,14 @@ pub(crate) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "{what}: connection refused: {} connections open (--http-max-connections)", config.max_connections);
-            tokio::spawn(refuse(stream, config.max_connections));
+            refused.note(what, peer, config.max_connections);
+            if let Ok(refusal) = refusals.clone().try_acquire_owned() {
+                let cap = config.max_connections;
+                tokio::spawn(async move {
+                    refuse(stream, cap).await;
+                    drop(refusal);
+                });
+            }
             continue;
         };
         let connection = Connection {
@@ -96,6 +109,32 @@ pub(crate) async fn serve(
         ),
     }
     Ok(())
+}
+
+/// Logs refused connections at most once a second, with how many there were.
+#[derive(Default)]
+struct Refused {
+    last_log: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl Refused {
+    fn note(&mut self, what: &str, peer: std::net::SocketAddr, cap: usize) {
+        self.unlogged += 1;
+        if self
+            .last_log
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        tracing::warn!(
+            %peer,
+            "{what}: {} connection(s) refused: {cap} connections open (--http-max-connections)",
+            self.unlogged
+        );
+        self.last_log = Some(std::time::Instant::now());
+        self.unlogged = 0;
+    }
 }
 
 /// Resolves once shutdown has begun.
