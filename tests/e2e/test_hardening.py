@@ -157,8 +157,11 @@ def test_non_utf8_strings_fail_alone_and_as_the_clients_error(server):
 # -- 2. SIGTERM finishes within the drain time, whatever clients hold open -------------------
 
 
-def test_sigterm_completes_despite_half_sent_requests(start_server):
-    srv = start_server(["--exit-timeout-secs", "2"], load="simple", models=["simple"])
+@pytest.mark.parametrize("flags", [[], ["--exit-timeout-secs", "2"]], ids=["defaults", "exit_timeout_2"])
+def test_sigterm_completes_despite_half_sent_requests(start_server, flags):
+    """Connections still sending a request are dropped at once (they hold nothing in
+    flight); with the defaults (30 s drain) the exit is as prompt as with 2 s."""
+    srv = start_server(flags, load="simple", models=["simple"])
     srv.wait_models(["simple"], [], timeout=30)
     holders = []
     # Half a head on the HTTP port, a head and half a body on both ports, and an idle
@@ -188,7 +191,7 @@ def test_sigterm_completes_despite_half_sent_requests(start_server):
     for s in holders:
         s.close()
     assert code == 0, f"exit code {code} after {elapsed:.1f} s:\n{srv.log(last=30)}"
-    assert elapsed < 6, f"took {elapsed:.1f} s with --exit-timeout-secs 2:\n{srv.log(last=30)}"
+    assert elapsed < 4, f"took {elapsed:.1f} s ({flags}):\n{srv.log(last=30)}"
 
 
 # -- 3. timeouts and the connection cap --------------------------------------------------------
@@ -283,8 +286,14 @@ def test_connection_cap_refuses_clearly_and_recovers(start_server):
     srv = start_server(["--http-max-connections", "20"], load="simple", models=["simple"])
     held = [connect(srv.http_port) for _ in range(20)]
     try:
-        time.sleep(0.2)
-        status, headers, body = raw(srv.http_port, post("/v2/models/simple/infer", simple_body()))
+        # The server accepts the 20 held connections from its backlog as it gets to them:
+        # the 21st is refused once it has.
+        deadline = time.monotonic() + 5
+        while True:
+            status, headers, body = raw(srv.http_port, post("/v2/models/simple/infer", simple_body()))
+            if status != 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert status == 503, body[:300]
         assert "connections" in error_of(status, body)
     finally:

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
 use http_body_util::BodyExt;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// Longest request URI (path and query) accepted.
 pub(crate) const MAX_URI_BYTES: usize = 8 << 10;
@@ -18,17 +19,20 @@ pub(crate) const MAX_URI_BYTES: usize = 8 << 10;
 pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// Limits the guard enforces.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Limits {
     max_body_bytes: usize,
     body_timeout: Duration,
+    /// Turns true at shutdown: a body still arriving then is not waited for.
+    stop: watch::Receiver<bool>,
 }
 
-impl From<&ServerConfig> for Limits {
-    fn from(c: &ServerConfig) -> Self {
+impl Limits {
+    pub(crate) fn new(c: &ServerConfig, stop: watch::Receiver<bool>) -> Self {
         Limits {
             max_body_bytes: c.max_body_bytes,
             body_timeout: c.body_timeout,
+            stop,
         }
     }
 }
@@ -55,9 +59,10 @@ async fn admit(request: Request, limits: Limits) -> Result<Request, ApiError> {
         return Err(too_large(len, limits.max_body_bytes));
     }
     let (parts, body) = request.into_parts();
-    let bytes = tokio::time::timeout(limits.body_timeout, read_body(body, declared, limits))
-        .await
-        .map_err(|_| {
+    let mut stop = limits.stop.clone();
+    let read = tokio::time::timeout(limits.body_timeout, read_body(body, declared, &limits));
+    let bytes = tokio::select! {
+        read = read => read.map_err(|_| {
             ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 format!(
@@ -65,7 +70,15 @@ async fn admit(request: Request, limits: Limits) -> Result<Request, ApiError> {
                     limits.body_timeout
                 ),
             )
-        })??;
+        })??,
+        // A request still arriving at shutdown is not in flight yet: it is not waited for.
+        () = async { let _ = stop.wait_for(|&s| s).await; } => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down; the request body had not arrived",
+            ))
+        }
+    };
     Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
@@ -114,7 +127,7 @@ fn too_large(len: u64, limit: usize) -> ApiError {
 
 /// Reads the whole body into one buffer, sized from `Content-Length` up front, so a
 /// large body is held once.
-async fn read_body(mut body: Body, declared: Option<u64>, limits: Limits) -> Result<bytes::Bytes, ApiError> {
+async fn read_body(mut body: Body, declared: Option<u64>, limits: &Limits) -> Result<bytes::Bytes, ApiError> {
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;

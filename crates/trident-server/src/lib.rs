@@ -75,7 +75,7 @@ pub async fn run(
     });
     let guarded = |router: axum::Router| {
         router.layer(axum::middleware::from_fn_with_state(
-            guard::Limits::from(&config),
+            guard::Limits::new(&config, stop_rx.clone()),
             guard::guard,
         ))
     };

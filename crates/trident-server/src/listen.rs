@@ -155,6 +155,7 @@ impl Connection {
         let state = Arc::new(ConnState::default());
         let io = Guarded::new(stream, state.clone(), self.header_timeout);
         let router = self.router;
+        let progress = state.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let guard = InFlight::start(state.clone());
             let mut router = router.clone();
@@ -168,8 +169,14 @@ impl Connection {
         let result = tokio::select! {
             result = conn.as_mut() => result,
             () = stopped(&mut self.stop) => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
+                // A request being answered finishes; a connection that is idle or still
+                // sending its request holds nothing in flight and is closed now.
+                if progress.progress().1 {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                } else {
+                    Ok(())
+                }
             }
         };
         if let Err(e) = result {
