@@ -40,14 +40,14 @@ impl Limits {
 /// The middleware: checks, reads the body, runs the route, and rewrites a non-JSON
 /// error answer into `{"error": ...}`.
 pub(crate) async fn guard(State(limits): State<Limits>, request: Request, next: Next) -> Response {
-    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let (method, uri) = (request.method().clone(), request.uri().clone());
     let request = match admit(request, limits).await {
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };
     let response = next.run(request).await;
     if response.status().is_client_error() || response.status().is_server_error() {
-        return as_json_error(response, &method, &path).await;
+        return as_json_error(response, &method, uri.path()).await;
     }
     response
 }
@@ -125,20 +125,31 @@ fn too_large(len: u64, limit: usize) -> ApiError {
     )
 }
 
-/// Reads the whole body into one buffer, sized from `Content-Length` up front, so a
-/// large body is held once.
+/// Reads the whole body. A body that arrives as one chunk is kept as it is; one in
+/// several is gathered into one buffer sized from `Content-Length` up front, so a large
+/// body is held once.
 async fn read_body(mut body: Body, declared: Option<u64>, limits: &Limits) -> Result<bytes::Bytes, ApiError> {
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    let mut first: Option<bytes::Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut len = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
-        if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limits.max_body_bytes {
-                return Err(too_large((buf.len() + data.len()) as u64, limits.max_body_bytes));
+        let Ok(data) = frame.into_data() else { continue };
+        len += data.len();
+        if len > limits.max_body_bytes {
+            return Err(too_large(len as u64, limits.max_body_bytes));
+        }
+        match first.take() {
+            None if buf.is_empty() => first = Some(data),
+            None => buf.extend_from_slice(&data),
+            Some(head) => {
+                buf.reserve(declared.map_or(0, |d| d as usize).max(head.len() + data.len()));
+                buf.extend_from_slice(&head);
+                buf.extend_from_slice(&data);
             }
-            buf.extend_from_slice(&data);
         }
     }
-    Ok(buf.freeze())
+    Ok(first.unwrap_or_else(|| buf.freeze()))
 }
 
 /// An error answer that is not JSON (axum's rejections are plain text, 405 is empty)

@@ -9,9 +9,8 @@
 //!   answered `503 {"error": ...}` and closed, so existing clients keep being served.
 //! * **Header timeout.** A request head must arrive whole within `header_timeout` of its
 //!   first byte (of the accept, for a connection's first request); else `408` and close.
-//! * **Idle keep-alive.** A connection that waits `keepalive_timeout` for its next
-//!   request head is closed (hyper's header timer, which runs from the moment a
-//!   connection is ready for its next request).
+//! * **Idle keep-alive.** A connection that waits `keepalive_timeout` for the first byte
+//!   of its next request is closed.
 //! * **Drain.** On shutdown the listener closes at once, each connection finishes the
 //!   request it has and closes; after `drain_timeout` whatever is left is dropped.
 //!
@@ -30,7 +29,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
@@ -53,9 +52,9 @@ pub(crate) async fn serve(
     // (a flood), a connection over the cap is simply closed.
     let refusals = Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT));
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.keepalive_timeout);
+    // The read deadlines are the I/O wrapper's (`Guarded`): hyper's own header timer
+    // would arm a timer for every request.
+    builder.timer(TokioTimer::new()).header_read_timeout(None);
     let builder = Arc::new(builder);
     let mut refused = Refused::default();
     loop {
@@ -86,7 +85,10 @@ pub(crate) async fn serve(
         let connection = Connection {
             builder: builder.clone(),
             router: router.clone(),
-            header_timeout: config.header_timeout,
+            timeouts: Timeouts {
+                header: config.header_timeout,
+                keepalive: config.keepalive_timeout,
+            },
             stop: stop.clone(),
         };
         tokio::spawn(async move {
@@ -146,14 +148,14 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 struct Connection {
     builder: Arc<hyper::server::conn::http1::Builder>,
     router: Router,
-    header_timeout: Duration,
+    timeouts: Timeouts,
     stop: watch::Receiver<bool>,
 }
 
 impl Connection {
     async fn run(mut self, stream: TcpStream) {
         let state = Arc::new(ConnState::default());
-        let io = Guarded::new(stream, state.clone(), self.header_timeout);
+        let io = Guarded::new(stream, state.clone(), self.timeouts);
         let router = self.router;
         let progress = state.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
@@ -220,6 +222,9 @@ struct ConnState {
     started: AtomicU64,
     /// Responses whose body has been sent (or dropped).
     finished: AtomicU64,
+    /// The connection task, parked on a read while a response was under way: woken when
+    /// the response is done, so the idle deadline starts.
+    reader: std::sync::Mutex<Option<std::task::Waker>>,
 }
 
 impl ConnState {
@@ -243,6 +248,9 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.finished.fetch_add(1, Ordering::AcqRel);
+        if let Some(reader) = self.0.reader.lock().expect("waker lock").take() {
+            reader.wake();
+        }
     }
 }
 
@@ -272,28 +280,66 @@ impl http_body::Body for Tracked {
     }
 }
 
-/// The connection's socket, with the header deadline and the rewriting of hyper's own
+/// The connection's socket, with its read deadlines and the rewriting of hyper's own
 /// error responses (see the module documentation).
+///
+/// Deadlines are plain instants, checked only when a read would block: a request whose
+/// head arrives in one read (nearly all of them) costs no timer at all.
 struct Guarded {
     io: TcpStream,
     state: Arc<ConnState>,
-    header_timeout: Duration,
-    /// Deadline of the request head being read, and the request count when it began.
-    deadline: Option<(Pin<Box<Sleep>>, u64)>,
+    timeouts: Timeouts,
+    /// What the connection is waiting for, by when, and the request count at that moment
+    /// (a deadline set before a request reached the service is void after it).
+    waiting: Option<(Wait, Instant, u64)>,
+    /// The timer, made the first time a read blocks with a deadline, then reset.
+    sleep: Option<Pin<Box<Sleep>>>,
     /// A replacement response still being written; hyper's bytes are swallowed.
     replacement: Option<(Vec<u8>, usize)>,
 }
 
+/// The read timeouts of a connection.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    header: Duration,
+    keepalive: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// The rest of a request head (since its first byte, or since the accept).
+    Head,
+    /// The first byte of the next request.
+    Idle,
+}
+
 impl Guarded {
-    fn new(io: TcpStream, state: Arc<ConnState>, header_timeout: Duration) -> Self {
+    fn new(io: TcpStream, state: Arc<ConnState>, timeouts: Timeouts) -> Self {
         Guarded {
             io,
             state,
-            header_timeout,
-            // A new connection's first head is due within the header timeout too.
-            deadline: Some((Box::pin(tokio::time::sleep(header_timeout)), 0)),
+            timeouts,
+            // A new connection's first head is due within the header timeout.
+            waiting: Some((Wait::Head, Instant::now() + timeouts.header, 0)),
+            sleep: None,
             replacement: None,
         }
+    }
+
+    /// Whether the deadline of what the connection waits for has passed (registering
+    /// the timer to wake the task when it will).
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some((_, deadline, _)) = self.waiting else {
+            return false;
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.deadline() != deadline {
+            sleep.as_mut().reset(deadline);
+        }
+        sleep.as_mut().poll(cx).is_ready()
     }
 
     /// Writes what is left of the replacement response.
@@ -352,38 +398,50 @@ impl AsyncRead for Guarded {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let (started, answering) = this.state.progress();
-        // A deadline belongs to one head: gone once that request reached the service.
-        if answering || this.deadline.as_ref().is_some_and(|(_, at)| *at != started) {
-            this.deadline = None;
+        if answering || this.waiting.is_some_and(|(_, _, at)| at != started) {
+            this.waiting = None;
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if !answering && this.deadline.is_none() && buf.filled().len() > before {
-                    let sleep = Box::pin(tokio::time::sleep(this.header_timeout));
-                    this.deadline = Some((sleep, started));
+                let got = buf.filled().len() > before;
+                if got && !answering && !matches!(this.waiting, Some((Wait::Head, ..))) {
+                    this.waiting = Some((Wait::Head, Instant::now() + this.timeouts.header, started));
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => {
-                let expired = match &mut this.deadline {
-                    Some((sleep, _)) => sleep.as_mut().poll(cx).is_ready(),
-                    None => false,
-                };
-                if !expired {
+                if answering {
+                    *this.state.reader.lock().expect("waker lock") = Some(cx.waker().clone());
+                    // The response may have ended meanwhile, before the waker was there.
+                    if !this.state.progress().1 {
+                        cx.waker().wake_by_ref();
+                    }
                     return Poll::Pending;
                 }
-                {
-                    let body = format!(
-                        "{{\"error\":\"the request header was not received within {:?}\"}}",
-                        this.header_timeout
-                    );
-                    // Best effort: the client is told why before the connection closes.
-                    let _ = this.io.try_write(&json_response(408, "Request Timeout", &body));
-                    Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "request header timeout",
-                    )))
+                if this.waiting.is_none() {
+                    this.waiting = Some((Wait::Idle, Instant::now() + this.timeouts.keepalive, started));
+                }
+                if !this.expired(cx) {
+                    return Poll::Pending;
+                }
+                match this.waiting.take().map(|(wait, ..)| wait) {
+                    Some(Wait::Idle) => {
+                        // An idle keep-alive connection ends as if the client had closed it.
+                        Poll::Ready(Ok(()))
+                    }
+                    _ => {
+                        let body = format!(
+                            "{{\"error\":\"the request header was not received within {:?}\"}}",
+                            this.timeouts.header
+                        );
+                        // Best effort: the client is told why before the connection closes.
+                        let _ = this.io.try_write(&json_response(408, "Request Timeout", &body));
+                        Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "request header timeout",
+                        )))
+                    }
                 }
             }
             ready => ready,
