@@ -146,16 +146,26 @@ fn run_batch(instance: &mut dyn ModelInstance, jobs: Vec<Job>, stats: &ModelStat
     for job in &jobs {
         stats.inference.queue.record(start - job.enqueued);
     }
-    match execute(instance, &jobs, start, stats) {
+    let mut jobs = jobs;
+    if let [job] = jobs.as_mut_slice() {
+        // Alone: nothing to retry, its inputs are handed over.
+        let inputs = std::mem::take(&mut job.inputs);
+        return match execute(instance, &[], inputs, job.rows, start, stats) {
+            Ok(answers) => reply(jobs, answers),
+            Err(e) => fail(jobs, e),
+        };
+    }
+    match execute(instance, &jobs, Vec::new(), 0, start, stats) {
         Ok(answers) => reply(jobs, answers),
         Err(e) if jobs.len() > 1 => {
             tracing::warn!(
                 "an execution of {} merged requests failed ({e}); running them one by one",
                 jobs.len()
             );
-            for job in jobs {
-                let job = vec![job];
-                match execute(instance, &job, Instant::now(), stats) {
+            for mut job in jobs {
+                let inputs = std::mem::take(&mut job.inputs);
+                let (rows, job) = (job.rows, vec![job]);
+                match execute(instance, &[], inputs, rows, Instant::now(), stats) {
                     Ok(answers) => reply(job, answers),
                     Err(e) => fail(job, e),
                 }
@@ -165,16 +175,23 @@ fn run_batch(instance: &mut dyn ModelInstance, jobs: Vec<Job>, stats: &ModelStat
     }
 }
 
-/// One execution of `jobs` merged: each job's outputs and the execution's model time.
+/// One execution: of `jobs` merged, or (with `jobs` empty) of one job's `inputs` of
+/// `rows` rows. Gives each job's outputs and the execution's model time.
 fn execute(
     instance: &mut dyn ModelInstance,
     jobs: &[Job],
+    inputs: Outputs,
+    rows: usize,
     start: Instant,
     stats: &ModelStats,
 ) -> Result<(Vec<Outputs>, std::time::Duration), ServeError> {
-    let rows: Vec<i64> = jobs.iter().map(|j| j.rows as i64).collect();
-    let total: usize = jobs.iter().map(|j| j.rows).sum();
-    let inputs = assemble(jobs)?;
+    let (inputs, rows): (Outputs, Vec<i64>) = if jobs.is_empty() {
+        (inputs, vec![rows as i64])
+    } else {
+        (assemble(jobs)?, jobs.iter().map(|j| j.rows as i64).collect())
+    };
+    let total = rows.iter().sum::<i64>() as usize;
+    let count = rows.len();
     let t_input = start.elapsed();
     let t0 = Instant::now();
     let outputs = instance
@@ -182,13 +199,13 @@ fn execute(
         .map_err(|e| ServeError::Backend(e.to_string()))?;
     let t_infer = t0.elapsed();
     let t1 = Instant::now();
-    let split = split_outputs(outputs, &rows, jobs.len())?;
+    let split = split_outputs(outputs, &rows, count)?;
     let times = ExecutionTimes {
         input: t_input,
         infer: t_infer,
         output: t1.elapsed(),
     };
-    stats.record_execution(total, jobs.len(), times);
+    stats.record_execution(total, count, times);
     Ok((split, t_infer))
 }
 
@@ -208,12 +225,9 @@ fn fail(jobs: Vec<Job>, e: ServeError) {
     }
 }
 
-/// Concatenates the jobs' inputs along the batch dimension (a single job's are shared,
-/// not copied).
+/// Concatenates the jobs' inputs along the batch dimension (the jobs keep theirs, for a
+/// rerun one by one).
 fn assemble(jobs: &[Job]) -> Result<Outputs, ServeError> {
-    if let [job] = jobs {
-        return Ok(job.inputs.clone());
-    }
     let names = jobs[0].inputs.iter().map(|(n, _)| n);
     names
         .enumerate()

@@ -1,17 +1,19 @@
-//! The request guard in front of every route: size limits checked before anything is
+//! The request guard in front of every route (called by `listen` for each request): size limits checked before anything is
 //! read, the body read whole under a deadline, and every error answer in the server's
 //! one shape, `{"error": "..."}` (axum's own rejections, 404 and 405 included).
 
 use crate::{ApiError, ServerConfig};
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Router;
 use bytes::BytesMut;
 use http_body_util::BodyExt;
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
+use tower_service::Service;
 
 /// Longest request URI (path and query) accepted.
 pub(crate) const MAX_URI_BYTES: usize = 8 << 10;
@@ -37,15 +39,16 @@ impl Limits {
     }
 }
 
-/// The middleware: checks, reads the body, runs the route, and rewrites a non-JSON
-/// error answer into `{"error": ...}`.
-pub(crate) async fn guard(State(limits): State<Limits>, request: Request, next: Next) -> Response {
+/// One request through the guard: checks, reads the body, runs `router`, and rewrites
+/// a non-JSON error answer into `{"error": ...}`. Called by the connection's service
+/// directly (a `from_fn` middleware would clone the router for every request).
+pub(crate) async fn handle(mut router: Router, limits: Limits, request: Request) -> Response {
     let (method, uri) = (request.method().clone(), request.uri().clone());
     let request = match admit(request, limits).await {
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };
-    let response = next.run(request).await;
+    let Ok(response) = router.call(request).await;
     if response.status().is_client_error() || response.status().is_server_error() {
         return as_json_error(response, &method, uri.path()).await;
     }
@@ -59,24 +62,32 @@ async fn admit(request: Request, limits: Limits) -> Result<Request, ApiError> {
         return Err(too_large(len, limits.max_body_bytes));
     }
     let (parts, body) = request.into_parts();
-    let mut stop = limits.stop.clone();
-    let read = tokio::time::timeout(limits.body_timeout, read_body(body, declared, &limits));
-    let bytes = tokio::select! {
-        read = read => read.map_err(|_| {
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body was not received within {:?} (--http-body-timeout-secs)",
-                    limits.body_timeout
-                ),
-            )
-        })??,
-        // A request still arriving at shutdown is not in flight yet: it is not waited for.
-        () = async { let _ = stop.wait_for(|&s| s).await; } => {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server is shutting down; the request body had not arrived",
-            ))
+    let mut read = std::pin::pin!(read_body(body, declared, &limits));
+    // A body already here (nearly every one) is taken without arming a timer.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await;
+    let bytes = match first {
+        std::task::Poll::Ready(bytes) => bytes?,
+        std::task::Poll::Pending => {
+            let mut stop = limits.stop.clone();
+            tokio::select! {
+                read = tokio::time::timeout(limits.body_timeout, read) => read.map_err(|_| {
+                    ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!(
+                            "the request body was not received within {:?} (--http-body-timeout-secs)",
+                            limits.body_timeout
+                        ),
+                    )
+                })??,
+                // A request still arriving at shutdown is not in flight yet: it is not
+                // waited for.
+                () = async { let _ = stop.wait_for(|&s| s).await; } => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the server is shutting down; the request body had not arrived",
+                    ))
+                }
+            }
         }
     };
     Ok(Request::from_parts(parts, Body::from(bytes)))

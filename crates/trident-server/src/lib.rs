@@ -73,23 +73,19 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let guarded = |router: axum::Router| {
-        router.layer(axum::middleware::from_fn_with_state(
-            guard::Limits::new(&config, stop_rx.clone()),
-            guard::guard,
-        ))
-    };
+    let limits = guard::Limits::new(&config, stop_rx.clone());
     let api = listen::serve(
         http,
-        guarded(http::router(repository.clone(), &config)),
+        http::router(repository.clone(), &config),
+        limits.clone(),
         config.clone(),
         "HTTP",
         stop_rx.clone(),
     );
     match metrics {
         Some(listener) => {
-            let router = guarded(metrics::router(repository));
-            let metrics = listen::serve(listener, router, config.clone(), "metrics", stop_rx);
+            let router = metrics::router(repository);
+            let metrics = listen::serve(listener, router, limits, config.clone(), "metrics", stop_rx);
             let (a, m) = tokio::join!(api, metrics);
             a.and(m)
         }

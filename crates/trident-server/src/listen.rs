@@ -19,6 +19,7 @@
 //! response written while none is must be one of hyper's; it is replaced by the same
 //! status with a `{"error": ...}` body, as every other error of the server has.
 
+use crate::guard::{self, Limits};
 use crate::ServerConfig;
 use axum::Router;
 use hyper::body::Incoming;
@@ -34,7 +35,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Sleep;
-use tower_service::Service;
 
 /// Connections over the cap being answered at once, at most.
 const REFUSALS_IN_FLIGHT: usize = 64;
@@ -43,6 +43,7 @@ const REFUSALS_IN_FLIGHT: usize = 64;
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
+    limits: Limits,
     config: ServerConfig,
     what: &'static str,
     mut stop: watch::Receiver<bool>,
@@ -85,6 +86,7 @@ pub(crate) async fn serve(
         let connection = Connection {
             builder: builder.clone(),
             router: router.clone(),
+            limits: limits.clone(),
             timeouts: Timeouts {
                 header: config.header_timeout,
                 keepalive: config.keepalive_timeout,
@@ -148,6 +150,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 struct Connection {
     builder: Arc<hyper::server::conn::http1::Builder>,
     router: Router,
+    limits: Limits,
     timeouts: Timeouts,
     stop: watch::Receiver<bool>,
 }
@@ -156,13 +159,13 @@ impl Connection {
     async fn run(mut self, stream: TcpStream) {
         let state = Arc::new(ConnState::default());
         let io = Guarded::new(stream, state.clone(), self.timeouts);
-        let router = self.router;
+        let (router, limits) = (self.router, self.limits);
         let progress = state.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let guard = InFlight::start(state.clone());
-            let mut router = router.clone();
+            let response = guard::handle(router.clone(), limits.clone(), request.map(axum::body::Body::new));
             async move {
-                let response = router.call(request).await?;
+                let response = response.await;
                 Ok::<_, std::convert::Infallible>(response.map(|body| Tracked { body, _guard: guard }))
             }
         });

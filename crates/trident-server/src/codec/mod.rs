@@ -375,8 +375,6 @@ fn decode_input(
     input: json::RawInput<'_>,
     parts: &mut binary::Parts,
 ) -> Result<(String, Tensor), CodecError> {
-    // Taken before the fields are moved out: capacity for `data` parsed late.
-    let reserve = input.dtype().map_or(0, |dtype| input.reserve(dtype));
     let name = match input.name {
         Some(Value::String(name)) => name,
         Some(other) => return Err(invalid(format!("input #{index}"), "name", "a string", &other)),
@@ -435,6 +433,11 @@ fn decode_input(
             Tensor::new(dtype, shape, data).map_err(|e| tensor_error(&name, e))?
         }
         (Some(data), None) => {
+            // Capacity for `data` parsed late (capped, as the visitor's: the count is not
+            // checked yet).
+            let reserve = dtype
+                .size()
+                .map_or(0, |size| size.saturating_mul(count).min(1 << 20));
             let typed = match data
                 .collect(dtype, reserve)
                 .map_err(|e| CodecError::InvalidJson(format!("input '{name}': 'data': {e}")))?
