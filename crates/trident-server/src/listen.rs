@@ -157,7 +157,7 @@ struct Connection {
 
 impl Connection {
     async fn run(mut self, stream: TcpStream) {
-        let state = Arc::new(ConnState::default());
+        let state = Arc::new(ConnState::new());
         let io = Guarded::new(stream, state.clone(), self.timeouts);
         let (router, limits) = (self.router, self.limits);
         let progress = state.clone();
@@ -219,18 +219,33 @@ fn json_response(status: u16, reason: &str, body: &str) -> Vec<u8> {
 }
 
 /// Per-connection bookkeeping shared by the I/O wrapper and the service.
-#[derive(Default)]
 struct ConnState {
+    /// When the connection was accepted.
+    accepted: Instant,
     /// Requests handed to the service so far.
     started: AtomicU64,
     /// Responses whose body has been sent (or dropped).
     finished: AtomicU64,
-    /// The connection task, parked on a read while a response was under way: woken when
-    /// the response is done, so the idle deadline starts.
-    reader: std::sync::Mutex<Option<std::task::Waker>>,
+    /// When the last response ended, in nanoseconds after `accepted`: the idle time runs
+    /// from there.
+    idle_since_ns: AtomicU64,
 }
 
 impl ConnState {
+    fn new() -> Self {
+        ConnState {
+            accepted: Instant::now(),
+            started: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            idle_since_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// When the connection last became idle.
+    fn idle_since(&self) -> Instant {
+        self.accepted + Duration::from_nanos(self.idle_since_ns.load(Ordering::Acquire))
+    }
+
     /// The number of requests started, and whether one is being answered.
     fn progress(&self) -> (u64, bool) {
         let started = self.started.load(Ordering::Acquire);
@@ -250,10 +265,11 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        let since = self.0.accepted.elapsed().as_nanos();
+        self.0
+            .idle_since_ns
+            .store(since.min(u64::MAX as u128) as u64, Ordering::Release);
         self.0.finished.fetch_add(1, Ordering::AcqRel);
-        if let Some(reader) = self.0.reader.lock().expect("waker lock").take() {
-            reader.wake();
-        }
     }
 }
 
@@ -329,20 +345,25 @@ impl Guarded {
         }
     }
 
-    /// Whether the deadline of what the connection waits for has passed (registering
-    /// the timer to wake the task when it will).
-    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some((_, deadline, _)) = self.waiting else {
-            return false;
-        };
+    /// Whether `deadline` has passed; if not, the timer will wake the task by then. The
+    /// timer is re-registered only when the deadline moves earlier (or when it fires
+    /// early and is re-armed), not each time a later deadline replaces it: the idle
+    /// deadline moves with every request, and costs nothing for it.
+    fn expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
         let deadline = tokio::time::Instant::from_std(deadline);
         let sleep = self
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if sleep.deadline() != deadline {
+        if sleep.deadline() > deadline {
             sleep.as_mut().reset(deadline);
         }
-        sleep.as_mut().poll(cx).is_ready()
+        while sleep.as_mut().poll(cx).is_ready() {
+            if tokio::time::Instant::now() >= deadline {
+                return true;
+            }
+            sleep.as_mut().reset(deadline);
+        }
+        false
     }
 
     /// Writes what is left of the replacement response.
@@ -415,17 +436,17 @@ impl AsyncRead for Guarded {
             }
             Poll::Pending => {
                 if answering {
-                    *this.state.reader.lock().expect("waker lock") = Some(cx.waker().clone());
-                    // The response may have ended meanwhile, before the waker was there.
-                    if !this.state.progress().1 {
-                        cx.waker().wake_by_ref();
-                    }
+                    // No deadline while a response is under way; a wake-up a keep-alive
+                    // time from now looks again (the response may be done by then, its
+                    // end not having woken this read).
+                    let _ = this.expired(cx, Instant::now() + this.timeouts.keepalive);
                     return Poll::Pending;
                 }
-                if this.waiting.is_none() {
-                    this.waiting = Some((Wait::Idle, Instant::now() + this.timeouts.keepalive, started));
-                }
-                if !this.expired(cx) {
+                let (_, deadline, _) = *this.waiting.get_or_insert_with(|| {
+                    let idle_until = this.state.idle_since() + this.timeouts.keepalive;
+                    (Wait::Idle, idle_until, started)
+                });
+                if !this.expired(cx, deadline) {
                     return Poll::Pending;
                 }
                 match this.waiting.take().map(|(wait, ..)| wait) {
