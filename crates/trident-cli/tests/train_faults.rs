@@ -28,15 +28,20 @@ fn fault_config(dir: &Path, data: &Path, run: &str, epochs: u64) -> PathBuf {
     cfg
 }
 
-/// `trident train --config cfg --run-dir run [--resume] extra…`, not yet waited for.
-fn spawn_train(cfg: &Path, run: &Path, resume: bool, extra: &[&str], log: &Path) -> Child {
-    let mut args = vec![
+/// `train --config cfg --run-dir run`.
+fn train_args<'a>(cfg: &'a Path, run: &'a Path) -> Vec<&'a str> {
+    vec![
         "train",
         "--config",
         cfg.to_str().unwrap(),
         "--run-dir",
         run.to_str().unwrap(),
-    ];
+    ]
+}
+
+/// `trident train --config cfg --run-dir run [--resume] extra…`, not yet waited for.
+fn spawn_train(cfg: &Path, run: &Path, resume: bool, extra: &[&str], log: &Path) -> Child {
+    let mut args = train_args(cfg, run);
     if resume {
         args.push("--resume");
     }
@@ -52,13 +57,7 @@ fn spawn_train(cfg: &Path, run: &Path, resume: bool, extra: &[&str], log: &Path)
 
 /// `trident train` on `run` to its end, as [`common::trident`] does.
 fn train(cfg: &Path, run: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "train",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ];
+    let mut args = train_args(cfg, run);
     args.extend(extra);
     trident(&args, cfg.parent().unwrap())
 }

@@ -19,7 +19,6 @@ pub fn codec(body: &[u8], header_len: Option<usize>) {
     let Ok(request) = codec::decode_request(Bytes::copy_from_slice(body), header_len) else {
         return;
     };
-    let _ = request.wants_binary("x");
     for binary in [true, false] {
         let outputs: Vec<ResponseOutput> = request
             .inputs

@@ -141,57 +141,47 @@ fn instance_loop(mut instance: Box<dyn ModelInstance>, shared: &Shared, stats: &
 /// Runs one batch and replies to each of its requests. When a merged execution fails,
 /// its requests run again one by one, so a request that breaks the engine fails alone
 /// and the others get their answers.
-fn run_batch(instance: &mut dyn ModelInstance, jobs: Vec<Job>, stats: &ModelStats) {
+fn run_batch(instance: &mut dyn ModelInstance, mut jobs: Vec<Job>, stats: &ModelStats) {
     let start = Instant::now();
     for job in &jobs {
         stats.inference.queue.record(start - job.enqueued);
     }
-    let mut jobs = jobs;
-    if let [job] = jobs.as_mut_slice() {
-        // Alone: nothing to retry, its inputs are handed over.
-        let inputs = std::mem::take(&mut job.inputs);
-        return match execute(instance, &[], inputs, job.rows, start, stats) {
-            Ok(answers) => reply(jobs, answers),
-            Err(e) => fail(jobs, e),
-        };
+    if jobs.len() == 1 {
+        return run_alone(instance, jobs.pop().expect("one job"), start, stats);
     }
-    match execute(instance, &jobs, Vec::new(), 0, start, stats) {
+    let rows: Vec<i64> = jobs.iter().map(|j| j.rows as i64).collect();
+    match assemble(&jobs).and_then(|inputs| execute(instance, inputs, &rows, start, stats)) {
         Ok(answers) => reply(jobs, answers),
-        Err(e) if jobs.len() > 1 => {
+        Err(e) => {
             tracing::warn!(
                 "an execution of {} merged requests failed ({e}); running them one by one",
                 jobs.len()
             );
-            for mut job in jobs {
-                let inputs = std::mem::take(&mut job.inputs);
-                let (rows, job) = (job.rows, vec![job]);
-                match execute(instance, &[], inputs, rows, Instant::now(), stats) {
-                    Ok(answers) => reply(job, answers),
-                    Err(e) => fail(job, e),
-                }
+            for job in jobs {
+                run_alone(instance, job, Instant::now(), stats);
             }
         }
-        Err(e) => fail(jobs, e),
     }
 }
 
-/// One execution: of `jobs` merged, or (with `jobs` empty) of one job's `inputs` of
-/// `rows` rows. Gives each job's outputs and the execution's model time.
+/// Runs one job by itself; its inputs are handed to the engine (nothing would rerun it).
+fn run_alone(instance: &mut dyn ModelInstance, mut job: Job, start: Instant, stats: &ModelStats) {
+    let inputs = std::mem::take(&mut job.inputs);
+    match execute(instance, inputs, &[job.rows as i64], start, stats) {
+        Ok(answers) => reply(vec![job], answers),
+        Err(e) => fail(vec![job], e),
+    }
+}
+
+/// One execution of `inputs`, whose batch is `rows` rows of each job in turn: each job's
+/// outputs and the execution's model time.
 fn execute(
     instance: &mut dyn ModelInstance,
-    jobs: &[Job],
     inputs: Outputs,
-    rows: usize,
+    rows: &[i64],
     start: Instant,
     stats: &ModelStats,
 ) -> Result<(Vec<Outputs>, std::time::Duration), ServeError> {
-    let (inputs, rows): (Outputs, Vec<i64>) = if jobs.is_empty() {
-        (inputs, vec![rows as i64])
-    } else {
-        (assemble(jobs)?, jobs.iter().map(|j| j.rows as i64).collect())
-    };
-    let total = rows.iter().sum::<i64>() as usize;
-    let count = rows.len();
     let t_input = start.elapsed();
     let t0 = Instant::now();
     let outputs = instance
@@ -199,13 +189,14 @@ fn execute(
         .map_err(|e| ServeError::Backend(e.to_string()))?;
     let t_infer = t0.elapsed();
     let t1 = Instant::now();
-    let split = split_outputs(outputs, &rows, count)?;
+    let split = split_outputs(outputs, rows, rows.len())?;
     let times = ExecutionTimes {
         input: t_input,
         infer: t_infer,
         output: t1.elapsed(),
     };
-    stats.record_execution(total, count, times);
+    let total = rows.iter().sum::<i64>() as usize;
+    stats.record_execution(total, rows.len(), times);
     Ok((split, t_infer))
 }
 

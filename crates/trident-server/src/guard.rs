@@ -57,7 +57,11 @@ pub(crate) async fn handle(mut router: Router, limits: Limits, request: Request)
 
 async fn admit(request: Request, limits: Limits) -> Result<Request, ApiError> {
     check_head(&request)?;
-    let declared = content_length(request.headers())?;
+    let declared = numeric_header::<u64>(
+        request.headers(),
+        header::CONTENT_LENGTH.as_str(),
+        "Content-Length",
+    )?;
     if let Some(len) = declared.filter(|&len| len > limits.max_body_bytes as u64) {
         return Err(too_large(len, limits.max_body_bytes));
     }
@@ -117,8 +121,13 @@ fn check_head(request: &Request) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
-    let Some(value) = headers.get(header::CONTENT_LENGTH) else {
+/// The number in header `name` (`shown` in the error), if the request has it.
+pub(crate) fn numeric_header<T: std::str::FromStr>(
+    headers: &HeaderMap,
+    name: &str,
+    shown: &str,
+) -> Result<Option<T>, ApiError> {
+    let Some(value) = headers.get(name) else {
         return Ok(None);
     };
     value
@@ -126,7 +135,7 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .map(Some)
-        .ok_or_else(|| ApiError::bad_request(format!("Content-Length is not a number: {value:?}")))
+        .ok_or_else(|| ApiError::bad_request(format!("{shown} is not a number: {value:?}")))
 }
 
 fn too_large(len: u64, limit: usize) -> ApiError {

@@ -23,7 +23,7 @@ use crate::guard::{self, Limits};
 use crate::ServerConfig;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -54,8 +54,8 @@ pub(crate) async fn serve(
     let refusals = Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT));
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The read deadlines are the I/O wrapper's (`Guarded`): hyper's own header timer
-    // would arm a timer for every request.
-    builder.timer(TokioTimer::new()).header_read_timeout(None);
+    // would arm a timer for every request, so it gets no timer and no timeout.
+    builder.header_read_timeout(None);
     let builder = Arc::new(builder);
     let mut refused = Refused::default();
     loop {

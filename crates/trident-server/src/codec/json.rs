@@ -64,11 +64,14 @@ pub(super) enum Data<'a> {
 }
 
 impl Data<'_> {
-    /// The flattened elements as `dtype`, reserving `reserve` bytes.
-    pub fn collect(self, dtype: DataType, reserve: usize) -> Result<Collected, serde_json::Error> {
+    /// The flattened elements as `dtype`; `count` is the element count the shape declares.
+    pub fn collect(self, dtype: DataType, count: usize) -> Result<Collected, serde_json::Error> {
         match self {
             Data::Parsed(collected) => Ok(collected),
             Data::Unparsed(raw) => {
+                let reserve = dtype
+                    .size()
+                    .map_or(0, |size| size.saturating_mul(count).min(RESERVE_CAP));
                 let mut de = serde_json::Deserializer::from_str(raw.get());
                 DataSeed { dtype, reserve }.deserialize(&mut de)
             }
@@ -373,15 +376,17 @@ impl RawInput<'_> {
     }
 }
 
-/// Bytes to reserve for fixed-size data of `dims` (as declared, so capped: a bogus
-/// shape must not make us allocate much before the element count is checked).
+/// Most bytes reserved for an input's elements before they are counted: a bogus shape
+/// must not make us allocate much before the element count is checked.
+const RESERVE_CAP: usize = 1 << 20;
+
+/// Bytes to reserve for fixed-size data of `dims` (as declared, so capped).
 fn byte_len(size: usize, dims: &[Value]) -> usize {
-    const CAP: usize = 1 << 20;
     dims.iter()
         .try_fold(size, |acc, dim| {
             acc.checked_mul(usize::try_from(dim.as_u64()?).ok()?)
         })
-        .map_or(0, |len| len.min(CAP))
+        .map_or(0, |len| len.min(RESERVE_CAP))
 }
 
 /// Deserialises an input's `data` field into a [`Collected`].

@@ -19,7 +19,11 @@ pub(super) async fn infer(
     let received = Instant::now();
     let model = repo.get(&p.model, p.version.as_deref())?;
     refuse_content_encoding(&headers)?;
-    let header_len = header_length(&headers)?;
+    let header_len = crate::guard::numeric_header(
+        &headers,
+        INFERENCE_HEADER_CONTENT_LENGTH,
+        INFERENCE_HEADER_CONTENT_LENGTH,
+    )?;
     let mut request = match codec::decode_request(body, header_len) {
         Ok(r) => r,
         Err(e) => {
@@ -74,20 +78,4 @@ fn refuse_content_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
             "Content-Encoding '{other}' is not supported: send the request body uncompressed"
         ))),
     }
-}
-
-fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
-    let Some(value) = headers.get(INFERENCE_HEADER_CONTENT_LENGTH) else {
-        return Ok(None);
-    };
-    value
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .map(Some)
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "{INFERENCE_HEADER_CONTENT_LENGTH} is not a number: {value:?}"
-            ))
-        })
 }
