@@ -1,6 +1,7 @@
 //! `trident`: train, distill, serve and load-test deep-learning models from one binary.
 
 mod bench;
+mod export;
 mod learn;
 mod serve;
 
@@ -26,6 +27,8 @@ enum Command {
     Eval(learn::EvalArgs),
     /// Classify texts with a checkpoint; one JSON line per text.
     Predict(learn::PredictArgs),
+    /// Export a checkpoint as an ONNX file (portable or ONNX Runtime-fused, fp32 or int8).
+    Export(export::ExportArgs),
     /// Load-test a KServe v2 / Triton server: traffic phases, concurrency sweeps, request rates.
     Bench(Box<bench::BenchArgs>),
     /// Measure candidate serving configurations of a model and write the best config.pbtxt.
@@ -46,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Command::Distill(args) => learn::train(args, true),
         Command::Eval(args) => learn::eval(args),
         Command::Predict(args) => learn::predict(args),
+        Command::Export(args) => export::run(args),
         Command::Bench(args) => bench::run(*args),
         Command::Recommend(args) => bench::recommend(*args),
     }

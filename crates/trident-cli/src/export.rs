@@ -1,0 +1,62 @@
+//! `trident export`: a checkpoint of `trident train` / `trident distill` as an ONNX file.
+
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+use trident_export::{Flavour, Options, Precision};
+use trident_zoo::Model;
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// A checkpoint directory (`<run>/best` or `<run>/last`).
+    #[arg(long)]
+    model: PathBuf,
+    /// The ONNX file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// `portable` (standard operators, opset 17: ONNX Runtime, tract, Triton's ORT
+    /// backend) or `ort-fused` (ONNX Runtime's fused attention, skip layer norm and bias
+    /// GELU, bidirectional recurrences with sequence lengths: ONNX Runtime only).
+    #[arg(long, alias = "flavor", default_value = "portable")]
+    flavour: String,
+    /// `fp32`, or `int8`: linear layers with per-column int8 weights (ONNX Runtime's
+    /// DynamicQuantizeMatMul; ONNX Runtime only).
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+}
+
+impl ExportArgs {
+    fn options(&self) -> anyhow::Result<Options> {
+        Ok(Options {
+            flavour: Flavour::parse(&self.flavour)?,
+            precision: Precision::parse(&self.precision)?,
+        })
+    }
+}
+
+pub fn run(args: ExportArgs) -> anyhow::Result<()> {
+    let opts = args.options()?;
+    let model = Model::load_checkpoint(&args.model)?;
+    let exported = trident_export::export(&model, opts)
+        .with_context(|| format!("exporting {}", args.model.display()))?;
+    exported.write(&args.out)?;
+    let bytes = std::fs::metadata(&args.out)?.len();
+    let nodes: usize = exported.histogram().values().sum();
+    let io = |list: &[trident_export::Io]| {
+        list.iter()
+            .map(|i| format!("{} {} {:?}", i.name, i.data_type, i.dims))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    eprintln!(
+        "{}: {} nodes, {:.1} MB, {} {} (inputs: {}; outputs: {}; batch dimension first)",
+        args.out.display(),
+        nodes,
+        bytes as f64 / 1e6,
+        opts.flavour.name(),
+        opts.precision.name(),
+        io(&exported.inputs),
+        io(&exported.outputs)
+    );
+    Ok(())
+}

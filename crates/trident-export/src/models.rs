@@ -1,0 +1,392 @@
+//! One graph per model kind, mirroring the forward code of `trident-nn` (`bert.rs`,
+//! `vision.rs`, `rnn.rs`) operation by operation in evaluation mode.
+
+use crate::graph::{Attr, Dim};
+use crate::layers::Writer;
+use crate::pb::tensor_proto::DataType as Elem;
+use crate::{Exported, Flavour, Io, Options};
+use anyhow::{bail, Context};
+use trident_nn::bert::Pooling;
+use trident_zoo::{InputSpec, Model, ModelConfig, Net};
+
+const BATCH: Dim = Dim::Named("batch");
+const SEQ: Dim = Dim::Named("sequence");
+
+pub fn export(model: &Model, opts: Options) -> anyhow::Result<Exported> {
+    let classes = model.card.classes.len();
+    let mut w = Writer::new(&model.params, opts);
+    let (kind, inputs) = match (&model.net, &model.card.model) {
+        (Net::Bert(m), _) => ("bert", bert(&mut w, &m.bert.config, m.pooling)?),
+        (Net::Vit(_), ModelConfig::Vit(c)) => ("vit", vit(&mut w, c, &model.card.input)?),
+        (Net::Cnn(_), ModelConfig::Cnn { width, .. }) => ("cnn", cnn(&mut w, *width, &model.card.input)?),
+        (Net::Rnn(_), ModelConfig::Lstm(r)) => ("lstm", rnn(&mut w, r, true)?),
+        (Net::Rnn(_), ModelConfig::Gru(r)) => ("gru", rnn(&mut w, r, false)?),
+        _ => bail!("the model card does not match the network it built"),
+    };
+    let (logits, inputs) = inputs;
+    let out_dims = [BATCH, Dim::Fixed(classes as i64)];
+    let probs = w.g.op("Softmax", &[&logits], &[("axis", Attr::Int(-1))]);
+    w.g.output(&logits, "logits", Elem::Float, &out_dims);
+    w.g.output(&probs, "probabilities", Elem::Float, &out_dims);
+    let doc = format!(
+        "Trident {kind} classifier, {} flavour, {} weights; classes: {}",
+        opts.flavour.name(),
+        opts.precision.name(),
+        model.card.classes.join(", ")
+    );
+    Ok(Exported {
+        model: w.g.finish(kind, 8, 17, doc),
+        inputs,
+        outputs: ["logits", "probabilities"]
+            .map(|name| Io {
+                name: name.into(),
+                data_type: "TYPE_FP32",
+                dims: vec![classes as i64],
+            })
+            .to_vec(),
+    })
+}
+
+type Built = (String, Vec<Io>);
+
+fn token_input(w: &mut Writer, name: &str) -> (String, Io) {
+    let n = w.g.input(name, Elem::Int64, &[BATCH, SEQ]);
+    (
+        n,
+        Io {
+            name: name.into(),
+            data_type: "TYPE_INT64",
+            dims: vec![-1],
+        },
+    )
+}
+
+/// `Σ_t x[:, t] · m[:, t] / max(Σ_t m[:, t], 1e-9)` over `[batch, seq, width]` with the
+/// float mask `[batch, seq]` (`layers::masked_mean`).
+fn masked_mean(w: &mut Writer, x: &str, mask_f: &str) -> String {
+    let axis2 = w.g.ints(&[2]);
+    let m3 = w.g.op("Unsqueeze", &[mask_f, &axis2], &[]);
+    let prod = w.g.op("Mul", &[x, &m3], &[]);
+    let axis1 = w.g.ints(&[1]);
+    let keep0 = [("keepdims", Attr::Int(0))];
+    let num = w.g.op("ReduceSum", &[&prod, &axis1], &keep0);
+    let den = w.g.op("ReduceSum", &[&m3, &axis1], &keep0);
+    let floor = w.g.float_scalar(1e-9);
+    let den = w.g.op("Max", &[&den, &floor], &[]);
+    w.g.op("Div", &[&num, &den], &[])
+}
+
+fn bert(w: &mut Writer, c: &trident_nn::bert::BertConfig, pooling: Pooling) -> anyhow::Result<Built> {
+    let (ids, io_ids) = token_input(w, "input_ids");
+    let (mask, io_mask) = token_input(w, "attention_mask");
+    let (types, io_types) = token_input(w, "token_type_ids");
+    let h = c.hidden_size;
+    let eps = c.layer_norm_eps;
+
+    // Embeddings: word + token type + positions 0..seq, then LayerNorm.
+    let word = w.param("bert.embeddings.word_embeddings.weight")?;
+    let ty = w.param("bert.embeddings.token_type_embeddings.weight")?;
+    let pos = w.param("bert.embeddings.position_embeddings.weight")?;
+    let we = w.g.op("Gather", &[&word, &ids], &[]);
+    let te = w.g.op("Gather", &[&ty, &types], &[]);
+    let shape = w.g.op("Shape", &[&ids], &[]);
+    let (one, two, zero) = (w.g.ints(&[1]), w.g.ints(&[2]), w.g.ints(&[0]));
+    let seq = w.g.op("Slice", &[&shape, &one, &two], &[]);
+    let pe = w.g.op("Slice", &[&pos, &zero, &seq, &zero], &[]);
+    let x = w.g.op("Add", &[&we, &te], &[]);
+    let x = w.g.op("Add", &[&x, &pe], &[]);
+    let mut x = w.layer_norm(&x, "bert.embeddings.LayerNorm", eps)?;
+
+    // The mask: an additive bias (m - 1) · 1e9 as [batch, 1, 1, seq] (`mask_bias`), or
+    // the int32 0/1 mask ORT's Attention takes.
+    let mask_f = w.g.op("Cast", &[&mask], &[("to", Attr::Int(Elem::Float as i64))]);
+    let (bias, index) = match w.opts.flavour {
+        Flavour::OrtFused => (
+            String::new(),
+            w.g.op("Cast", &[&mask], &[("to", Attr::Int(Elem::Int32 as i64))]),
+        ),
+        Flavour::Portable => {
+            let one_f = w.g.float_scalar(1.0);
+            let big = w.g.float_scalar(1e9);
+            let bias = w.g.op("Sub", &[&mask_f, &one_f], &[]);
+            let bias = w.g.op("Mul", &[&bias, &big], &[]);
+            let axes = w.g.ints(&[1, 2]);
+            (w.g.op("Unsqueeze", &[&bias, &axes], &[]), String::new())
+        }
+    };
+
+    // Post-norm encoder layers.
+    for l in 0..c.num_hidden_layers {
+        let p = format!("bert.encoder.layer.{l}");
+        let a = w.self_attention(&x, &p, h, c.num_attention_heads, Some((&bias, &index)))?;
+        let (a, ab) = w.linear_split(&a, &format!("{p}.attention.output.dense"))?;
+        x = w.add_norm(&a, &ab, &x, &format!("{p}.attention.output.LayerNorm"), eps)?;
+        let (f, fb) = w.linear_split(&x, &format!("{p}.intermediate.dense"))?;
+        let f = w.bias_gelu(&f, &fb);
+        let (f, ob) = w.linear_split(&f, &format!("{p}.output.dense"))?;
+        x = w.add_norm(&f, &ob, &x, &format!("{p}.output.LayerNorm"), eps)?;
+    }
+
+    let pooled = match pooling {
+        Pooling::Mean => masked_mean(w, &x, &mask_f),
+        Pooling::Cls => {
+            let first = w.g.int_scalar(0);
+            let cls = w.g.op("Gather", &[&x, &first], &[("axis", Attr::Int(1))]);
+            let y = w.linear(&cls, "bert.pooler.dense")?;
+            w.g.op("Tanh", &[&y], &[])
+        }
+    };
+    let logits = w.linear(&pooled, "classifier")?;
+    Ok((logits, vec![io_ids, io_mask, io_types]))
+}
+
+fn image_input(w: &mut Writer, spec: &InputSpec) -> anyhow::Result<(String, Io, (usize, usize, usize))> {
+    let &InputSpec::Image {
+        channels,
+        height,
+        width,
+        ..
+    } = spec
+    else {
+        bail!("an image model whose card does not describe images")
+    };
+    let dims = [channels, height, width].map(|d| d as i64);
+    let x = w.g.input(
+        "pixel_values",
+        Elem::Float,
+        &[
+            BATCH,
+            Dim::Fixed(dims[0]),
+            Dim::Fixed(dims[1]),
+            Dim::Fixed(dims[2]),
+        ],
+    );
+    Ok((
+        x,
+        Io {
+            name: "pixel_values".into(),
+            data_type: "TYPE_FP32",
+            dims: dims.to_vec(),
+        },
+        (channels, height, width),
+    ))
+}
+
+fn vit(w: &mut Writer, c: &trident_nn::vision::VitConfig, spec: &InputSpec) -> anyhow::Result<Built> {
+    let (x, io, _) = image_input(w, spec)?;
+    let (h, p) = (c.hidden, c.patch_size as i64);
+    let eps = 1e-6;
+    let pw = w.param("patch_embed.weight")?;
+    let pb = w.param("patch_embed.bias")?;
+    let conv = w.g.op(
+        "Conv",
+        &[&x, &pw, &pb],
+        &[
+            ("kernel_shape", Attr::Ints(vec![p, p])),
+            ("strides", Attr::Ints(vec![p, p])),
+        ],
+    );
+    let flat = w.g.ints(&[0, h as i64, -1]);
+    let patches = w.g.op("Reshape", &[&conv, &flat], &[]);
+    let patches =
+        w.g.op("Transpose", &[&patches], &[("perm", Attr::Ints(vec![0, 2, 1]))]);
+    let batch = w.batch_dim(&x);
+    let rest = w.g.ints(&[1, h as i64]);
+    let shape = w.g.op("Concat", &[&batch, &rest], &[("axis", Attr::Int(0))]);
+    let cls = w.param("cls_token")?;
+    let cls = w.g.op("Expand", &[&cls, &shape], &[]);
+    let seq = w.g.op("Concat", &[&cls, &patches], &[("axis", Attr::Int(1))]);
+    let pos = w.param("pos_embed")?;
+    let mut x = w.g.op("Add", &[&seq, &pos], &[]);
+
+    // Pre-norm encoder layers: x + attn(LN(x)), then x + ffn(LN(x)).
+    for l in 0..c.layers {
+        let pre = format!("encoder.layer.{l}");
+        let n = w.layer_norm(&x, &format!("{pre}.attention.output.LayerNorm"), eps)?;
+        let a = w.self_attention(&n, &pre, h, c.heads, None)?;
+        let a = w.linear(&a, &format!("{pre}.attention.output.dense"))?;
+        x = w.g.op("Add", &[&x, &a], &[]);
+        let n = w.layer_norm(&x, &format!("{pre}.output.LayerNorm"), eps)?;
+        let (f, fb) = w.linear_split(&n, &format!("{pre}.intermediate.dense"))?;
+        let f = w.bias_gelu(&f, &fb);
+        let f = w.linear(&f, &format!("{pre}.output.dense"))?;
+        x = w.g.op("Add", &[&x, &f], &[]);
+    }
+    let first = w.g.int_scalar(0);
+    let cls = w.g.op("Gather", &[&x, &first], &[("axis", Attr::Int(1))]);
+    let cls = w.layer_norm(&cls, "norm", eps)?;
+    Ok((w.linear(&cls, "head")?, vec![io]))
+}
+
+/// A 3×3 convolution (padding 1, no bias) followed by an evaluation-mode batch norm,
+/// folded into one convolution: `W' = W · γ/√(var + ε)`, `b' = β − mean · γ/√(var + ε)`.
+fn conv_bn(w: &mut Writer, x: &str, conv: &str, bn: &str) -> anyhow::Result<String> {
+    const EPS: f32 = 1e-5; // BatchNorm2d's
+    let (dims, mut k) = w.tensor(&format!("{conv}.weight"))?;
+    let (_, gamma) = w.tensor(&format!("{bn}.weight"))?;
+    let (_, beta) = w.tensor(&format!("{bn}.bias"))?;
+    let (_, mean) = w.tensor(&format!("{bn}.running_mean"))?;
+    let (_, var) = w.tensor(&format!("{bn}.running_var"))?;
+    let per_out = k.len() / dims[0];
+    let mut bias = vec![0f32; dims[0]];
+    for o in 0..dims[0] {
+        let s = gamma[o] / (var[o] + EPS).sqrt();
+        k[o * per_out..(o + 1) * per_out].iter_mut().for_each(|v| *v *= s);
+        bias[o] = beta[o] - mean[o] * s;
+    }
+    let kw = w.g.weight(&format!("{conv}.weight"), &dims, &k);
+    let kb = w.g.weight(&format!("{conv}.bias"), &[dims[0]], &bias);
+    let y = w.g.op(
+        "Conv",
+        &[x, &kw, &kb],
+        &[
+            ("kernel_shape", Attr::Ints(vec![dims[2] as i64, dims[3] as i64])),
+            ("pads", Attr::Ints(vec![1, 1, 1, 1])),
+        ],
+    );
+    let y = w.g.op("Relu", &[&y], &[]);
+    Ok(w.g.op(
+        "MaxPool",
+        &[&y],
+        &[
+            ("kernel_shape", Attr::Ints(vec![2, 2])),
+            ("strides", Attr::Ints(vec![2, 2])),
+        ],
+    ))
+}
+
+fn cnn(w: &mut Writer, _width: usize, spec: &InputSpec) -> anyhow::Result<Built> {
+    let (x, io, _) = image_input(w, spec)?;
+    let h = conv_bn(w, &x, "conv1", "bn1")?;
+    let h = conv_bn(w, &h, "conv2", "bn2")?;
+    let h = w.g.op("Flatten", &[&h], &[("axis", Attr::Int(1))]);
+    let h = w.linear(&h, "fc1")?;
+    let h = w.g.op("Relu", &[&h], &[]);
+    Ok((w.linear(&h, "fc2")?, vec![io]))
+}
+
+/// PyTorch's gate blocks reordered to ONNX's: LSTM i,f,g,o → i,o,f,c; GRU r,z,n → z,r,h.
+fn onnx_gates(v: &[f32], lstm: bool) -> Vec<f32> {
+    let order: &[usize] = if lstm { &[0, 3, 1, 2] } else { &[1, 0, 2] };
+    let block = v.len() / order.len();
+    order
+        .iter()
+        .flat_map(|&g| v[g * block..(g + 1) * block].iter().copied())
+        .collect()
+}
+
+fn rnn(w: &mut Writer, r: &trident_zoo::RnnModel, lstm: bool) -> anyhow::Result<Built> {
+    let (ids, io_ids) = token_input(w, "input_ids");
+    let (mask, io_mask) = token_input(w, "attention_mask");
+    let hidden = r.hidden;
+    let gates = if lstm { 4 } else { 3 };
+    let op = if lstm { "LSTM" } else { "GRU" };
+    let emb = w.param("embedding.weight")?;
+    let mut x = w.g.op("Gather", &[&emb, &ids], &[]);
+    let mask_f = w.g.op("Cast", &[&mask], &[("to", Attr::Int(Elem::Float as i64))]);
+    let mut attrs = vec![("hidden_size", Attr::Int(hidden as i64))];
+    if !lstm {
+        // PyTorch's GRU applies the reset gate after the recurrent product.
+        attrs.push(("linear_before_reset", Attr::Int(1)));
+    }
+    // ONNX weights for direction suffixes: W [dirs, gates·H, in], R [dirs, gates·H, H],
+    // B [dirs, 2·gates·H].
+    let weights = |w: &mut Writer, l: usize, sfx: &[&str]| -> anyhow::Result<[String; 3]> {
+        let (mut wi, mut wh, mut b) = (Vec::new(), Vec::new(), Vec::new());
+        let mut inp = 0;
+        for s in sfx {
+            let (d, v) = w.tensor(&format!("rnn.weight_ih_l{l}{s}"))?;
+            inp = d[1];
+            wi.extend(onnx_gates(&v, lstm));
+            wh.extend(onnx_gates(&w.tensor(&format!("rnn.weight_hh_l{l}{s}"))?.1, lstm));
+            b.extend(onnx_gates(&w.tensor(&format!("rnn.bias_ih_l{l}{s}"))?.1, lstm));
+            b.extend(onnx_gates(&w.tensor(&format!("rnn.bias_hh_l{l}{s}"))?.1, lstm));
+        }
+        let (n, g) = (sfx.len(), gates * hidden);
+        let tag = sfx.concat();
+        Ok([
+            w.g.weight(&format!("rnn.l{l}{tag}.W"), &[n, g, inp], &wi),
+            w.g.weight(&format!("rnn.l{l}{tag}.R"), &[n, g, hidden], &wh),
+            w.g.weight(&format!("rnn.l{l}{tag}.B"), &[n, 2 * g], &b),
+        ])
+    };
+    let to_time = [("perm", Attr::Ints(vec![1, 0, 2]))];
+    if w.opts.flavour == Flavour::OrtFused {
+        // One bidirectional node; `sequence_lens` makes the reverse direction start at
+        // each sequence's last token, as packed sequences do.
+        let axis1 = w.g.ints(&[1]);
+        let lens =
+            w.g.op("ReduceSum", &[&mask, &axis1], &[("keepdims", Attr::Int(0))]);
+        let lens = w.g.op("Cast", &[&lens], &[("to", Attr::Int(Elem::Int32 as i64))]);
+        let mut a = attrs.clone();
+        a.push(("direction", Attr::Str("bidirectional")));
+        let merge = w.g.ints(&[0, 0, 2 * hidden as i64]);
+        for l in 0..r.layers {
+            let [wi, wh, b] = weights(w, l, &["", "_reverse"])?;
+            let xt = w.g.op("Transpose", &[&x], &to_time);
+            let y = w.g.op_n("", op, &[&xt, &wi, &wh, &b, &lens], &a, 1).remove(0); // [S, 2, B, H]
+            let y =
+                w.g.op("Transpose", &[&y], &[("perm", Attr::Ints(vec![2, 0, 1, 3]))]);
+            x = w.g.op("Reshape", &[&y, &merge], &[]);
+        }
+    } else {
+        // Standard operators only (tract takes no per-row sequence_lens): the reverse
+        // direction runs forwards over each row reversed within its own length,
+        // idx[b, t] = len_b − 1 − t for t < len_b, t for padding, and is reversed back
+        // with the same gather.
+        let axis1 = w.g.ints(&[1]);
+        let lens =
+            w.g.op("ReduceSum", &[&mask, &axis1], &[("keepdims", Attr::Int(1))]); // [B, 1]
+        let shape = w.g.op("Shape", &[&ids], &[]);
+        let one = w.g.int_scalar(1);
+        let s = w.g.op("Gather", &[&shape, &one], &[]);
+        let zero = w.g.int_scalar(0);
+        let t = w.g.op("Range", &[&zero, &s, &one], &[]);
+        let axis0 = w.g.ints(&[0]);
+        let t = w.g.op("Unsqueeze", &[&t, &axis0], &[]); // [1, S]
+        let valid = w.g.op("Less", &[&t, &lens], &[]);
+        let last = w.g.op("Sub", &[&lens, &one], &[]);
+        let back = w.g.op("Sub", &[&last, &t], &[]);
+        let idx = w.g.op("Where", &[&valid, &back, &t], &[]); // [B, S]
+        let axis2 = w.g.ints(&[2]);
+        let idx = w.g.op("Unsqueeze", &[&idx, &axis2], &[]); // [B, S, 1]
+        let reverse = |w: &mut Writer, v: &str| {
+            let shape = w.g.op("Shape", &[v], &[]);
+            let full = w.g.op("Expand", &[&idx, &shape], &[]);
+            w.g.op("GatherElements", &[v, &full], &[("axis", Attr::Int(1))])
+        };
+        // Zero initial states given explicitly, [1, batch, hidden]: tract cannot build
+        // its own for a symbolic batch.
+        let batch = w.batch_dim(&ids);
+        let (one_d, h_d) = (w.g.ints(&[1]), w.g.ints(&[hidden as i64]));
+        let h0_shape =
+            w.g.op("Concat", &[&one_d, &batch, &h_d], &[("axis", Attr::Int(0))]);
+        let zeros = w.g.weight("rnn.zero_state", &[1, 1, hidden], &vec![0.0; hidden]);
+        let h0 = w.g.op("Expand", &[&zeros, &h0_shape], &[]);
+        let run = |w: &mut Writer, v: &str, ws: &[String; 3]| {
+            let xt = w.g.op("Transpose", &[v], &to_time);
+            let mut inputs = vec![xt.as_str(), &ws[0], &ws[1], &ws[2], "", &h0];
+            if lstm {
+                inputs.push(&h0);
+            }
+            let y = w.g.op_n("", op, &inputs, &attrs, 1).remove(0); // [S, 1, B, H]
+            let axes = w.g.ints(&[1]);
+            let y = w.g.op("Squeeze", &[&y, &axes], &[]);
+            w.g.op("Transpose", &[&y], &to_time)
+        };
+        for l in 0..r.layers {
+            let fwd = weights(w, l, &[""])?;
+            let bwd = weights(w, l, &["_reverse"])?;
+            let f = run(w, &x, &fwd);
+            let xr = reverse(w, &x);
+            let b = run(w, &xr, &bwd);
+            let b = reverse(w, &b);
+            x = w.g.op("Concat", &[&f, &b], &[("axis", Attr::Int(2))]);
+        }
+    }
+    let pooled = masked_mean(w, &x, &mask_f);
+    let logits = w
+        .linear(&pooled, "head")
+        .context("the recurrent classifier's head")?;
+    Ok((logits, vec![io_ids, io_mask]))
+}

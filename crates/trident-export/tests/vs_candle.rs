@@ -1,0 +1,389 @@
+//! Every model kind, exported in every flavour, run by tract and ONNX Runtime (the
+//! server's own backends) against the candle forward pass `trident eval` uses: logits
+//! within 1e-4 on padded batches of mixed lengths.
+
+use std::path::PathBuf;
+use trident_export::{export, Flavour, Options, Precision};
+use trident_nn::bert::{Pooling, TextBatch};
+use trident_nn::vision::VitConfig;
+use trident_nn::{Ctx, Device, Tensor};
+use trident_serve::backend::{Backend, LoadOptions};
+use trident_zoo::{InputSpec, Model, ModelCard, ModelConfig, RnnModel};
+
+fn tiny_bert() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trident-nn/tests/fixtures/tiny_bert")
+}
+
+fn classes(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("c{i}")).collect()
+}
+
+fn text_card(model: ModelConfig) -> ModelCard {
+    ModelCard {
+        model,
+        classes: classes(3),
+        input: InputSpec::Text {
+            max_len: 32,
+            truncate: true,
+        },
+    }
+}
+
+fn bert(pooling: Pooling, layers: Option<Vec<usize>>, narrow: bool) -> ModelCard {
+    text_card(ModelConfig::Bert {
+        pretrained: tiny_bert(),
+        pooling,
+        freeze_encoder: false,
+        layers,
+        hidden: narrow.then_some(8),
+        heads: narrow.then_some(2),
+        intermediate: narrow.then_some(12),
+    })
+}
+
+fn rnn(lstm: bool, layers: usize) -> ModelCard {
+    let r = RnnModel {
+        tokenizer: tiny_bert().join("tokenizer.json"),
+        embeddings: None,
+        embed: 8,
+        hidden: 6,
+        layers,
+        dropout: 0.0,
+    };
+    text_card(if lstm {
+        ModelConfig::Lstm(r)
+    } else {
+        ModelConfig::Gru(r)
+    })
+}
+
+fn image_card(model: ModelConfig, channels: usize) -> ModelCard {
+    ModelCard {
+        model,
+        classes: classes(4),
+        input: InputSpec::Image {
+            channels,
+            height: 8,
+            width: 8,
+            mean: 0.5,
+            std: 0.25,
+        },
+    }
+}
+
+/// Every parameter moved off its initial value (layer norms away from 1/0, batch-norm
+/// statistics away from 0/1), so the test sees each weight used in the right place.
+fn perturb(model: &Model) {
+    for (k, p) in model.params.all().iter().enumerate() {
+        let n = p.var.elem_count();
+        let v: Vec<f32> = (0..n)
+            .map(|i| {
+                let s = ((i * 7 + k * 13) as f32 * 0.61).sin();
+                if p.name.ends_with("running_var") {
+                    0.5 + s.abs()
+                } else {
+                    0.3 * s
+                }
+            })
+            .collect();
+        let shape = p.var.dims().to_vec();
+        let t = Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+        let cur = p.var.as_tensor().clone();
+        p.var.set(&(cur + t).unwrap()).unwrap();
+    }
+}
+
+/// Three sequences of lengths 5, 2 and 7 (padded to 7), ids within the tiny vocabulary.
+fn text_batch() -> (TextBatch, Vec<i64>, Vec<i64>) {
+    let lens = [5usize, 2, 7];
+    let (b, s) = (lens.len(), 7);
+    let mut ids = vec![0u32; b * s];
+    let mut mask = vec![0u32; b * s];
+    for (r, &l) in lens.iter().enumerate() {
+        for t in 0..l {
+            ids[r * s + t] = ((r * 11 + t * 5) % 47 + 2) as u32;
+            mask[r * s + t] = 1;
+        }
+    }
+    let types: Vec<u32> = (0..b * s).map(|i| u32::from(i % s >= 4)).collect();
+    let batch = TextBatch::new(ids.clone(), types.clone(), mask.clone(), b, s).unwrap();
+    (
+        batch,
+        ids.iter().map(|&v| v as i64).collect(),
+        types.iter().map(|&v| v as i64).collect(),
+    )
+}
+
+fn candle_logits(model: &Model, batch: &trident_zoo::Batch) -> Vec<f32> {
+    use trident_train::TrainStep;
+    let out = model.forward(batch, &Ctx::eval()).unwrap();
+    out.logits.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn engines() -> Vec<std::sync::Arc<dyn Backend>> {
+    let mut v: Vec<std::sync::Arc<dyn Backend>> =
+        vec![std::sync::Arc::new(trident_serve::backend::tract::TractBackend)];
+    #[cfg(feature = "ort")]
+    v.push(trident_serve::backend::ort::shared().expect("the ort feature is on: ONNX Runtime must load"));
+    v
+}
+
+/// Runs `inputs` through every engine that accepts the flavour and compares with `want`.
+fn check(
+    name: &str,
+    model: &Model,
+    opts: Options,
+    inputs: Vec<(String, trident_core::Tensor)>,
+    want: &[f32],
+    tol: f32,
+) {
+    let exported = export(model, opts).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.onnx");
+    exported.write(&file).unwrap();
+    onnx_checker(name, &file);
+    let ort_only = opts.flavour == Flavour::OrtFused || opts.precision == Precision::Int8;
+    let mut ran = 0;
+    for engine in engines() {
+        if ort_only && engine.name() == "tract" {
+            continue;
+        }
+        let loaded = engine
+            .load(
+                &file,
+                &LoadOptions {
+                    threads_per_instance: 1,
+                },
+            )
+            .unwrap_or_else(|e| panic!("{name} on {}: {e}", engine.name()));
+        let mut inst = loaded.instance().unwrap();
+        let out = inst
+            .execute(inputs.clone())
+            .unwrap_or_else(|e| panic!("{name} on {}: {e}", engine.name()));
+        let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["logits", "probabilities"], "{name}");
+        let got = out[0].1.to_f32().unwrap();
+        // The probabilities are the logits' softmax, row by row.
+        let probs = out[1].1.to_f32().unwrap();
+        let k = got.len() / (out[0].1.shape()[0] as usize);
+        for (row, p) in got.chunks(k).zip(probs.chunks(k)) {
+            let m = row.iter().fold(f32::MIN, |a, &b| a.max(b));
+            let z: f32 = row.iter().map(|v| (v - m).exp()).sum();
+            for (v, p) in row.iter().zip(p) {
+                assert!(
+                    ((v - m).exp() / z - p).abs() < 1e-5,
+                    "{name}: probabilities {p} vs logits {row:?}"
+                );
+            }
+        }
+        assert_eq!(got.len(), want.len(), "{name} on {}", engine.name());
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= tol,
+            "{name} on {}: max |difference| {worst} > {tol}\n got {got:?}\nwant {want:?}",
+            engine.name()
+        );
+        ran += 1;
+    }
+    if !ort_only {
+        assert!(ran >= 1);
+    }
+}
+
+/// ONNX's own checker (the `onnx` Python package, installed by the test scripts) on the
+/// file, with full shape inference.
+fn onnx_checker(name: &str, file: &std::path::Path) {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import onnx, sys; onnx.checker.check_model(sys.argv[1], full_check=True)",
+        ])
+        .arg(file)
+        .output()
+        .expect("python3 runs (pip install onnx: tests/e2e/requirements.txt)");
+    assert!(
+        out.status.success(),
+        "{name}: onnx.checker refuses the file: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const FP32: Options = Options {
+    flavour: Flavour::Portable,
+    precision: Precision::Fp32,
+};
+const FUSED: Options = Options {
+    flavour: Flavour::OrtFused,
+    precision: Precision::Fp32,
+};
+
+fn text_inputs(with_types: bool) -> (trident_zoo::Batch, Vec<(String, trident_core::Tensor)>) {
+    let (b, ids, types) = text_batch();
+    let mask: Vec<i64> = b
+        .mask
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<u32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as i64)
+        .collect();
+    let shape = vec![3, 7];
+    let mut inputs = vec![
+        (
+            "input_ids".to_string(),
+            trident_core::Tensor::from_i64(shape.clone(), &ids).unwrap(),
+        ),
+        (
+            "attention_mask".to_string(),
+            trident_core::Tensor::from_i64(shape.clone(), &mask).unwrap(),
+        ),
+    ];
+    if with_types {
+        inputs.push((
+            "token_type_ids".into(),
+            trident_core::Tensor::from_i64(shape, &types).unwrap(),
+        ));
+    }
+    (trident_zoo::Batch::Text(b, vec![0, 0, 0]), inputs)
+}
+
+fn image_inputs(channels: usize) -> (trident_zoo::Batch, Vec<(String, trident_core::Tensor)>) {
+    let n = 2 * channels * 64;
+    let px: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin()).collect();
+    let x = Tensor::from_vec(px.clone(), (2, channels, 8, 8), &Device::Cpu).unwrap();
+    let t = trident_core::Tensor::from_f32(vec![2, channels as i64, 8, 8], &px).unwrap();
+    (
+        trident_zoo::Batch::Image(x, vec![0, 0]),
+        vec![("pixel_values".into(), t)],
+    )
+}
+
+fn run_all(name: &str, card: ModelCard, text: Option<bool>, channels: usize) {
+    let model = Model::build(&card, 7, None).unwrap();
+    perturb(&model);
+    let (batch, inputs) = match text {
+        Some(types) => text_inputs(types),
+        None => image_inputs(channels),
+    };
+    let want = candle_logits(&model, &batch);
+    check(
+        &format!("{name} portable"),
+        &model,
+        FP32,
+        inputs.clone(),
+        &want,
+        1e-4,
+    );
+    #[cfg(feature = "ort")]
+    {
+        check(
+            &format!("{name} ort-fused"),
+            &model,
+            FUSED,
+            inputs.clone(),
+            &want,
+            1e-4,
+        );
+        // int8 weights: close to fp32, not equal (per-column scales, dynamic activations).
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for flavour in [Flavour::Portable, Flavour::OrtFused] {
+            let opts = Options {
+                flavour,
+                precision: Precision::Int8,
+            };
+            check(
+                &format!("{name} {} int8", flavour.name()),
+                &model,
+                opts,
+                inputs.clone(),
+                &want,
+                0.05 * scale + 0.01,
+            );
+        }
+    }
+    let _ = FUSED;
+}
+
+#[test]
+fn fused_bert_uses_the_contrib_operators() {
+    let model = Model::build(&bert(Pooling::Mean, None, false), 7, None).unwrap();
+    let layers = 2;
+    let h = export(&model, FUSED).unwrap().histogram();
+    assert_eq!(h.get("Attention"), Some(&layers), "{h:?}");
+    assert_eq!(h.get("SkipLayerNormalization"), Some(&(2 * layers)), "{h:?}");
+    assert_eq!(h.get("BiasGelu"), Some(&layers), "{h:?}");
+    // The attention's softmax is inside Attention; one remains, for the probabilities.
+    assert_eq!(h.get("Softmax"), Some(&1), "{h:?}");
+    let portable = export(&model, FP32).unwrap().histogram();
+    assert_eq!(portable.get("Softmax"), Some(&(layers + 1)), "{portable:?}");
+    assert!(portable
+        .keys()
+        .all(|op| !["Attention", "SkipLayerNormalization", "BiasGelu"].contains(&op.as_str())));
+    let int8 = Options {
+        flavour: Flavour::OrtFused,
+        precision: Precision::Int8,
+    };
+    // Per layer: attention output, two feed-forward products; and the classifier.
+    let q = export(&model, int8).unwrap().histogram();
+    assert_eq!(q.get("DynamicQuantizeMatMul"), Some(&(3 * layers + 1)), "{q:?}");
+    assert_eq!(q.get("MatMul"), None, "{q:?}");
+}
+
+#[test]
+fn bert_mean_pooling() {
+    run_all("bert mean", bert(Pooling::Mean, None, false), Some(true), 0);
+}
+
+#[test]
+fn bert_cls_pooler() {
+    run_all("bert cls", bert(Pooling::Cls, None, false), Some(true), 0);
+}
+
+#[test]
+fn bert_students_kept_layers_and_narrow() {
+    run_all(
+        "bert kept layer",
+        bert(Pooling::Mean, Some(vec![1]), false),
+        Some(true),
+        0,
+    );
+    run_all("bert narrow", bert(Pooling::Cls, None, true), Some(true), 0);
+}
+
+#[test]
+fn lstm_and_gru_two_layers() {
+    run_all("lstm", rnn(true, 2), Some(false), 0);
+    run_all("gru", rnn(false, 2), Some(false), 0);
+}
+
+#[test]
+fn vit() {
+    let c = VitConfig {
+        image_size: 8,
+        channels: 3,
+        patch_size: 4,
+        hidden: 8,
+        layers: 2,
+        heads: 2,
+        mlp: 16,
+        dropout: 0.0,
+    };
+    run_all("vit", image_card(ModelConfig::Vit(c), 3), None, 3);
+}
+
+#[test]
+fn cnn_batch_norm_folded() {
+    let card = image_card(
+        ModelConfig::Cnn {
+            width: 4,
+            dropout: 0.0,
+        },
+        1,
+    );
+    run_all("cnn", card, None, 1);
+}

@@ -1,0 +1,156 @@
+//! What a checkpoint is: the model's kind and sizes (`[model]` of a run config), its
+//! classes and its input (`trident.json`, the model card).
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use trident_nn::bert::Pooling;
+use trident_nn::vision::VitConfig;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ModelConfig {
+    /// A BERT-family encoder from a Hugging Face folder, with a classification head.
+    Bert {
+        /// Folder with config.json, model.safetensors and tokenizer.json.
+        pretrained: PathBuf,
+        #[serde(default = "mean_pool")]
+        pooling: Pooling,
+        /// Train only the head.
+        #[serde(default)]
+        freeze_encoder: bool,
+        /// Keep only these encoder layers of the pretrained model, in this order (a
+        /// shallower student initialised from its teacher, e.g. `[0, 2, 4]`: every other
+        /// layer of a 6-layer model). All layers when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        layers: Option<Vec<usize>>,
+        /// A narrower student: its hidden size, attention heads and feed-forward width
+        /// (the pretrained model's when absent). Weights are taken from the pretrained file
+        /// where their shapes still fit; the rest are initialised.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hidden: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        heads: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        intermediate: Option<usize>,
+    },
+    /// A ViT trained from scratch.
+    Vit(VitConfig),
+    /// The small CNN.
+    Cnn {
+        #[serde(default = "width")]
+        width: usize,
+        #[serde(default)]
+        dropout: f32,
+    },
+    /// Embedding + BiLSTM text classifier (tokenised with a tokenizer.json).
+    Lstm(RnnModel),
+    /// Embedding + BiGRU text classifier.
+    Gru(RnnModel),
+}
+
+/// Width overrides of a BERT student (`model.hidden`, `model.heads`, `model.intermediate`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BertWidth {
+    pub hidden: Option<usize>,
+    pub heads: Option<usize>,
+    pub intermediate: Option<usize>,
+}
+
+impl BertWidth {
+    /// The overrides of a model config (none for other kinds).
+    pub fn of(m: &ModelConfig) -> Self {
+        match m {
+            ModelConfig::Bert {
+                hidden,
+                heads,
+                intermediate,
+                ..
+            } => BertWidth {
+                hidden: *hidden,
+                heads: *heads,
+                intermediate: *intermediate,
+            },
+            _ => BertWidth::default(),
+        }
+    }
+
+    /// Whether any width is overridden.
+    pub fn any(&self) -> bool {
+        self.hidden.is_some() || self.heads.is_some() || self.intermediate.is_some()
+    }
+
+    /// Applies the overrides to a `config.json` value.
+    pub fn apply_json(&self, json: &mut serde_json::Value) {
+        for (key, v) in [
+            ("hidden_size", self.hidden),
+            ("num_attention_heads", self.heads),
+            ("intermediate_size", self.intermediate),
+        ] {
+            if let Some(v) = v {
+                json[key] = v.into();
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RnnModel {
+    pub tokenizer: PathBuf,
+    /// Start the embedding table from this BERT folder or checkpoint's token embeddings,
+    /// projected onto their `embed` leading principal directions (its tokenizer must be
+    /// `tokenizer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<PathBuf>,
+    #[serde(default = "embed")]
+    pub embed: usize,
+    #[serde(default = "embed")]
+    pub hidden: usize,
+    #[serde(default = "one")]
+    pub layers: usize,
+    #[serde(default)]
+    pub dropout: f32,
+}
+
+fn mean_pool() -> Pooling {
+    Pooling::Mean
+}
+fn width() -> usize {
+    32
+}
+fn embed() -> usize {
+    128
+}
+
+fn one() -> usize {
+    1
+}
+
+/// What a checkpoint needs besides its weights to be used on its own (`trident.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub model: ModelConfig,
+    pub classes: Vec<String>,
+    pub input: InputSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum InputSpec {
+    Text {
+        max_len: usize,
+        truncate: bool,
+    },
+    Image {
+        #[serde(default = "one_channel")]
+        channels: usize,
+        height: usize,
+        width: usize,
+        mean: f32,
+        std: f32,
+    },
+}
+
+fn one_channel() -> usize {
+    1
+}

@@ -1,0 +1,532 @@
+//! The models Trident trains, built from a model card, loaded from a checkpoint, and the
+//! [`TrainStep`] that ties each to its loss.
+
+use crate::card::{BertWidth, InputSpec, ModelCard, ModelConfig};
+use anyhow::{bail, Context};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use trident_data::DataError;
+use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, TextBatch, Tokenizer};
+use trident_nn::rnn::{CellKind, RnnClassifier};
+use trident_nn::vision::{Cnn, Vit};
+use trident_nn::{ops, Ctx, Device, Loaded, Params, Tensor};
+use trident_train::trainer::HiddenStates;
+use trident_train::{StepOutput, TrainStep};
+
+/// A batch for any of the models.
+pub enum Batch {
+    /// Token ids, segments and mask.
+    Text(TextBatch, Vec<usize>),
+    /// `[batch, channels, h, w]` images.
+    Image(Tensor, Vec<usize>),
+}
+
+impl Batch {
+    /// Examples in the batch.
+    pub fn len(&self) -> usize {
+        match self {
+            Batch::Text(_, l) | Batch::Image(_, l) => l.len(),
+        }
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Example `i` alone, as a batch of one (text without the batch's padding).
+    pub fn row(&self, i: usize) -> candle_core::Result<Batch> {
+        match self {
+            Batch::Image(x, l) => Ok(Batch::Image(x.narrow(0, i, 1)?, vec![l[i]])),
+            Batch::Text(b, l) => {
+                let len = b
+                    .mask
+                    .narrow(0, i, 1)?
+                    .to_dtype(candle_core::DType::F32)?
+                    .sum_all()?
+                    .to_scalar::<f32>()? as usize;
+                let cut = |t: &Tensor| t.narrow(0, i, 1)?.narrow(1, 0, len.max(1));
+                Ok(Batch::Text(
+                    TextBatch {
+                        ids: cut(&b.ids)?,
+                        type_ids: cut(&b.type_ids)?,
+                        mask: cut(&b.mask)?,
+                    },
+                    vec![l[i]],
+                ))
+            }
+        }
+    }
+}
+
+impl trident_train::distill::RowKeys for Batch {
+    /// Images: the bytes of each normalised image (an augmented view is another key).
+    /// Text: the unpadded token ids of each row (padding depends on the batch).
+    fn row_keys(&self) -> candle_core::Result<Vec<u64>> {
+        use trident_train::distill::{fnv1a, FNV_START};
+        match self {
+            Batch::Image(x, _) => {
+                let rows = x.flatten_from(1)?.to_vec2::<f32>()?;
+                Ok(rows
+                    .iter()
+                    .map(|r| r.iter().fold(FNV_START, |h, v| fnv1a(&v.to_le_bytes(), h)))
+                    .collect())
+            }
+            Batch::Text(b, _) => {
+                let ids = b.ids.to_vec2::<u32>()?;
+                let mask = b.mask.to_vec2::<u32>()?;
+                Ok(ids
+                    .iter()
+                    .zip(&mask)
+                    .map(|(r, m)| {
+                        r.iter()
+                            .zip(m)
+                            .filter(|(_, m)| **m != 0)
+                            .fold(FNV_START, |h, (id, _)| fnv1a(&id.to_le_bytes(), h))
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
+/// `embedding.weight` for a recurrent student: the word embeddings of the BERT folder or
+/// checkpoint `from` projected onto their `dim` leading principal directions, scaled to unit
+/// standard deviation (the scale of a fresh `N(0, 1)` table).
+fn projected_embeddings(from: &Path, vocab: usize, dim: usize) -> anyhow::Result<Loaded> {
+    let l = load_bert_weights(from)?;
+    let name = "bert.embeddings.word_embeddings.weight";
+    let table = l
+        .tensor(name)
+        .with_context(|| format!("model.embeddings = {}: no {name}", from.display()))?;
+    let (rows, width) = table.dims2()?;
+    if rows != vocab {
+        bail!(
+            "model.embeddings = {}: {rows} token embeddings, the tokenizer has {vocab} tokens \
+             (use that model's tokenizer.json)",
+            from.display()
+        );
+    }
+    if dim > width {
+        bail!(
+            "model.embed = {dim} is wider than {}'s {width}-wide embeddings",
+            from.display()
+        );
+    }
+    let p = trident_nn::pca::project(table, dim)?;
+    let std = p.sqr()?.mean_all()?.to_scalar::<f32>()?.sqrt().max(1e-12);
+    let mut out = Loaded::from_tensors(Default::default(), &from.display().to_string());
+    out.insert("embedding.weight", p.affine(1.0 / std as f64, 0.0)?);
+    eprintln!(
+        "embeddings: {}'s {width}-wide token embeddings projected onto their {dim} leading principal directions",
+        from.display()
+    );
+    Ok(out)
+}
+
+/// The networks Trident trains from a config.
+pub enum Net {
+    Bert(Box<BertClassifier>),
+    Vit(Vit),
+    Cnn(Cnn),
+    Rnn(RnnClassifier),
+}
+
+/// A network, its parameters and (for text) its tokenizer.
+pub struct Model {
+    pub net: Net,
+    pub params: Params,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub card: ModelCard,
+}
+
+impl TrainStep for Model {
+    type Batch = Batch;
+
+    fn forward(&self, batch: &Batch, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let (logits, labels) = match (batch, &self.net) {
+            (Batch::Text(b, l), Net::Bert(m)) => (m.forward(b, ctx)?, l),
+            (Batch::Text(b, l), Net::Rnn(m)) => (m.forward(&b.ids, &b.mask, ctx)?, l),
+            (Batch::Image(x, l), Net::Vit(m)) => (m.forward(x, ctx)?, l),
+            (Batch::Image(x, l), Net::Cnn(m)) => (m.forward(x, ctx)?, l),
+            _ => candle_core::bail!("batch kind does not match the model"),
+        };
+        let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
+        let _layer = trident_nn::trace::layer(|| "loss".into());
+        Ok(StepOutput {
+            loss: ops::cross_entropy(&logits, &y)?,
+            logits,
+            labels: labels.clone(),
+        })
+    }
+
+    fn params(&self) -> &Params {
+        &self.params
+    }
+
+    fn forward_hidden(
+        &self,
+        batch: &Batch,
+        ctx: &Ctx,
+    ) -> candle_core::Result<Option<(StepOutput, HiddenStates)>> {
+        let (Batch::Text(b, labels), Net::Bert(m)) = (batch, &self.net) else {
+            return Ok(None);
+        };
+        let (logits, states) = m.forward_hidden(b, ctx)?;
+        let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
+        let _layer = trident_nn::trace::layer(|| "loss".into());
+        Ok(Some((
+            StepOutput {
+                loss: ops::cross_entropy(&logits, &y)?,
+                logits,
+                labels: labels.clone(),
+            },
+            HiddenStates {
+                states,
+                mask: b.mask.to_dtype(candle_core::DType::F32)?,
+            },
+        )))
+    }
+}
+
+impl Model {
+    /// Elements of every parameter tensor (buffers included).
+    pub fn param_count(&self) -> usize {
+        self.params.all().iter().map(|p| p.var.elem_count()).sum()
+    }
+
+    /// Hidden states a transformer encoder exposes: their count (embeddings + layers) and
+    /// width; `None` for other networks.
+    pub fn hidden_layout(&self) -> Option<(usize, usize)> {
+        match &self.net {
+            Net::Bert(m) => Some((m.bert.config.num_hidden_layers + 1, m.bert.config.hidden_size)),
+            _ => None,
+        }
+    }
+
+    /// Builds the model of `card`. `weights_dir` holds `model.safetensors` with every
+    /// tensor (a checkpoint); without it, new layers are initialised from `seed` and a
+    /// BERT encoder is loaded from its pretrained folder.
+    pub fn build(card: &ModelCard, seed: u64, weights_dir: Option<&Path>) -> anyhow::Result<Self> {
+        let params = Params::new();
+        let classes = card.classes.len();
+        let asset_dir = |configured: &Path| -> PathBuf {
+            weights_dir
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| configured.into())
+        };
+        let (net, tokenizer) = match &card.model {
+            ModelConfig::Bert {
+                pretrained,
+                pooling,
+                freeze_encoder,
+                layers,
+                ..
+            } => {
+                let dir = asset_dir(pretrained);
+                let mut config = BertConfig::read(&dir.join("config.json"))?;
+                let width = BertWidth::of(&card.model);
+                // A checkpoint's config.json already describes the student's width.
+                if width.any() && weights_dir.is_none() {
+                    config.hidden_size = width.hidden.unwrap_or(config.hidden_size);
+                    config.num_attention_heads = width.heads.unwrap_or(config.num_attention_heads);
+                    config.intermediate_size = width.intermediate.unwrap_or(config.intermediate_size);
+                    let (h, a) = (config.hidden_size, config.num_attention_heads);
+                    if h == 0 || a == 0 || h % a != 0 || config.intermediate_size == 0 {
+                        bail!(
+                            "model.hidden = {h}, model.heads = {a}, model.intermediate = {}: the heads must \
+                             divide the hidden size and every width be at least 1",
+                            config.intermediate_size
+                        );
+                    }
+                }
+                // A checkpoint's config.json already describes the kept layers.
+                if let (Some(keep), None) = (layers, weights_dir) {
+                    let n = config.num_hidden_layers;
+                    if keep.is_empty() || keep.iter().any(|&l| l >= n) {
+                        bail!(
+                            "model.layers = {keep:?}: {} has encoder layers 0..{n}; list one or more of them",
+                            dir.display()
+                        );
+                    }
+                    config.num_hidden_layers = keep.len();
+                }
+                let loaded = match weights_dir {
+                    Some(_) => None,
+                    None => {
+                        let mut l = load_bert_weights(&dir)?;
+                        if let Some(keep) = layers {
+                            l.keep_layers("bert.encoder.layer.", keep)?;
+                        }
+                        // A pretrained head for another label set is replaced by a new one.
+                        if l.dims("classifier.weight")
+                            .is_some_and(|d| d.first() != Some(&classes))
+                        {
+                            let dropped = l.drop_prefix("classifier.");
+                            eprintln!(
+                                "{}: its classifier has another class count; new head instead of {dropped:?}",
+                                dir.display()
+                            );
+                        }
+                        let word = "bert.embeddings.word_embeddings.weight";
+                        if let Some(d) = l.dims(word).filter(|d| d.get(1) != Some(&config.hidden_size)) {
+                            // A narrower width: the teacher's embeddings (word, position,
+                            // segment; summed in the model) projected onto the leading
+                            // principal directions of its word embeddings.
+                            let k = config.hidden_size;
+                            if k > d[1] {
+                                bail!("model.hidden = {k} is wider than the pretrained {}; only narrower students are supported", d[1]);
+                            }
+                            let (mean, basis) = trident_nn::pca::basis(l.tensor(word).expect("present"), k)?;
+                            for name in [
+                                word,
+                                "bert.embeddings.position_embeddings.weight",
+                                "bert.embeddings.token_type_embeddings.weight",
+                            ] {
+                                if let Some(t) = l.tensor(name) {
+                                    let t = t.to_dtype(candle_core::DType::F32)?;
+                                    let t = if name == word { t.broadcast_sub(&mean)? } else { t };
+                                    l.insert(name, t.matmul(&basis)?);
+                                }
+                            }
+                            eprintln!(
+                                "narrow student: embeddings projected onto the {k} leading principal directions of {}'s",
+                                dir.display()
+                            );
+                        }
+                        if width.any() {
+                            // Initialised "where shapes allow": a throwaway build gives the
+                            // student's shapes, and weights of other shapes are dropped.
+                            let probe = Params::new();
+                            BertClassifier::new(&probe.builder(seed, None), &config, classes, *pooling)?;
+                            let shapes = probe
+                                .all()
+                                .into_iter()
+                                .map(|p| (p.name.clone(), p.var.dims().to_vec()))
+                                .collect();
+                            let dropped = l.retain_matching(&shapes);
+                            eprintln!(
+                                "narrow student: {} pretrained tensors of other shapes are initialised instead",
+                                dropped.len()
+                            );
+                        }
+                        Some(l)
+                    }
+                };
+                let pb = params.builder(seed, loaded);
+                let m = BertClassifier::new(&pb, &config, classes, *pooling)?;
+                if weights_dir.is_none() && !width.any() {
+                    let fresh: Vec<_> = params
+                        .initialised_names()
+                        .into_iter()
+                        .filter(|n| n.starts_with("bert."))
+                        .collect();
+                    if !fresh.is_empty() {
+                        bail!(
+                            "{}: lacks encoder weights {fresh:?}",
+                            dir.join("model.safetensors").display()
+                        );
+                    }
+                }
+                if *pooling == trident_nn::bert::Pooling::Mean {
+                    // Mean pooling bypasses the pooler: it would get no gradient, only decay.
+                    params.set_trainable("bert.pooler", false);
+                }
+                if *freeze_encoder {
+                    params.set_trainable("bert.", false);
+                }
+                let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+                (Net::Bert(Box::new(m)), Some(Arc::new(tok)))
+            }
+            ModelConfig::Vit(c) => {
+                if let InputSpec::Image {
+                    channels,
+                    height,
+                    width,
+                    ..
+                } = card.input
+                {
+                    if (c.channels, c.image_size, c.image_size) != (channels, height, width) {
+                        bail!(
+                            "vit: model.image_size = {} and model.channels = {} do not match the {channels}x{height}x{width} images",
+                            c.image_size,
+                            c.channels
+                        );
+                    }
+                }
+                let m = Vit::new(&params.builder(seed, None), c, classes)?;
+                (Net::Vit(m), None)
+            }
+            ModelConfig::Cnn { width, dropout } => {
+                let InputSpec::Image {
+                    channels,
+                    height,
+                    width: w,
+                    ..
+                } = card.input
+                else {
+                    bail!("cnn needs image input")
+                };
+                if height != w {
+                    bail!("cnn: images must be square, these are {height}x{w}");
+                }
+                let m = Cnn::new(
+                    &params.builder(seed, None),
+                    channels,
+                    height,
+                    *width,
+                    classes,
+                    *dropout,
+                )?;
+                (Net::Cnn(m), None)
+            }
+            ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {
+                let kind = if matches!(card.model, ModelConfig::Lstm(_)) {
+                    CellKind::Lstm
+                } else {
+                    CellKind::Gru
+                };
+                let tok_file = match weights_dir {
+                    Some(d) => d.join("tokenizer.json"),
+                    None => r.tokenizer.clone(),
+                };
+                let tok = Tokenizer::from_file(&tok_file)?;
+                let vocab = tok.vocab_size();
+                let loaded = match (&r.embeddings, weights_dir) {
+                    (Some(from), None) => Some(projected_embeddings(from, vocab, r.embed)?),
+                    _ => None,
+                };
+                let m = RnnClassifier::new(
+                    &params.builder(seed, loaded),
+                    kind,
+                    vocab,
+                    r.embed,
+                    r.hidden,
+                    r.layers,
+                    classes,
+                    r.dropout,
+                )?;
+                (Net::Rnn(m), Some(Arc::new(tok)))
+            }
+        };
+        if let Some(dir) = weights_dir {
+            let file = dir.join("model.safetensors");
+            params
+                .load_values(&Loaded::read(&file)?)
+                .with_context(|| format!("loading {}", file.display()))?;
+        }
+        Ok(Model {
+            net,
+            params,
+            tokenizer,
+            card: card.clone(),
+        })
+    }
+
+    /// Files a checkpoint carries so it can be loaded alone: `trident.json`, and the
+    /// tokenizer and BERT config.
+    pub fn checkpoint_files(&self) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let mut files = vec![("trident.json".to_string(), serde_json::to_vec_pretty(&self.card)?)];
+        let copy = |from: PathBuf, name: &str, files: &mut Vec<(String, Vec<u8>)>| -> anyhow::Result<()> {
+            files.push((
+                name.into(),
+                std::fs::read(&from).with_context(|| from.display().to_string())?,
+            ));
+            Ok(())
+        };
+        match &self.card.model {
+            ModelConfig::Bert {
+                pretrained, layers, ..
+            } => {
+                copy(pretrained.join("config.json"), "config.json", &mut files)?;
+                let width = BertWidth::of(&self.card.model);
+                if layers.is_some() || width.any() {
+                    // The checkpoint's config describes the student: its layers and widths.
+                    let (_, bytes) = files.last_mut().expect("just pushed");
+                    let mut json: serde_json::Value = serde_json::from_slice(bytes)
+                        .with_context(|| pretrained.join("config.json").display().to_string())?;
+                    if let Some(keep) = layers {
+                        json["num_hidden_layers"] = keep.len().into();
+                    }
+                    width.apply_json(&mut json);
+                    *bytes = serde_json::to_vec_pretty(&json)?;
+                }
+                copy(pretrained.join("tokenizer.json"), "tokenizer.json", &mut files)?;
+            }
+            ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {
+                copy(r.tokenizer.clone(), "tokenizer.json", &mut files)?
+            }
+            _ => {}
+        }
+        Ok(files)
+    }
+
+    /// Reads a checkpoint directory written by `trident train`.
+    pub fn load_checkpoint(dir: &Path) -> anyhow::Result<Self> {
+        // The files read here, against the checkpoint's manifest (not the optimizer state).
+        trident_train::checkpoint::verify(
+            dir,
+            &[
+                "trident.json",
+                "model.safetensors",
+                "config.json",
+                "tokenizer.json",
+                "run.toml",
+            ],
+        )?;
+        let card_file = dir.join("trident.json");
+        let card: ModelCard = serde_json::from_slice(
+            &std::fs::read(&card_file)
+                .with_context(|| format!("{}: not a Trident checkpoint", card_file.display()))?,
+        )
+        .with_context(|| card_file.display().to_string())?;
+        Self::build(&card, 0, Some(dir))
+    }
+
+    /// Tokenises one text under the card's length rule; `what` names it in errors.
+    pub fn tokenize(&self, text: &str, what: &dyn Fn() -> String) -> anyhow::Result<Vec<u32>> {
+        let tok = self
+            .tokenizer
+            .as_ref()
+            .context("this model takes images, not text")?;
+        let InputSpec::Text { max_len, truncate } = self.card.input else {
+            bail!("this model takes images, not text")
+        };
+        let mut ids = tok.encode(text)?;
+        if ids.len() > max_len {
+            if !truncate {
+                bail!(
+                    "{}: {} tokens, longer than data.max_len = {max_len} (set data.truncate = true to cut)",
+                    what(),
+                    ids.len()
+                );
+            }
+            let last = *ids.last().expect("non-empty");
+            ids.truncate(max_len);
+            ids[max_len - 1] = last; // keep [SEP]
+        }
+        Ok(ids)
+    }
+}
+
+/// Normalises images and stacks them into a `[n, c, h, w]` batch (training, evaluation and
+/// `predict` share it).
+pub fn image_collate(
+    (c, h, w): (usize, usize, usize),
+    mean: f32,
+    std: f32,
+) -> impl Fn(Vec<trident_data::idx::Image>) -> Result<Batch, DataError> + Send + Sync + 'static {
+    move |items| {
+        let n = items.len();
+        let mut px = Vec::with_capacity(n * c * h * w);
+        let mut labels = Vec::with_capacity(n);
+        for mut im in items {
+            trident_data::transform::normalize(&mut im.pixels, mean, std);
+            px.extend(im.pixels);
+            labels.push(im.label);
+        }
+        let x =
+            Tensor::from_vec(px, (n, c, h, w), &Device::Cpu).map_err(|e| DataError::Batch(e.to_string()))?;
+        Ok(Batch::Image(x, labels))
+    }
+}
