@@ -3,6 +3,7 @@
 mod bench;
 mod export;
 mod learn;
+mod package;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,8 @@ enum Command {
     Predict(learn::PredictArgs),
     /// Export a checkpoint as an ONNX file (portable or ONNX Runtime-fused, fp32 or int8).
     Export(export::ExportArgs),
+    /// Package a checkpoint for `trident serve`: ensemble, native pre-processing, ONNX model.
+    Package(package::PackageArgs),
     /// Load-test a KServe v2 / Triton server: traffic phases, concurrency sweeps, request rates.
     Bench(Box<bench::BenchArgs>),
     /// Measure candidate serving configurations of a model and write the best config.pbtxt.
@@ -50,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(args) => learn::eval(args),
         Command::Predict(args) => learn::predict(args),
         Command::Export(args) => export::run(args),
+        Command::Package(args) => package::run(args),
         Command::Bench(args) => bench::run(*args),
         Command::Recommend(args) => bench::recommend(*args),
     }

@@ -136,13 +136,25 @@ pub fn decode_image(file: &Path, channels: usize, size: (usize, usize)) -> Resul
         line: 0,
         message: e.to_string(),
     })?;
+    Ok(to_pixels(img, channels, size))
+}
+
+/// [`decode_image`] for an encoded PNG or JPEG in memory (the format read from its
+/// first bytes); the error says why the bytes are not an image.
+pub fn decode_image_bytes(bytes: &[u8], channels: usize, size: (usize, usize)) -> Result<Vec<f32>, String> {
+    let img = image::load_from_memory(bytes).map_err(|e| e.to_string())?;
+    Ok(to_pixels(img, channels, size))
+}
+
+/// Resized (bilinear) to `size` = (height, width), grey or RGB planes, scaled to [0, 1].
+fn to_pixels(img: image::DynamicImage, channels: usize, size: (usize, usize)) -> Vec<f32> {
     let (h, w) = size;
     let img = if img.height() as usize != h || img.width() as usize != w {
         img.resize_exact(w as u32, h as u32, image::imageops::FilterType::Triangle)
     } else {
         img
     };
-    Ok(if channels == 1 {
+    if channels == 1 {
         img.to_luma8()
             .into_raw()
             .into_iter()
@@ -157,7 +169,7 @@ pub fn decode_image(file: &Path, channels: usize, size: (usize, usize)) -> Resul
             }
         }
         out
-    })
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod loader;
 pub mod rng;
 pub mod sampler;
 pub mod text;
+pub mod tokenize;
 pub mod transform;
 
 use std::path::PathBuf;

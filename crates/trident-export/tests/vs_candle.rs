@@ -153,6 +153,7 @@ fn check(
                 &file,
                 &LoadOptions {
                     threads_per_instance: 1,
+                    config: Default::default(),
                 },
             )
             .unwrap_or_else(|e| panic!("{name} on {}: {e}", engine.name()));

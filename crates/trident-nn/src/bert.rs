@@ -268,45 +268,10 @@ pub fn load_bert_weights(dir: &Path) -> Result<Loaded> {
     })
 }
 
-/// A `tokenizers` tokenizer with its padding and truncation switched off: Trident pads per
-/// batch and refuses (or truncates, when asked) over-long sequences itself.
-pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
-    /// Id of `[PAD]`.
-    pub pad_id: u32,
-}
+pub use trident_data::tokenize::Tokenizer;
 
-impl Tokenizer {
-    /// Reads `tokenizer.json`.
-    pub fn from_file(file: &Path) -> Result<Self> {
-        let mut inner = tokenizers::Tokenizer::from_file(file)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", file.display())))?;
-        inner.with_padding(None);
-        inner
-            .with_truncation(None)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e}", file.display())))?;
-        let pad_id = inner.token_to_id("[PAD]").unwrap_or(0);
-        Ok(Tokenizer { inner, pad_id })
-    }
-
-    /// Vocabulary size (with added tokens).
-    pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
-    }
-
-    /// Ids of one text with its special tokens (`[CLS] … [SEP]`).
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, true)
-            .map_err(|e| candle_core::Error::Msg(format!("tokenizer: {e}")))?;
-        Ok(enc.get_ids().to_vec())
-    }
-
-    /// Pads `seqs` to their longest into a batch (single segment).
-    pub fn batch(&self, seqs: &[Vec<u32>]) -> Result<TextBatch> {
-        let seq = seqs.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let (ids, mask, len) = trident_data::transform::pad_sequences(seqs, self.pad_id, seq);
-        TextBatch::new(ids, vec![0; seqs.len() * len], mask, seqs.len(), len)
-    }
+/// Pads `seqs` to their longest into a batch (single segment).
+pub fn pad_batch(tok: &Tokenizer, seqs: &[Vec<u32>]) -> Result<TextBatch> {
+    let p = tok.pad(seqs, None);
+    TextBatch::new(p.ids, vec![0; p.rows * p.len], p.mask, p.rows, p.len)
 }

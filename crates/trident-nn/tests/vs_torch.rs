@@ -359,7 +359,7 @@ fn real_minilm_matches_transformers() {
         "I loved this movie; the plot was wonderful.",
     ];
     let seqs: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t).unwrap()).collect();
-    let batch = tok.batch(&seqs).unwrap();
+    let batch = trident_nn::bert::pad_batch(&tok, &seqs).unwrap();
     assert_eq!(vals(&batch.ids), vals(&r["input_ids"]), "token ids");
     assert_eq!(vals(&batch.mask), vals(&r["attention_mask"]), "attention mask");
     let config = BertConfig::read(&dir.join("config.json")).unwrap();

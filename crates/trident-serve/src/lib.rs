@@ -6,6 +6,8 @@
 
 pub mod backend;
 pub mod batcher;
+mod classify;
+pub mod ensemble;
 mod error;
 pub mod model;
 pub mod repository;
@@ -13,5 +15,5 @@ mod scheduler;
 pub mod stats;
 
 pub use error::ServeError;
-pub use model::{InferRequest, InferResponse, IoSpec, ModelVersion};
+pub use model::{InferRequest, InferResponse, IoSpec, ModelVersion, OutputRequest};
 pub use repository::{ControlMode, OnnxEngine, Repository, RepositoryOptions};

@@ -18,9 +18,29 @@ pub struct InferRequest {
     /// Named inputs.
     pub inputs: Vec<(String, Tensor)>,
     /// Outputs to return; empty means all.
-    pub outputs: Vec<String>,
+    pub outputs: Vec<OutputRequest>,
     /// When the server received the request (start of the request duration).
     pub received: Instant,
+}
+
+/// One requested output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputRequest {
+    /// Output name.
+    pub name: String,
+    /// Triton's classification extension: the top N classes of each row instead of the
+    /// tensor, as BYTES `"value:index[:label]"`.
+    pub classification: Option<usize>,
+}
+
+impl OutputRequest {
+    /// The whole tensor of output `name`.
+    pub fn named(name: impl Into<String>) -> Self {
+        OutputRequest {
+            name: name.into(),
+            classification: None,
+        }
+    }
 }
 
 /// Outputs of one request.
@@ -86,9 +106,20 @@ pub struct ModelVersion {
     outputs: Vec<IoSpec>,
     max_queue: usize,
     stats: Arc<ModelStats>,
-    scheduler: Scheduler,
-    /// The loaded model, for its per-input checks.
-    model: Box<dyn Model>,
+    runner: Runner,
+    /// Each output's labels (`label_filename`), in `outputs` order.
+    labels: Vec<Option<Arc<[String]>>>,
+}
+
+/// What executes a version's requests.
+enum Runner {
+    /// A backend's instances behind the scheduler; the loaded model for its per-input checks.
+    Backend {
+        scheduler: Scheduler,
+        model: Box<dyn Model>,
+    },
+    /// Composing models, step by step.
+    Ensemble(crate::ensemble::Ensemble),
 }
 
 /// Queue bound used when `max_queue_size` is 0 (Triton: unbounded). Trident bounds every
@@ -109,6 +140,8 @@ pub struct Deployment {
     pub backend: &'static str,
     /// Number of instances (OS threads).
     pub instances: usize,
+    /// Each output's labels (`label_filename`, one per line), in config order.
+    pub labels: Vec<Option<Arc<[String]>>>,
 }
 
 impl ModelVersion {
@@ -140,9 +173,35 @@ impl ModelVersion {
             backend: d.backend,
             max_queue,
             stats,
-            scheduler,
-            model: d.model,
+            runner: Runner::Backend {
+                scheduler,
+                model: d.model,
+            },
+            labels: d.labels,
         })
+    }
+
+    /// An ensemble version: no instances of its own, its steps run on the composing
+    /// models.
+    pub fn start_ensemble(
+        name: String,
+        version: i64,
+        config: Arc<ModelConfig>,
+        ensemble: crate::ensemble::Ensemble,
+        labels: Vec<Option<Arc<[String]>>>,
+    ) -> Self {
+        ModelVersion {
+            inputs: config.input.iter().map(IoSpec::from_input).collect(),
+            outputs: config.output.iter().map(IoSpec::from_output).collect(),
+            name,
+            version,
+            config,
+            backend: "ensemble",
+            max_queue: DEFAULT_MAX_QUEUE,
+            stats: Arc::new(ModelStats::default()),
+            runner: Runner::Ensemble(ensemble),
+            labels,
+        }
     }
 
     /// Model name.
@@ -202,6 +261,15 @@ impl ModelVersion {
     ) -> Result<(InferResponse, std::time::Duration), ServeError> {
         let wanted = self.requested_outputs(&request.outputs)?;
         let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
+        let scheduler = match &self.runner {
+            Runner::Backend { scheduler, .. } => scheduler,
+            Runner::Ensemble(e) => {
+                let t0 = Instant::now();
+                let outputs = e.run(inputs).await?;
+                let response = self.select_outputs(outputs, &wanted, rows)?;
+                return Ok((response, t0.elapsed()));
+            }
+        };
         self.stats
             .try_add_pending(self.max_queue)
             .map_err(|pending| ServeError::Overloaded {
@@ -211,7 +279,7 @@ impl ModelVersion {
             })?;
         let _pending = PendingGuard(&self.stats);
         let (reply, rx) = tokio::sync::oneshot::channel();
-        self.scheduler.submit(Job {
+        scheduler.submit(Job {
             inputs,
             rows,
             signature,
@@ -223,20 +291,39 @@ impl ModelVersion {
         Ok((response, executed.compute_infer))
     }
 
-    fn requested_outputs(&self, names: &[String]) -> Result<Vec<usize>, ServeError> {
-        if names.is_empty() {
-            return Ok((0..self.outputs.len()).collect());
+    /// Output indexes with their classification counts.
+    fn requested_outputs(&self, wanted: &[OutputRequest]) -> Result<Vec<(usize, Option<usize>)>, ServeError> {
+        if wanted.is_empty() {
+            return Ok((0..self.outputs.len()).map(|i| (i, None)).collect());
         }
-        names
+        wanted
             .iter()
-            .map(|n| {
-                self.outputs.iter().position(|o| &o.name == n).ok_or_else(|| {
-                    ServeError::InvalidRequest(format!(
-                        "unexpected inference output '{n}' for model '{}'; outputs are: {}",
-                        self.name,
-                        names_of(&self.outputs)
-                    ))
-                })
+            .map(|o| {
+                let i = self
+                    .outputs
+                    .iter()
+                    .position(|s| s.name == o.name)
+                    .ok_or_else(|| {
+                        ServeError::InvalidRequest(format!(
+                            "unexpected inference output '{}' for model '{}'; outputs are: {}",
+                            o.name,
+                            self.name,
+                            names_of(&self.outputs)
+                        ))
+                    })?;
+                if o.classification == Some(0) {
+                    return Err(ServeError::InvalidRequest(format!(
+                        "output '{}': classification must ask for at least 1 class",
+                        o.name
+                    )));
+                }
+                if o.classification.is_some() && self.outputs[i].dtype == DataType::Bytes {
+                    return Err(ServeError::InvalidRequest(format!(
+                        "output '{}' is BYTES; classification needs a numeric output",
+                        o.name
+                    )));
+                }
+                Ok((i, o.classification))
             })
             .collect()
     }
@@ -279,9 +366,11 @@ impl ModelVersion {
                 )));
             };
             let r = self.check_input(spec, &tensor)?;
-            self.model
-                .check_input(&spec.name, &tensor)
-                .map_err(ServeError::InvalidRequest)?;
+            if let Runner::Backend { model, .. } = &self.runner {
+                model
+                    .check_input(&spec.name, &tensor)
+                    .map_err(ServeError::InvalidRequest)?;
+            }
             if *rows.get_or_insert(r) != r {
                 return Err(invalid(format!(
                     "input '{}' has batch size {r} but other inputs have {}",
@@ -342,11 +431,11 @@ impl ModelVersion {
     fn select_outputs(
         &self,
         mut all: Vec<(String, Tensor)>,
-        wanted: &[usize],
+        wanted: &[(usize, Option<usize>)],
         rows: usize,
     ) -> Result<InferResponse, ServeError> {
         let mut outputs = Vec::with_capacity(wanted.len());
-        for &i in wanted {
+        for &(i, classes) in wanted {
             let spec = &self.outputs[i];
             let pos = all.iter().position(|(n, _)| n == &spec.name).ok_or_else(|| {
                 ServeError::Backend(format!("the model did not produce output '{}'", spec.name))
@@ -360,6 +449,16 @@ impl ModelVersion {
                         .reshape(shape)
                         .map_err(|e| ServeError::Backend(format!("output '{name}': {e}")))?
                 }
+                None => tensor,
+            };
+            let tensor = match classes {
+                Some(k) => crate::classify::top_k(
+                    &tensor,
+                    k,
+                    self.batching().then_some(rows),
+                    self.labels[i].as_deref(),
+                )
+                .map_err(|e| ServeError::InvalidRequest(format!("output '{name}': {e}")))?,
                 None => tensor,
             };
             outputs.push((name, tensor));

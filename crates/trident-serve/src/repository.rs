@@ -13,6 +13,7 @@ mod engines;
 
 pub use engines::OnnxEngine;
 
+use crate::ensemble::{Ensemble, Lookup};
 use crate::model::{Deployment, ModelVersion};
 use crate::stats::ModelStatSnapshot;
 use crate::ServeError;
@@ -79,7 +80,8 @@ struct ModelState {
 /// The repository manager.
 pub struct Repository {
     options: RepositoryOptions,
-    models: RwLock<BTreeMap<String, ModelState>>,
+    /// Shared with ensembles (weakly), which look their composing models up per request.
+    models: Arc<RwLock<BTreeMap<String, ModelState>>>,
 }
 
 impl Repository {
@@ -87,7 +89,7 @@ impl Repository {
     pub fn new(options: RepositoryOptions) -> Self {
         Repository {
             options,
-            models: RwLock::new(BTreeMap::new()),
+            models: Arc::new(RwLock::new(BTreeMap::new())),
         }
     }
 
@@ -101,7 +103,11 @@ impl Repository {
         let names = self.model_dirs()?;
         let load_all = self.options.mode != ControlMode::Explicit
             || self.options.startup_models.iter().any(|m| m == "*");
-        for name in &names {
+        // Ensembles after the models they compose.
+        let (ensembles, plain): (Vec<&String>, Vec<&String>) = names
+            .iter()
+            .partition(|n| is_ensemble(&self.options.root.join(n)));
+        for name in plain.into_iter().chain(ensembles) {
             if load_all || self.options.startup_models.contains(name) {
                 let _ = self.load_model(name);
             }
@@ -118,6 +124,13 @@ impl Repository {
     pub fn load(&self, name: &str) -> Result<(), ServeError> {
         self.require_explicit("load")?;
         let name = self.existing_dir(name)?;
+        // Like Triton, loading an ensemble loads the composing models not yet loaded.
+        for dep in composing_models(&self.options.root.join(&name)) {
+            if dep != name && self.model_dirs()?.contains(&dep) && self.get(&dep, None).is_err() {
+                tracing::info!(model = %dep, ensemble = %name, "loading a composing model of the ensemble");
+                let _ = self.load(&dep);
+            }
+        }
         match self.load_model(&name) {
             Some(reason) => Err(ServeError::NotReady { model: name, reason }),
             None => Ok(()),
@@ -152,7 +165,10 @@ impl Repository {
             });
             removed.chain(changed.cloned()).collect()
         };
-        for name in stale {
+        let (ensembles, plain): (Vec<String>, Vec<String>) = stale
+            .into_iter()
+            .partition(|n| is_ensemble(&self.options.root.join(n)));
+        for name in plain.into_iter().chain(ensembles) {
             if names.contains(&name) {
                 tracing::info!(model = %name, "repository changed: (re)loading");
                 let _ = self.load_model(&name);
@@ -203,36 +219,20 @@ impl Repository {
 
     /// A ready version: the given one, or the highest ready version.
     pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelVersion>, ServeError> {
-        let models = self.models.read().expect("lock");
-        let model = models
-            .get(name)
-            .ok_or_else(|| ServeError::ModelNotFound(name.to_string()))?;
-        let not_found = || ServeError::VersionNotFound {
-            model: name.to_string(),
-            version: version.unwrap_or("latest").to_string(),
-        };
-        let ready = |slot: &Slot| match slot {
-            Slot::Ready(v) => Some(v.clone()),
-            Slot::Failed(_) => None,
-        };
-        match version.filter(|v| !v.is_empty()) {
-            Some(v) => {
-                let v: i64 = v.parse().map_err(|_| not_found())?;
-                model.versions.get(&v).and_then(ready).ok_or_else(not_found)
-            }
-            None => model
-                .versions
-                .values()
-                .rev()
-                .find_map(ready)
-                .ok_or_else(|| ServeError::NotReady {
-                    model: name.to_string(),
-                    reason: model
-                        .error
-                        .clone()
-                        .unwrap_or_else(|| "no version is ready".into()),
-                }),
-        }
+        lookup(&self.models.read().expect("lock"), name, version)
+    }
+
+    /// What an ensemble uses to find its composing models at request time (a weak
+    /// handle: the repository owns the ensembles, not the other way round).
+    fn lookup_handle(&self) -> Lookup {
+        let models = Arc::downgrade(&self.models);
+        Arc::new(move |name: &str, version: Option<&str>| {
+            let models = models
+                .upgrade()
+                .ok_or_else(|| ServeError::Unloading(name.to_string()))?;
+            let guard = models.read().expect("lock");
+            lookup(&guard, name, version)
+        })
     }
 
     /// Versions of a model that are ready, ascending.
@@ -320,7 +320,7 @@ impl Repository {
     fn load_model(&self, name: &str) -> Option<String> {
         let dir = self.options.root.join(name);
         let fingerprint = fingerprint(&dir);
-        let loaded = load_versions(&dir, name, &self.options);
+        let loaded = load_versions(&dir, name, &self.options, &self.lookup_handle());
         let mut models = self.models.write().expect("lock");
         let previous = models.remove(name).map(|m| m.versions).unwrap_or_default();
         let (state, failure) = match loaded {
@@ -412,6 +412,58 @@ impl Repository {
     }
 }
 
+/// A ready version of `name` in `models`: the given one, or the highest ready version.
+fn lookup(
+    models: &BTreeMap<String, ModelState>,
+    name: &str,
+    version: Option<&str>,
+) -> Result<Arc<ModelVersion>, ServeError> {
+    let model = models
+        .get(name)
+        .ok_or_else(|| ServeError::ModelNotFound(name.to_string()))?;
+    let not_found = || ServeError::VersionNotFound {
+        model: name.to_string(),
+        version: version.unwrap_or("latest").to_string(),
+    };
+    let ready = |slot: &Slot| match slot {
+        Slot::Ready(v) => Some(v.clone()),
+        Slot::Failed(_) => None,
+    };
+    match version.filter(|v| !v.is_empty()) {
+        Some(v) => {
+            let v: i64 = v.parse().map_err(|_| not_found())?;
+            model.versions.get(&v).and_then(ready).ok_or_else(not_found)
+        }
+        None => model
+            .versions
+            .values()
+            .rev()
+            .find_map(ready)
+            .ok_or_else(|| ServeError::NotReady {
+                model: name.to_string(),
+                reason: model
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "no version is ready".into()),
+            }),
+    }
+}
+
+/// Whether the model directory's config says `platform: "ensemble"`.
+fn is_ensemble(dir: &Path) -> bool {
+    config::read_config(&dir.join("config.pbtxt")).is_ok_and(|c| c.config.platform == "ensemble")
+}
+
+/// The composing models an ensemble's config names (none for other models).
+fn composing_models(dir: &Path) -> Vec<String> {
+    match config::read_config(&dir.join("config.pbtxt")).map(|c| c.config.scheduling_choice) {
+        Ok(Some(pb::model_config::SchedulingChoice::EnsembleScheduling(e))) => {
+            e.step.into_iter().map(|s| s.model_name).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 fn ready_slots(m: &ModelState) -> impl Iterator<Item = Arc<ModelVersion>> + '_ {
     m.versions.values().filter_map(|s| match s {
         Slot::Ready(v) => Some(v.clone()),
@@ -421,7 +473,12 @@ fn ready_slots(m: &ModelState) -> impl Iterator<Item = Arc<ModelVersion>> + '_ {
 
 /// Reads the configuration, picks versions by policy, loads each. A configuration
 /// error fails the whole model; a model-file error fails only its version.
-fn load_versions(dir: &Path, name: &str, options: &RepositoryOptions) -> Result<BTreeMap<i64, Slot>, String> {
+fn load_versions(
+    dir: &Path,
+    name: &str,
+    options: &RepositoryOptions,
+    lookup: &Lookup,
+) -> Result<BTreeMap<i64, Slot>, String> {
     let cores = options.cores;
     let config_path = dir.join("config.pbtxt");
     let mut config = if config_path.exists() {
@@ -435,6 +492,10 @@ fn load_versions(dir: &Path, name: &str, options: &RepositoryOptions) -> Result<
         ModelConfig::default()
     };
     let versions = select_versions(dir, &config)?;
+    if config.platform == "ensemble" {
+        return load_ensemble(dir, name, config, &config_path, &versions, lookup);
+    }
+    let as_written = config.clone();
     let engine = engines::select(&config, options.onnx_engine)?;
     let mut slots = BTreeMap::new();
     // Latest first: its interface completes the configuration for all versions.
@@ -450,6 +511,7 @@ fn load_versions(dir: &Path, name: &str, options: &RepositoryOptions) -> Result<
                     &file,
                     &crate::backend::LoadOptions {
                         threads_per_instance: threads,
+                        config: as_written.clone(),
                     },
                 )
                 .map_err(|e| e.to_string())?;
@@ -462,6 +524,7 @@ fn load_versions(dir: &Path, name: &str, options: &RepositoryOptions) -> Result<
                 }
             };
             complete::check_against_model(&full, model.io())?;
+            let labels = read_labels(dir, &full)?;
             completed = Some(full.clone());
             tracing::info!(model = %name, version, instances, threads_per_instance = threads, "loading with {}", engine.backend.name());
             ModelVersion::start(Deployment {
@@ -471,6 +534,7 @@ fn load_versions(dir: &Path, name: &str, options: &RepositoryOptions) -> Result<
                 model,
                 backend: engine.backend.name(),
                 instances,
+                labels,
             })
             .map(|m| Slot::Ready(Arc::new(m)))
             .map_err(|e| e.to_string())
@@ -486,9 +550,75 @@ fn load_versions(dir: &Path, name: &str, options: &RepositoryOptions) -> Result<
     Ok(slots)
 }
 
+/// An ensemble's versions: its plan checked against the composing models now loaded.
+fn load_ensemble(
+    dir: &Path,
+    name: &str,
+    mut config: ModelConfig,
+    config_path: &Path,
+    versions: &[i64],
+    lookup: &Lookup,
+) -> Result<BTreeMap<i64, Slot>, String> {
+    if config.name.is_empty() {
+        config.name = name.to_string();
+    }
+    if !config.instance_group.is_empty() {
+        return Err("an ensemble has no instance_group: its composing models have their own".into());
+    }
+    if matches!(
+        config.scheduling_choice,
+        Some(pb::model_config::SchedulingChoice::DynamicBatching(_))
+    ) {
+        return Err("an ensemble has ensemble_scheduling, not dynamic_batching".into());
+    }
+    config::validate(&config, name, config_path).map_err(|e| e.to_string())?;
+    let config = Arc::new(config);
+    let labels = read_labels(dir, &config)?;
+    let mut slots = BTreeMap::new();
+    for &version in versions {
+        let plan = Ensemble::plan(name, &config, lookup.clone())?;
+        tracing::info!(model = %name, version, "ensemble of {}", composing_models(dir).join(", "));
+        let v = ModelVersion::start_ensemble(name.to_string(), version, config.clone(), plan, labels.clone());
+        slots.insert(version, Slot::Ready(Arc::new(v)));
+    }
+    Ok(slots)
+}
+
+/// Each output's `label_filename` (a file in the model directory, one label per line).
+fn read_labels(dir: &Path, config: &ModelConfig) -> Result<Vec<Option<Arc<[String]>>>, String> {
+    config
+        .output
+        .iter()
+        .map(|o| {
+            if o.label_filename.is_empty() {
+                return Ok(None);
+            }
+            let name = Path::new(&o.label_filename);
+            if name.is_absolute()
+                || name
+                    .components()
+                    .any(|c| !matches!(c, std::path::Component::Normal(_)))
+            {
+                return Err(format!(
+                    "output '{}': label_filename '{}' must name a file inside the model directory",
+                    o.name, o.label_filename
+                ));
+            }
+            let file = dir.join(name);
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| format!("output '{}': label_filename {}: {e}", o.name, file.display()))?;
+            Ok(Some(
+                text.lines()
+                    .map(|l| l.trim_end_matches('\r').to_string())
+                    .collect(),
+            ))
+        })
+        .collect()
+}
+
 fn model_filename(config: &ModelConfig) -> &str {
     if config.default_model_filename.is_empty() {
-        "model.onnx"
+        engines::default_filename(config)
     } else {
         &config.default_model_filename
     }

@@ -184,9 +184,10 @@ fn execute(
 ) -> Result<(Vec<Outputs>, std::time::Duration), ServeError> {
     let t_input = start.elapsed();
     let t0 = Instant::now();
-    let outputs = instance
-        .execute(inputs)
-        .map_err(|e| ServeError::Backend(e.to_string()))?;
+    let outputs = instance.execute(inputs).map_err(|e| match e {
+        BackendError::InvalidInput(m) => ServeError::InvalidRequest(m),
+        e => ServeError::Backend(e.to_string()),
+    })?;
     let t_infer = t0.elapsed();
     let t1 = Instant::now();
     let split = split_outputs(outputs, rows, rows.len())?;
@@ -210,7 +211,10 @@ fn reply(jobs: Vec<Job>, (per_job, compute_infer): (Vec<Outputs>, std::time::Dur
 }
 
 fn fail(jobs: Vec<Job>, e: ServeError) {
-    tracing::warn!("execution failed: {e}");
+    match &e {
+        ServeError::InvalidRequest(m) => tracing::debug!("request refused by the model: {m}"),
+        e => tracing::warn!("execution failed: {e}"),
+    }
     for job in jobs {
         let _ = job.reply.send(Err(e.clone()));
     }

@@ -5,6 +5,7 @@ use crate::card::{BertWidth, InputSpec, ModelCard, ModelConfig};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use trident_data::tokenize::EncodeError;
 use trident_data::DataError;
 use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, TextBatch, Tokenizer};
 use trident_nn::rnn::{CellKind, RnnClassifier};
@@ -335,7 +336,7 @@ impl Model {
                 if *freeze_encoder {
                     params.set_trainable("bert.", false);
                 }
-                let tok = Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+                let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
                 (Net::Bert(Box::new(m)), Some(Arc::new(tok)))
             }
             ModelConfig::Vit(c) => {
@@ -390,7 +391,7 @@ impl Model {
                     Some(d) => d.join("tokenizer.json"),
                     None => r.tokenizer.clone(),
                 };
-                let tok = Tokenizer::from_file(&tok_file)?;
+                let tok = Tokenizer::from_file(&tok_file).map_err(anyhow::Error::msg)?;
                 let vocab = tok.vocab_size();
                 let loaded = match (&r.embeddings, weights_dir) {
                     (Some(from), None) => Some(projected_embeddings(from, vocab, r.embed)?),
@@ -483,29 +484,30 @@ impl Model {
         Self::build(&card, 0, Some(dir))
     }
 
+    /// The card's length rule for texts (`None` for image models).
+    pub fn length_rule(&self) -> Option<trident_data::tokenize::LengthRule> {
+        match self.card.input {
+            InputSpec::Text { max_len, truncate } => {
+                Some(trident_data::tokenize::LengthRule { max_len, truncate })
+            }
+            InputSpec::Image { .. } => None,
+        }
+    }
+
     /// Tokenises one text under the card's length rule; `what` names it in errors.
     pub fn tokenize(&self, text: &str, what: &dyn Fn() -> String) -> anyhow::Result<Vec<u32>> {
         let tok = self
             .tokenizer
             .as_ref()
             .context("this model takes images, not text")?;
-        let InputSpec::Text { max_len, truncate } = self.card.input else {
-            bail!("this model takes images, not text")
-        };
-        let mut ids = tok.encode(text)?;
-        if ids.len() > max_len {
-            if !truncate {
-                bail!(
-                    "{}: {} tokens, longer than data.max_len = {max_len} (set data.truncate = true to cut)",
-                    what(),
-                    ids.len()
-                );
-            }
-            let last = *ids.last().expect("non-empty");
-            ids.truncate(max_len);
-            ids[max_len - 1] = last; // keep [SEP]
-        }
-        Ok(ids)
+        let rule = self.length_rule().context("this model takes images, not text")?;
+        tok.encode_within(text, rule).map_err(|e| match e {
+            EncodeError::TooLong { tokens, max_len } => anyhow::anyhow!(
+                "{}: {tokens} tokens, longer than data.max_len = {max_len} (set data.truncate = true to cut)",
+                what()
+            ),
+            e => anyhow::anyhow!("{}: {e}", what()),
+        })
     }
 }
 

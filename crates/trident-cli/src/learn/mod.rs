@@ -834,7 +834,10 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
         let (key, batch) = match (&model.card.input, &model.tokenizer) {
             (task::InputSpec::Text { .. }, Some(tok)) => {
                 let ids = model.tokenize(input, &|| format!("text {}", i + 1))?;
-                ("text", task::Batch::Text(tok.batch(&[ids])?, vec![0]))
+                (
+                    "text",
+                    task::Batch::Text(trident_nn::bert::pad_batch(tok, &[ids])?, vec![0]),
+                )
             }
             (task::InputSpec::Text { .. }, None) => {
                 anyhow::bail!("{}: a text model without a tokenizer", args.model.display())

@@ -23,6 +23,7 @@ pub const SUPPORTED_FIELDS: &[&str] = &[
     "output.data_type",
     "output.dims",
     "output.reshape.shape",
+    "output.label_filename",
     "dynamic_batching.preferred_batch_size",
     "dynamic_batching.max_queue_delay_microseconds",
     "dynamic_batching.default_queue_policy.max_queue_size",
@@ -30,13 +31,27 @@ pub const SUPPORTED_FIELDS: &[&str] = &[
     "instance_group.count",
     "instance_group.kind",
     "default_model_filename",
+    "ensemble_scheduling",
     "parameters",
 ];
 
 /// Keys of the `parameters` map that Trident reads.
 /// - `intra_op_thread_count`: the Triton ONNX Runtime backend's name for threads per instance;
 /// - `trident.onnx_engine`: `ort` or `tract`, forcing one ONNX engine.
-pub const SUPPORTED_PARAMETERS: &[&str] = &["intra_op_thread_count", "trident.onnx_engine"];
+/// - `max_length`, `truncation`, `padding`: the `tokenizer` backend's;
+/// - `height`, `width`, `channels`, `mean`, `std`: the `image` backend's.
+pub const SUPPORTED_PARAMETERS: &[&str] = &[
+    "intra_op_thread_count",
+    "trident.onnx_engine",
+    "max_length",
+    "truncation",
+    "padding",
+    "height",
+    "width",
+    "channels",
+    "mean",
+    "std",
+];
 
 /// Names every set field (and `parameters` key) that Trident does not implement.
 pub fn unsupported_fields(message: &DynamicMessage) -> Vec<String> {

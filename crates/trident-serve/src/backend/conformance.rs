@@ -48,6 +48,7 @@ pub(crate) fn run_suite(backend: &dyn Backend) {
             .unwrap();
     let options = LoadOptions {
         threads_per_instance: 1,
+        config: Default::default(),
     };
     for (model_name, cases) in reference.as_object().unwrap() {
         let path = fixtures().join("models").join(model_name).join("1/model.onnx");

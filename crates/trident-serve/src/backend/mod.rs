@@ -7,6 +7,8 @@
 //! backend only sees well-formed, correctly typed tensors. A native candle backend is a
 //! new implementation of these traits, nothing else changes.
 
+pub mod image;
+pub mod tokenizer;
 pub mod tract;
 
 #[cfg(feature = "ort")]
@@ -59,6 +61,11 @@ pub enum BackendError {
     /// Execution failed.
     #[error("execution failed: {0}")]
     Execute(String),
+    /// A request's data cannot be used (text too long, bytes that are not an image):
+    /// the client's error, answered 400 (after a merged execution, the requests are run
+    /// again one by one, so only the culprit gets it).
+    #[error("{0}")]
+    InvalidInput(String),
     /// The backend is not available in this build or on this machine.
     #[error("{0}")]
     Unavailable(String),
@@ -69,6 +76,30 @@ pub enum BackendError {
 pub struct LoadOptions {
     /// Intra-op threads each instance may use.
     pub threads_per_instance: usize,
+    /// The model's `config.pbtxt` as written (before auto-completion): backends that take
+    /// their settings from `parameters` and their tensor names from `input`/`output`
+    /// read them here.
+    pub config: trident_core::config::ModelConfig,
+}
+
+impl LoadOptions {
+    /// `parameters { key: ... value { string_value: ... } }`, if set.
+    pub fn parameter(&self, key: &str) -> Option<&str> {
+        self.config.parameters.get(key).map(|p| p.string_value.as_str())
+    }
+
+    /// A parameter parsed as `T`, `default` when absent; the error names the key.
+    pub fn parsed<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T, String> {
+        match self.parameter(key) {
+            None => Ok(default),
+            Some(v) => v.trim().parse().map_err(|_| {
+                format!(
+                    "parameter '{key}' = \"{v}\" is not a valid {}",
+                    std::any::type_name::<T>()
+                )
+            }),
+        }
+    }
 }
 
 /// A factory for models from files of one format.

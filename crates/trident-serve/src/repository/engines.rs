@@ -3,6 +3,8 @@
 //! and its library can be found, else tract, with a log line saying so. The parameter
 //! `trident.onnx_engine` (`ort` | `tract`) forces one.
 
+use crate::backend::image::ImageBackend;
+use crate::backend::tokenizer::TokenizerBackend;
 use crate::backend::tract::TractBackend;
 use crate::backend::Backend;
 use std::sync::{Arc, OnceLock};
@@ -30,12 +32,21 @@ pub enum OnnxEngine {
 }
 
 pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine, String> {
+    // Trident's native pre-processing backends.
+    if config.platform.is_empty() {
+        match config.backend.as_str() {
+            "tokenizer" => return Ok(native(&TOKENIZER, || Arc::new(TokenizerBackend))),
+            "image" => return Ok(native(&IMAGE, || Arc::new(ImageBackend))),
+            _ => {}
+        }
+    }
     if !ONNX_PLATFORMS.contains(&config.platform.as_str())
         || !ONNX_BACKENDS.contains(&config.backend.as_str())
     {
         return Err(format!(
             "platform '{}' / backend '{}' is not supported: Trident serves ONNX models \
-             (platform \"onnxruntime_onnx\" or backend \"onnxruntime\")",
+             (platform \"onnxruntime_onnx\" or backend \"onnxruntime\"), ensembles (platform \"ensemble\") \
+             and its own pre-processing (backend \"tokenizer\" or \"image\")",
             config.platform, config.backend
         ));
     }
@@ -61,6 +72,25 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
             });
             tract()
         })),
+    }
+}
+
+static TOKENIZER: OnceLock<Arc<dyn Backend>> = OnceLock::new();
+static IMAGE: OnceLock<Arc<dyn Backend>> = OnceLock::new();
+
+fn native(cell: &'static OnceLock<Arc<dyn Backend>>, make: fn() -> Arc<dyn Backend>) -> Engine {
+    Engine {
+        backend: cell.get_or_init(make).clone(),
+    }
+}
+
+/// The file a backend reads from each version directory when `default_model_filename`
+/// is not set.
+pub(super) fn default_filename(config: &ModelConfig) -> &'static str {
+    match (config.platform.as_str(), config.backend.as_str()) {
+        ("", "tokenizer") => "tokenizer.json",
+        ("", "image") => "",
+        _ => "model.onnx",
     }
 }
 

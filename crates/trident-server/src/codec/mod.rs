@@ -69,6 +69,8 @@ pub struct RequestedOutput {
     pub name: String,
     /// Its `binary_data` parameter, if given.
     pub binary: Option<bool>,
+    /// Its `classification` parameter (the classification extension): top N classes.
+    pub classification: Option<usize>,
 }
 
 impl InferRequest {
@@ -496,7 +498,25 @@ fn decode_output(index: usize, output: json::RawOutput) -> Result<RequestedOutpu
         }
     };
     let parameters = object(output.parameters, || format!("output '{name}'"), "parameters")?;
-    only_known(&parameters, || format!("output '{name}'"), &["binary_data"])?;
+    only_known(
+        &parameters,
+        || format!("output '{name}'"),
+        &["binary_data", "classification"],
+    )?;
+    let classification = match parameters.get("classification") {
+        None => None,
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|k| k >= 1) => {
+            Some(n.as_u64().expect("checked") as usize)
+        }
+        Some(other) => {
+            return Err(invalid(
+                format!("output '{name}'"),
+                "parameters.classification",
+                "a positive integer (the number of classes)",
+                other,
+            ))
+        }
+    };
     let binary = match parameters.get("binary_data") {
         None => None,
         Some(Value::Bool(b)) => Some(*b),
@@ -509,7 +529,11 @@ fn decode_output(index: usize, output: json::RawOutput) -> Result<RequestedOutpu
             ))
         }
     };
-    Ok(RequestedOutput { name, binary })
+    Ok(RequestedOutput {
+        name,
+        binary,
+        classification,
+    })
 }
 
 /// Encodes an `$inference_response`: JSON header, then the binary outputs in output

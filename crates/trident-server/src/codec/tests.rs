@@ -363,7 +363,8 @@ fn triton_binary_example_decodes_zero_copy() {
         request.outputs,
         vec![RequestedOutput {
             name: "output0".into(),
-            binary: Some(true)
+            binary: Some(true),
+            classification: None,
         }]
     );
     assert!(request.wants_binary("output0"));
@@ -394,7 +395,7 @@ fn request_fields_and_wants_binary() {
         "id": "req-1",
         "parameters": {"binary_data_output": true},
         "inputs": [input("x", "FP32", json!([0]), json!([]))],
-        "outputs": [{"name": "a", "parameters": {"binary_data": false}}, {"name": "b"}]
+        "outputs": [{"name": "a", "parameters": {"binary_data": false}}, {"name": "b", "parameters": {"classification": 3}}]
     }))
     .unwrap();
     assert_eq!(request.id.as_deref(), Some("req-1"));
@@ -404,11 +405,13 @@ fn request_fields_and_wants_binary() {
         vec![
             RequestedOutput {
                 name: "a".into(),
-                binary: Some(false)
+                binary: Some(false),
+                classification: None,
             },
             RequestedOutput {
                 name: "b".into(),
-                binary: None
+                binary: None,
+                classification: Some(3),
             }
         ]
     );
@@ -889,14 +892,24 @@ fn unimplemented_parameters_are_refused_not_ignored() {
         "{err}"
     );
     let err = decode(&format!(
-        r#"{{"inputs":[{input}}}],"outputs":[{{"name":"y","parameters":{{"classification":3}}}}]}}"#
+        r#"{{"inputs":[{input}}}],"outputs":[{{"name":"y","parameters":{{"shared_memory_region":"r"}}}}]}}"#
     ))
     .unwrap_err();
     assert!(
         err.to_string()
-            .contains("output 'y': parameter 'classification' is not supported"),
+            .contains("output 'y': parameter 'shared_memory_region' is not supported"),
         "{err}"
     );
+    for bad in ["0", "-1", "1.5", "\"3\""] {
+        let err = decode(&format!(
+            r#"{{"inputs":[{input}}}],"outputs":[{{"name":"y","parameters":{{"classification":{bad}}}}}]}}"#
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("parameters.classification"),
+            "{bad}: {err}"
+        );
+    }
     let ok = decode(&format!(
         r#"{{"inputs":[{input}}}],"outputs":[{{"name":"y","parameters":{{"binary_data":true}}}}]}}"#
     ))

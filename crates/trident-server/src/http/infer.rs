@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use std::time::Instant;
-use trident_serve::InferRequest;
+use trident_serve::{InferRequest, OutputRequest};
 
 pub(super) async fn infer(
     State(repo): Repo,
@@ -31,7 +31,14 @@ pub(super) async fn infer(
             return Err(e.into());
         }
     };
-    let outputs = request.outputs.iter().map(|o| o.name.clone()).collect();
+    let outputs = request
+        .outputs
+        .iter()
+        .map(|o| OutputRequest {
+            name: o.name.clone(),
+            classification: o.classification,
+        })
+        .collect();
     let serve_request = InferRequest {
         inputs: std::mem::take(&mut request.inputs),
         outputs,

@@ -17,6 +17,7 @@ use trident_serve::Repository;
 /// The extensions Trident implements, advertised in server metadata.
 pub(crate) const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
+    "classification",
     "model_configuration",
     "model_repository",
     "statistics",

@@ -1,0 +1,315 @@
+"""Train → package → serve → classify, with NVIDIA's tritonclient unchanged.
+
+A small text model (the tiny BERT fixture, fine-tuned here) and a small image model (the
+CNN, trained here on generated PNGs) are trained by `trident train`, packaged by `trident
+package` (ensemble + native tokenizer/image pre-processing + exported ONNX) and served by
+`trident serve`. Their answers must equal `trident predict`'s label and score.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import tarfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import REPO_ROOT, TridentServer, trident_bin
+
+TINY_BERT = REPO_ROOT / "crates" / "trident-nn" / "tests" / "fixtures" / "tiny_bert"
+TEXTS = ["the movie was good", "film and awful", "it is a great"]
+
+
+def png(pixels: np.ndarray) -> bytes:
+    """A greyscale 8-bit PNG (stdlib only: zlib + the chunk format)."""
+    h, w = pixels.shape
+    raw = b"".join(b"\x00" + bytes(row) for row in pixels.astype(np.uint8))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
+def image(rng: np.random.Generator, bright: bool) -> np.ndarray:
+    base = 200 if bright else 40
+    return np.clip(base + rng.normal(0, 25, (8, 8)), 0, 255)
+
+
+def run(args: list[str], cwd: Path) -> str:
+    out = subprocess.run([str(trident_bin()), *args], cwd=cwd, capture_output=True, text=True)
+    assert out.returncode == 0, f"trident {' '.join(args)} failed:\n{out.stderr}"
+    return out.stdout
+
+
+def train_text(work: Path) -> Path:
+    pos, neg = ["good", "great", "love", "fine"], ["bad", "awful", "hate", "poor"]
+    fillers = ["the movie was", "it is a", "the plot is very", "film and"]
+    lines = []
+    for i in range(80):
+        word, label = (pos[i // 2 % 4], "positive") if i % 2 == 0 else (neg[i // 2 % 4], "negative")
+        lines.append(f"{fillers[i % 4]} {word}\t{label}")
+    (work / "reviews.tsv").write_text("\n".join(lines) + "\n")
+    (work / "text.toml").write_text(
+        f"""
+[run]
+dir = "text_run"
+seed = 3
+[data]
+kind = "text"
+files = ["reviews.tsv"]
+format = "tsv"
+text_field = "0"
+label_field = "1"
+max_len = 16
+[loader]
+batch_size = 8
+[model]
+kind = "bert"
+pretrained = "{TINY_BERT}"
+pooling = "cls"
+[train]
+epochs = 4
+lr = 5e-3
+"""
+    )
+    run(["train", "--config", "text.toml"], work)
+    return work / "text_run" / "best"
+
+
+def train_image(work: Path) -> tuple[Path, list[Path]]:
+    rng = np.random.default_rng(5)
+    for split, n in [("train", 24), ("test", 6)]:
+        for cls, bright in [("bright", True), ("dark", False)]:
+            d = work / "shapes" / split / cls
+            d.mkdir(parents=True)
+            for i in range(n):
+                (d / f"{i}.png").write_bytes(png(image(rng, bright)))
+    (work / "image.toml").write_text(
+        """
+[run]
+dir = "image_run"
+seed = 1
+[data]
+kind = "folder"
+train_dir = "shapes/train"
+test_dir = "shapes/test"
+height = 8
+width = 8
+mean = 0.5
+std = 0.25
+[loader]
+batch_size = 8
+[model]
+kind = "cnn"
+width = 4
+[train]
+epochs = 3
+lr = 1e-2
+"""
+    )
+    run(["train", "--config", "image.toml"], work)
+    samples = []
+    for i, bright in enumerate([True, False, True]):
+        f = work / f"query{i}.png"
+        f.write_bytes(png(image(rng, bright)))
+        samples.append(f)
+    return work / "image_run" / "best", samples
+
+
+def predict(model: Path, inputs: list[str], cwd: Path) -> list[dict]:
+    return [json.loads(line) for line in run(["predict", "--model", str(model), *inputs], cwd).splitlines()]
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    work = tmp_path_factory.mktemp("deploy")
+    text_ckpt = train_text(work)
+    image_ckpt, images = train_image(work)
+    repo = work / "models"
+    run(["package", "--model", str(text_ckpt), "--repository", str(repo), "--name", "sentiment"], work)
+    run(["package", "--model", str(image_ckpt), "--repository", str(repo), "--name", "shapes"], work)
+    # A long batching window, so that concurrent requests are seen to merge.
+    run(
+        ["package", "--model", str(text_ckpt), "--repository", str(repo), "--name", "batched",
+         "--max-queue-delay-us", "300000"],
+        work,
+    )
+    fused = os.environ.get("TRIDENT_ONNX_ENGINE", "ort") == "ort"
+    if fused:
+        run(
+            ["package", "--model", str(text_ckpt), "--repository", str(repo), "--name", "sentiment_int8",
+             "--flavour", "ort-fused", "--precision", "int8"],
+            work,
+        )
+    run(["package", "--model", str(text_ckpt), "--archive", str(work / "model.tar.gz"), "--name", "sentiment"], work)
+    srv = TridentServer(repo)
+    try:
+        srv.wait_started()
+        names = ["sentiment", "shapes", "batched"] + (["sentiment_int8"] if fused else [])
+        srv.wait_models(names, [], timeout=120)
+    except BaseException:
+        srv.stop()
+        raise
+    yield {
+        "server": srv,
+        "work": work,
+        "text": text_ckpt,
+        "image": image_ckpt,
+        "images": images,
+        "fused": fused,
+    }
+    assert srv.stop() == 0, srv.log(last=40)
+
+
+def text_input(texts: list[bytes]) -> httpclient.InferInput:
+    inp = httpclient.InferInput("TEXT", [len(texts), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[t] for t in texts], dtype=object))
+    return inp
+
+
+def classify(client, model: str, inp, k: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    outputs = [
+        httpclient.InferRequestedOutput("probabilities", class_count=k),
+        httpclient.InferRequestedOutput("logits"),
+    ]
+    r = client.infer(model, [inp], outputs=outputs)
+    return r.as_numpy("probabilities"), r.as_numpy("logits")
+
+
+def parse(entry: bytes) -> tuple[float, int, str]:
+    value, index, label = entry.decode().split(":", 2)
+    return float(value), int(index), label
+
+
+def test_text_model_answers_like_trident_predict(deployed):
+    client = deployed["server"].client()
+    want = predict(deployed["text"], TEXTS, deployed["work"])
+    top, logits = classify(client, "sentiment", text_input([t.encode() for t in TEXTS]))
+    assert top.shape == (3, 1) and logits.shape == (3, 2)
+    for row, w in zip(top, want):
+        score, _, label = parse(row[0])
+        assert label == w["label"]
+        # predict rounds to 4 decimals; the classification string has 6.
+        assert abs(score - w["score"]) <= 1e-4 + 5e-5, (score, w)
+
+
+def test_image_model_answers_like_trident_predict(deployed):
+    client = deployed["server"].client()
+    files = deployed["images"]
+    want = predict(deployed["image"], [str(f) for f in files], deployed["work"])
+    inp = httpclient.InferInput("IMAGE", [len(files), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[f.read_bytes()] for f in files], dtype=object))
+    top, _ = classify(client, "shapes", inp, k=2)
+    assert top.shape == (3, 2)
+    for row, w in zip(top, want):
+        score, _, label = parse(row[0])
+        assert label == w["label"] and abs(score - w["score"]) <= 1.5e-4, (row, w)
+        # Both classes, probabilities summing to 1, in descending order.
+        scores = [parse(e)[0] for e in row]
+        assert scores[0] >= scores[1] and abs(sum(scores) - 1) < 1e-5
+        assert {parse(e)[2] for e in row} == set(w["scores"])
+
+
+def test_int8_fused_model_keeps_the_labels(deployed):
+    if not deployed["fused"]:
+        pytest.skip("the ort-fused int8 package runs on ONNX Runtime only")
+    client = deployed["server"].client()
+    want = predict(deployed["text"], TEXTS, deployed["work"])
+    top, _ = classify(client, "sentiment_int8", text_input([t.encode() for t in TEXTS]))
+    for row, w in zip(top, want):
+        score, _, _ = parse(row[0])
+        assert abs(score - w["score"]) < 0.05, (row, w)
+
+
+def test_ensemble_errors_name_the_step_and_are_the_clients(deployed):
+    srv = deployed["server"]
+    client = srv.client()
+    long_text = " ".join(["good"] * 40).encode()
+    with pytest.raises(InferenceServerException) as e:
+        classify(client, "sentiment", text_input([b"fine", long_text]))
+    msg = str(e.value)
+    assert "sentiment_preprocess" in msg and "tokens" in msg and "max_length 16" in msg, msg
+    with pytest.raises(InferenceServerException) as e:
+        classify(client, "sentiment", text_input([b"\xff\xfe not utf-8"]))
+    assert "UTF-8" in str(e.value) and "sentiment_preprocess" in str(e.value)
+    bad = httpclient.InferInput("IMAGE", [1, 1], "BYTES")
+    bad.set_data_from_numpy(np.array([[b"not an image at all"]], dtype=object))
+    with pytest.raises(InferenceServerException) as e:
+        classify(client, "shapes", bad)
+    assert "PNG or JPEG" in str(e.value) and "shapes_preprocess" in str(e.value)
+    # Status codes, from the raw protocol.
+    status, _, body = srv.request(
+        "POST",
+        "/v2/models/sentiment/infer",
+        json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [" ".join(["good"] * 40)]}]}),
+    )
+    assert status == 400, body
+    assert "sentiment_preprocess" in json.loads(body)["error"]
+    # The server keeps serving.
+    top, _ = classify(client, "sentiment", text_input([b"film and awful"]))
+    assert top.shape == (1, 1)
+
+
+def test_classification_on_the_onnx_model_and_labels_file(deployed):
+    client = deployed["server"].client()
+    ids = httpclient.InferInput("input_ids", [1, 4], "INT64")
+    ids.set_data_from_numpy(np.array([[2, 7, 9, 3]], dtype=np.int64))
+    mask = httpclient.InferInput("attention_mask", [1, 4], "INT64")
+    mask.set_data_from_numpy(np.ones((1, 4), dtype=np.int64))
+    types = httpclient.InferInput("token_type_ids", [1, 4], "INT64")
+    types.set_data_from_numpy(np.zeros((1, 4), dtype=np.int64))
+    out = [httpclient.InferRequestedOutput("logits", class_count=2)]
+    r = client.infer("sentiment_onnx", [ids, mask, types], outputs=out)
+    row = r.as_numpy("logits")[0]
+    labels = (deployed["work"] / "models" / "sentiment_onnx" / "labels.txt").read_text().split()
+    assert sorted(parse(e)[2] for e in row) == sorted(labels)
+    meta = client.get_server_metadata()
+    assert "classification" in meta["extensions"]
+
+
+def test_dynamic_batching_still_merges_requests_through_the_ensemble(deployed):
+    srv = deployed["server"]
+    client = srv.client(concurrency=8)
+    outputs = [httpclient.InferRequestedOutput("probabilities", class_count=1)]
+    pending = [
+        client.async_infer("batched", [text_input([b"the movie was good"])], outputs=outputs)
+        for _ in range(8)
+    ]
+    answers = [p.get_result().as_numpy("probabilities") for p in pending]
+    assert len({a[0][0] for a in answers}) == 1, "the same text gets the same answer"
+    stats = client.get_inference_statistics("batched_onnx")["model_stats"][0]
+    assert stats["inference_count"] == 8
+    assert stats["execution_count"] < 8, f"no request merged: {stats}"
+    pre = client.get_inference_statistics("batched_preprocess")["model_stats"][0]
+    assert pre["inference_count"] == 8
+    ens = client.get_inference_statistics("batched")["model_stats"][0]
+    assert ens["inference_stats"]["success"]["count"] == 8
+
+
+def test_archive_has_model_folders_at_the_top(deployed):
+    with tarfile.open(deployed["work"] / "model.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert "config.pbtxt" not in names
+    for folder in ["sentiment", "sentiment_preprocess", "sentiment_onnx"]:
+        assert f"{folder}/config.pbtxt" in names, names
+    assert "sentiment_onnx/1/model.onnx" in names and "sentiment_preprocess/1/tokenizer.json" in names
+    with tarfile.open(deployed["work"] / "model.tar.gz") as tar:
+        model = tar.extractfile("sentiment_onnx/1/model.onnx").read()
+    import onnx
+
+    onnx.checker.check_model(onnx.load_model_from_string(model), full_check=True)
