@@ -157,11 +157,24 @@ def deployed(tmp_path_factory):
             work,
         )
     run(["package", "--model", str(text_ckpt), "--archive", str(work / "model.tar.gz"), "--name", "sentiment"], work)
+    # Warm-up from a file (Triton's input_data_file), and one whose file is missing.
+    import shutil
+
+    for name, data_file in [("warm_file", "ids.bin"), ("warm_broken", "missing.bin")]:
+        shutil.copytree(repo / "sentiment_onnx", repo / name)
+        config = (repo / name / "config.pbtxt").read_text().replace('name: "sentiment_onnx"', f'name: "{name}"')
+        # input_ids from the file; the mask and segments stay zeros, 4 tokens like the ids.
+        ids = 'key: "input_ids"\n      value { data_type: TYPE_INT64 dims: [ 16 ] zero_data: true }'
+        assert ids in config
+        config = config.replace(ids, f'key: "input_ids"\n      value {{ data_type: TYPE_INT64 dims: [ 4 ] input_data_file: "{data_file}" }}')
+        (repo / name / "config.pbtxt").write_text(config.replace("dims: [ 16 ] zero_data", "dims: [ 4 ] zero_data"))
+        (repo / name / "warmup").mkdir()
+    (repo / "warm_file" / "warmup" / "ids.bin").write_bytes(np.array([2, 7, 9, 3], dtype="<i8").tobytes())
     srv = TridentServer(repo)
     try:
         srv.wait_started()
-        names = ["sentiment", "shapes", "batched"] + (["sentiment_int8"] if fused else [])
-        srv.wait_models(names, [], timeout=120)
+        names = ["sentiment", "shapes", "batched", "warm_file"] + (["sentiment_int8"] if fused else [])
+        srv.wait_models(names, ["warm_broken"], timeout=120)
     except BaseException:
         srv.stop()
         raise
@@ -313,3 +326,15 @@ def test_archive_has_model_folders_at_the_top(deployed):
     import onnx
 
     onnx.checker.check_model(onnx.load_model_from_string(model), full_check=True)
+
+
+def test_warmup_runs_before_ready_and_a_failing_one_keeps_the_model_out(deployed):
+    srv = deployed["server"]
+    status, _, body = srv.request("POST", "/v2/repository/index", {})
+    index = {e["name"]: e for e in json.loads(body)}
+    assert index["warm_file"]["state"] == "READY"
+    broken = index["warm_broken"]
+    assert broken["state"] == "UNAVAILABLE" and "missing.bin" in broken["reason"], broken
+    assert "model_warmup" in broken["reason"]
+    # The packaged models carry a warm-up sample and were served after it ran.
+    assert "model_warmup" in (deployed["work"] / "models" / "sentiment_onnx" / "config.pbtxt").read_text()

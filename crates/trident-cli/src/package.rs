@@ -115,6 +115,27 @@ fn tensors(kind: &str, list: &[Io], labelled: Option<&str>) -> String {
     format!("{kind} [\n{}\n]\n", entries.join(",\n"))
 }
 
+/// `model_warmup`: one zero-filled request of batch 1 (token ids 0 over `seq` tokens for
+/// text models), run on every instance before the model is ready.
+fn warmup(inputs: &[Io], seq: i64) -> String {
+    let entries: Vec<String> = inputs
+        .iter()
+        .map(|io| {
+            let dims: Vec<String> = io.dims.iter().map(|&d| if d < 0 { seq } else { d }.to_string()).collect();
+            format!(
+                "    inputs {{\n      key: \"{}\"\n      value {{ data_type: {} dims: [ {} ] zero_data: true }}\n    }}",
+                io.name,
+                io.data_type,
+                dims.join(", ")
+            )
+        })
+        .collect();
+    format!(
+        "model_warmup [\n  {{\n    name: \"zeros\"\n    batch_size: 1\n    count: 1\n{}\n  }}\n]\n",
+        entries.join("\n")
+    )
+}
+
 fn batching(args: &PackageArgs) -> String {
     format!(
         "max_batch_size: {}\ndynamic_batching {{\n  max_queue_delay_microseconds: {}\n}}\n",
@@ -144,11 +165,16 @@ fn folders(
             let tokenizer = std::fs::read(args.model.join("tokenizer.json"))
                 .with_context(|| format!("{}: the checkpoint's tokenizer.json", args.model.display()))?;
             let outputs: Vec<Io> = exported.inputs.clone();
+            let text = Io {
+                name: "TEXT".into(),
+                ..raw.clone()
+            };
             let config = format!(
-                "name: \"{pre}\"\nbackend: \"tokenizer\"\n{}{}{}parameters [\n  {{ key: \"max_length\" value {{ string_value: \"{max_len}\" }} }},\n  {{ key: \"truncation\" value {{ string_value: \"{truncate}\" }} }},\n  {{ key: \"padding\" value {{ string_value: \"longest\" }} }}\n]\n",
+                "name: \"{pre}\"\nbackend: \"tokenizer\"\n{}{}{}{}parameters [\n  {{ key: \"max_length\" value {{ string_value: \"{max_len}\" }} }},\n  {{ key: \"truncation\" value {{ string_value: \"{truncate}\" }} }},\n  {{ key: \"padding\" value {{ string_value: \"longest\" }} }}\n]\n",
                 batching(args),
-                tensor("input", &Io { name: "TEXT".into(), ..raw.clone() }, ""),
+                tensor("input", &text, ""),
                 tensors("output", &outputs, None),
+                warmup(std::slice::from_ref(&text), 1),
             );
             (config, vec![("1/tokenizer.json".to_string(), tokenizer)], "TEXT")
         }
@@ -173,11 +199,16 @@ fn folders(
         // Contrib operators: ONNX Runtime only.
         _ => "parameters [\n  { key: \"trident.onnx_engine\" value { string_value: \"ort\" } }\n]\n".into(),
     };
+    let seq = match model.card.input {
+        InputSpec::Text { max_len, .. } => max_len.min(16) as i64,
+        InputSpec::Image { .. } => 1,
+    };
     let onnx_config = format!(
-        "name: \"{onnx}\"\nplatform: \"onnxruntime_onnx\"\n{}{}{}{engine}",
+        "name: \"{onnx}\"\nplatform: \"onnxruntime_onnx\"\n{}{}{}{}{engine}",
         batching(args),
         tensors("input", &exported.inputs, None),
         tensors("output", &exported.outputs, Some("labels.txt")),
+        warmup(&exported.inputs, seq),
     );
     let map = |pairs: &[(&str, &str)]| {
         pairs

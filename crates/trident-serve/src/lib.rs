@@ -13,6 +13,7 @@ pub mod model;
 pub mod repository;
 mod scheduler;
 pub mod stats;
+pub mod warmup;
 
 pub use error::ServeError;
 pub use model::{InferRequest, InferResponse, IoSpec, ModelVersion, OutputRequest};

@@ -142,6 +142,8 @@ pub struct Deployment {
     pub instances: usize,
     /// Each output's labels (`label_filename`, one per line), in config order.
     pub labels: Vec<Option<Arc<[String]>>>,
+    /// `model_warmup` samples, run on every instance before the version is ready.
+    pub warmup: Vec<crate::warmup::WarmupSample>,
 }
 
 impl ModelVersion {
@@ -159,11 +161,18 @@ impl ModelVersion {
             _ => DEFAULT_MAX_QUEUE,
         };
         let label = format!("{}:{}", d.name, d.version);
-        let scheduler = scheduler::start(&label, d.model.as_ref(), d.instances, policy, stats.clone())
-            .map_err(|e| ServeError::NotReady {
-                model: d.name.clone(),
-                reason: e.to_string(),
-            })?;
+        let scheduler = scheduler::start(
+            &label,
+            d.model.as_ref(),
+            d.instances,
+            policy,
+            stats.clone(),
+            &d.warmup,
+        )
+        .map_err(|e| ServeError::NotReady {
+            model: d.name.clone(),
+            reason: e.to_string(),
+        })?;
         Ok(ModelVersion {
             inputs: d.config.input.iter().map(IoSpec::from_input).collect(),
             outputs: d.config.output.iter().map(IoSpec::from_output).collect(),

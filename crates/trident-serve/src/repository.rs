@@ -525,6 +525,7 @@ fn load_versions(
             };
             complete::check_against_model(&full, model.io())?;
             let labels = read_labels(dir, &full)?;
+            let warmup = crate::warmup::samples(&full, dir)?;
             completed = Some(full.clone());
             tracing::info!(model = %name, version, instances, threads_per_instance = threads, "loading with {}", engine.backend.name());
             ModelVersion::start(Deployment {
@@ -535,6 +536,7 @@ fn load_versions(
                 backend: engine.backend.name(),
                 instances,
                 labels,
+                warmup,
             })
             .map(|m| Slot::Ready(Arc::new(m)))
             .map_err(|e| e.to_string())

@@ -91,6 +91,7 @@ pub(crate) fn start(
     instances: usize,
     policy: BatchPolicy,
     stats: Arc<ModelStats>,
+    warmup: &[crate::warmup::WarmupSample],
 ) -> Result<Scheduler, BackendError> {
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
@@ -102,13 +103,44 @@ pub(crate) fn start(
     let scheduler = Scheduler {
         shared: shared.clone(),
     };
-    for idx in 0..instances.max(1) {
+    let (warmed_tx, warmed) = std::sync::mpsc::channel();
+    let instances = instances.max(1);
+    for idx in 0..instances {
         let instance = model.instance()?;
         let (shared, stats) = (shared.clone(), stats.clone());
+        let (samples, warmed_tx) = (warmup.to_vec(), warmed_tx.clone());
         thread::Builder::new()
             .name(format!("{label}#{idx}"))
-            .spawn(move || instance_loop(instance, &shared, &stats))
+            .spawn(move || {
+                let mut instance = instance;
+                // Warm-up on this instance's own thread, before it takes requests.
+                let result = samples.iter().try_for_each(|s| {
+                    (0..s.count).try_for_each(|_| {
+                        instance
+                            .execute(s.inputs.clone())
+                            .map(drop)
+                            .map_err(|e| format!("warm-up sample '{}' failed on instance {idx}: {e}", s.name))
+                    })
+                });
+                let ok = result.is_ok();
+                let _ = warmed_tx.send(result);
+                if ok {
+                    instance_loop(instance, &shared, &stats)
+                }
+            })
             .map_err(|e| BackendError::Execute(format!("cannot spawn instance thread: {e}")))?;
+    }
+    // Ready only once every instance has run its warm-up.
+    for _ in 0..instances {
+        match warmed.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(BackendError::Execute(e)),
+            Err(_) => {
+                return Err(BackendError::Execute(
+                    "an instance thread ended during warm-up".into(),
+                ))
+            }
+        }
     }
     Ok(scheduler)
 }
@@ -305,7 +337,7 @@ mod tests {
             preferred: vec![3],
             max_delay: Duration::from_secs(5),
         };
-        let scheduler = start("t", &FailsOnNan, 1, policy, stats.clone()).unwrap();
+        let scheduler = start("t", &FailsOnNan, 1, policy, stats.clone(), &[]).unwrap();
         let replies: Vec<_> = [1.0, f32::NAN, 3.0]
             .into_iter()
             .map(|v| {

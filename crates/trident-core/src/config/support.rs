@@ -32,6 +32,7 @@ pub const SUPPORTED_FIELDS: &[&str] = &[
     "instance_group.kind",
     "default_model_filename",
     "ensemble_scheduling",
+    "model_warmup",
     "parameters",
 ];
 
