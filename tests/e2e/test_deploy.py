@@ -157,6 +157,11 @@ def deployed(tmp_path_factory):
             work,
         )
     run(["package", "--model", str(text_ckpt), "--archive", str(work / "model.tar.gz"), "--name", "sentiment"], work)
+    # The response cache on an ensemble and on its ONNX model.
+    run(["package", "--model", str(text_ckpt), "--repository", str(repo), "--name", "cached"], work)
+    for name in ["cached", "cached_onnx"]:
+        with open(repo / name / "config.pbtxt", "a") as f:
+            f.write("response_cache { enable: true }\n")
     # Warm-up from a file (Triton's input_data_file), and one whose file is missing.
     import shutil
 
@@ -170,10 +175,10 @@ def deployed(tmp_path_factory):
         (repo / name / "config.pbtxt").write_text(config.replace("dims: [ 16 ] zero_data", "dims: [ 4 ] zero_data"))
         (repo / name / "warmup").mkdir()
     (repo / "warm_file" / "warmup" / "ids.bin").write_bytes(np.array([2, 7, 9, 3], dtype="<i8").tobytes())
-    srv = TridentServer(repo)
+    srv = TridentServer(repo, extra_args=["--cache-config", "local,size=1048576"])
     try:
         srv.wait_started()
-        names = ["sentiment", "shapes", "batched", "warm_file"] + (["sentiment_int8"] if fused else [])
+        names = ["sentiment", "shapes", "batched", "warm_file", "cached"] + (["sentiment_int8"] if fused else [])
         srv.wait_models(names, ["warm_broken"], timeout=120)
     except BaseException:
         srv.stop()
@@ -338,3 +343,33 @@ def test_warmup_runs_before_ready_and_a_failing_one_keeps_the_model_out(deployed
     assert "model_warmup" in broken["reason"]
     # The packaged models carry a warm-up sample and were served after it ran.
     assert "model_warmup" in (deployed["work"] / "models" / "sentiment_onnx" / "config.pbtxt").read_text()
+
+
+def test_response_cache_answers_repeats_without_executing(deployed):
+    srv = deployed["server"]
+    client = srv.client()
+
+    def stats(model):
+        return client.get_inference_statistics(model)["model_stats"][0]
+
+    first, _ = classify(client, "cached", text_input([b"it is a great"]))
+    onnx_before = stats("cached_onnx")["execution_count"]
+    again, logits = classify(client, "cached", text_input([b"it is a great"]))
+    assert (first == again).all()
+    s = stats("cached")["inference_stats"]
+    assert s["cache_hit"]["count"] == 1 and s["cache_miss"]["count"] == 1, s
+    assert stats("cached_onnx")["execution_count"] == onnx_before, "a hit runs nothing"
+    # Output selection still applies to a cached answer.
+    r = client.infer("cached", [text_input([b"it is a great"])], outputs=[httpclient.InferRequestedOutput("logits")])
+    assert r.as_numpy("probabilities") is None and np.allclose(r.as_numpy("logits"), logits)
+    # Other inputs miss; a refused request is not cached.
+    classify(client, "cached", text_input([b"film and awful"]))
+    with pytest.raises(InferenceServerException):
+        classify(client, "cached", text_input([" ".join(["good"] * 40).encode()]))
+    s = stats("cached")["inference_stats"]
+    assert s["cache_hit"]["count"] == 2 and s["cache_miss"]["count"] == 2, s
+    # The ensemble's own cache answered, so its ONNX model saw misses only.
+    assert stats("cached_onnx")["inference_stats"]["cache_hit"]["count"] == 0
+    metrics = srv.metrics()
+    assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 2' in metrics, metrics
+    assert 'nv_cache_num_misses_per_model{model="cached",version="1"} 2' in metrics

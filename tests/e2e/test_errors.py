@@ -417,7 +417,6 @@ def _simple_inputs():
     [
         ({"priority": 1}, "priority"),
         ({"timeout": 1000}, "timeout"),
-        ({"outputs": [httpclient.InferRequestedOutput("OUTPUT0", class_count=3)]}, "classification"),
     ],
 )
 def test_unimplemented_parameters_are_refused(client, kwargs, parameter):
@@ -425,6 +424,16 @@ def test_unimplemented_parameters_are_refused(client, kwargs, parameter):
     with pytest.raises(InferenceServerException) as err:
         client.infer("simple", _simple_inputs(), **kwargs)
     assert f"parameter '{parameter}' is not supported" in str(err.value), str(err.value)
+    assert client.infer("simple", _simple_inputs()).as_numpy("OUTPUT0").tolist() == [[2] * 16]
+
+
+def test_classification_extension_on_a_model_without_labels(client):
+    """class_count: the top classes as Triton writes them, "value:index" without labels
+    (ties in index order); the plain output is unchanged for a request without it."""
+    out = [httpclient.InferRequestedOutput("OUTPUT0", class_count=3)]
+    got = client.infer("simple", _simple_inputs(), outputs=out).as_numpy("OUTPUT0")
+    assert got.shape == (1, 3)
+    assert [e.decode() for e in got[0]] == ["2:0", "2:1", "2:2"]
     assert client.infer("simple", _simple_inputs()).as_numpy("OUTPUT0").tolist() == [[2] * 16]
 
 

@@ -26,6 +26,7 @@ async fn start_server() -> Server {
         mode: ControlMode::None,
         startup_models: vec![],
         cores: 1,
+        cache: None,
         onnx_engine: OnnxEngine::Auto,
     }));
     repo.load_startup_models().unwrap();

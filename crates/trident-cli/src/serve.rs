@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// CPU cores shared among model instances (default: all available).
     #[arg(long)]
     cores: Option<usize>,
+    /// The response cache, Triton's syntax: `local,size=BYTES` (one cache shared by the
+    /// models whose config has `response_cache { enable: true }`).
+    #[arg(long, value_name = "local,size=BYTES")]
+    cache_config: Option<String>,
     /// ONNX engine for models that do not choose one with the `trident.onnx_engine`
     /// parameter: auto (ONNX Runtime when available, else tract), ort or tract.
     #[arg(long, value_enum, env = "TRIDENT_ONNX_ENGINE", default_value_t = Engine::Auto)]
@@ -134,7 +138,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "--model-repository {} is not a directory",
         root.display()
     );
+    let cache = match &args.cache_config {
+        Some(spec) => {
+            let c = trident_serve::cache::ResponseCache::from_config(spec).map_err(anyhow::Error::msg)?;
+            tracing::info!("response cache: local, {} bytes", c.capacity());
+            Some(Arc::new(c))
+        }
+        None => None,
+    };
     let repository = Arc::new(Repository::new(RepositoryOptions {
+        cache,
         root,
         mode,
         startup_models: args.load_model.clone(),

@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod batcher;
+pub mod cache;
 mod classify;
 pub mod ensemble;
 mod error;

@@ -4,11 +4,12 @@
 
 use crate::backend::Model;
 use crate::batcher::BatchPolicy;
+use crate::cache::ResponseCache;
 use crate::scheduler::{self, Job, Scheduler};
 use crate::stats::ModelStats;
 use crate::ServeError;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use trident_core::config::{self, pb, ModelConfig};
 use trident_core::{DataType, Tensor};
 
@@ -109,6 +110,8 @@ pub struct ModelVersion {
     runner: Runner,
     /// Each output's labels (`label_filename`), in `outputs` order.
     labels: Vec<Option<Arc<[String]>>>,
+    /// The server's response cache, when this model enables it.
+    cache: Option<Arc<ResponseCache>>,
 }
 
 /// What executes a version's requests.
@@ -144,6 +147,8 @@ pub struct Deployment {
     pub labels: Vec<Option<Arc<[String]>>>,
     /// `model_warmup` samples, run on every instance before the version is ready.
     pub warmup: Vec<crate::warmup::WarmupSample>,
+    /// The response cache, when the server has one and the model enables it.
+    pub cache: Option<Arc<ResponseCache>>,
 }
 
 impl ModelVersion {
@@ -187,6 +192,7 @@ impl ModelVersion {
                 model: d.model,
             },
             labels: d.labels,
+            cache: d.cache,
         })
     }
 
@@ -198,6 +204,7 @@ impl ModelVersion {
         config: Arc<ModelConfig>,
         ensemble: crate::ensemble::Ensemble,
         labels: Vec<Option<Arc<[String]>>>,
+        cache: Option<Arc<ResponseCache>>,
     ) -> Self {
         ModelVersion {
             inputs: config.input.iter().map(IoSpec::from_input).collect(),
@@ -210,6 +217,7 @@ impl ModelVersion {
             stats: Arc::new(ModelStats::default()),
             runner: Runner::Ensemble(ensemble),
             labels,
+            cache,
         }
     }
 
@@ -270,12 +278,40 @@ impl ModelVersion {
     ) -> Result<(InferResponse, std::time::Duration), ServeError> {
         let wanted = self.requested_outputs(&request.outputs)?;
         let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
+        let Some(cache) = &self.cache else {
+            return self.execute(inputs, rows, signature, &wanted).await;
+        };
+        let t0 = Instant::now();
+        let key = ResponseCache::key(&self.name, self.version, &inputs);
+        if let Some(outputs) = cache.get(key) {
+            self.stats.inference.cache_hit.record(t0.elapsed());
+            let response = self.select_outputs(outputs.as_ref().clone(), &wanted, rows)?;
+            return Ok((response, Duration::ZERO));
+        }
+        let lookup = t0.elapsed();
+        let all: Vec<(usize, Option<usize>)> = (0..self.outputs.len()).map(|i| (i, None)).collect();
+        let (everything, compute) = self.execute(inputs, rows, signature, &all).await?;
+        let t1 = Instant::now();
+        cache.insert(key, Arc::new(everything.outputs.clone()));
+        self.stats.inference.cache_miss.record(lookup + t1.elapsed());
+        let response = self.select_outputs(everything.outputs, &wanted, rows)?;
+        Ok((response, compute))
+    }
+
+    /// Runs validated inputs on the backend's instances or the ensemble's steps.
+    async fn execute(
+        &self,
+        inputs: Vec<(String, Tensor)>,
+        rows: usize,
+        signature: Vec<i64>,
+        wanted: &[(usize, Option<usize>)],
+    ) -> Result<(InferResponse, Duration), ServeError> {
         let scheduler = match &self.runner {
             Runner::Backend { scheduler, .. } => scheduler,
             Runner::Ensemble(e) => {
                 let t0 = Instant::now();
                 let outputs = e.run(inputs).await?;
-                let response = self.select_outputs(outputs, &wanted, rows)?;
+                let response = self.select_outputs(outputs, wanted, rows)?;
                 return Ok((response, t0.elapsed()));
             }
         };
@@ -296,7 +332,7 @@ impl ModelVersion {
             reply,
         });
         let executed = rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))??;
-        let response = self.select_outputs(executed.outputs, &wanted, rows)?;
+        let response = self.select_outputs(executed.outputs, wanted, rows)?;
         Ok((response, executed.compute_infer))
     }
 

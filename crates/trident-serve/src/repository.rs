@@ -47,6 +47,8 @@ pub struct RepositoryOptions {
     pub cores: usize,
     /// Default ONNX engine.
     pub onnx_engine: OnnxEngine,
+    /// The response cache (`--cache-config`), shared by the models that enable it.
+    pub cache: Option<Arc<crate::cache::ResponseCache>>,
 }
 
 /// One row of the repository index.
@@ -493,7 +495,7 @@ fn load_versions(
     };
     let versions = select_versions(dir, &config)?;
     if config.platform == "ensemble" {
-        return load_ensemble(dir, name, config, &config_path, &versions, lookup);
+        return load_ensemble(dir, name, config, &config_path, &versions, lookup, options);
     }
     let as_written = config.clone();
     let engine = engines::select(&config, options.onnx_engine)?;
@@ -526,6 +528,7 @@ fn load_versions(
             complete::check_against_model(&full, model.io())?;
             let labels = read_labels(dir, &full)?;
             let warmup = crate::warmup::samples(&full, dir)?;
+            let cache = model_cache(&full, name, options);
             completed = Some(full.clone());
             tracing::info!(model = %name, version, instances, threads_per_instance = threads, "loading with {}", engine.backend.name());
             ModelVersion::start(Deployment {
@@ -537,6 +540,7 @@ fn load_versions(
                 instances,
                 labels,
                 warmup,
+                cache,
             })
             .map(|m| Slot::Ready(Arc::new(m)))
             .map_err(|e| e.to_string())
@@ -560,6 +564,7 @@ fn load_ensemble(
     config_path: &Path,
     versions: &[i64],
     lookup: &Lookup,
+    options: &RepositoryOptions,
 ) -> Result<BTreeMap<i64, Slot>, String> {
     if config.name.is_empty() {
         config.name = name.to_string();
@@ -580,10 +585,36 @@ fn load_ensemble(
     for &version in versions {
         let plan = Ensemble::plan(name, &config, lookup.clone())?;
         tracing::info!(model = %name, version, "ensemble of {}", composing_models(dir).join(", "));
-        let v = ModelVersion::start_ensemble(name.to_string(), version, config.clone(), plan, labels.clone());
+        let cache = model_cache(&config, name, options);
+        let v = ModelVersion::start_ensemble(
+            name.to_string(),
+            version,
+            config.clone(),
+            plan,
+            labels.clone(),
+            cache,
+        );
         slots.insert(version, Slot::Ready(Arc::new(v)));
     }
     Ok(slots)
+}
+
+/// The server's cache for a model whose config enables `response_cache`.
+fn model_cache(
+    config: &ModelConfig,
+    name: &str,
+    options: &RepositoryOptions,
+) -> Option<Arc<crate::cache::ResponseCache>> {
+    if !config.response_cache.as_ref().is_some_and(|r| r.enable) {
+        return None;
+    }
+    if options.cache.is_none() {
+        tracing::warn!(
+            model = %name,
+            "response_cache is enabled but the server has no cache: start it with --cache-config local,size=BYTES"
+        );
+    }
+    options.cache.clone()
 }
 
 /// Each output's `label_filename` (a file in the model directory, one label per line).

@@ -119,6 +119,10 @@ pub struct InferenceStats {
     pub compute_infer: DurationStat,
     /// Extracting and splitting outputs.
     pub compute_output: DurationStat,
+    /// Requests answered from the response cache (lookup time).
+    pub cache_hit: DurationStat,
+    /// Requests the response cache did not hold (lookup + insertion time).
+    pub cache_miss: DurationStat,
 }
 
 #[derive(Debug, Default)]
@@ -242,8 +246,8 @@ impl ModelStats {
                 compute_input: i.compute_input.snapshot(),
                 compute_infer: i.compute_infer.snapshot(),
                 compute_output: i.compute_output.snapshot(),
-                cache_hit: DurationSnapshot::default(),
-                cache_miss: DurationSnapshot::default(),
+                cache_hit: i.cache_hit.snapshot(),
+                cache_miss: i.cache_miss.snapshot(),
             },
             response_stats: BTreeMap::new(),
             batch_stats,
@@ -297,9 +301,9 @@ pub struct InferenceSnapshot {
     pub compute_input: DurationSnapshot,
     pub compute_infer: DurationSnapshot,
     pub compute_output: DurationSnapshot,
-    /// Always zero: the response cache is not implemented yet.
+    /// Requests answered from the response cache.
     pub cache_hit: DurationSnapshot,
-    /// Always zero: the response cache is not implemented yet.
+    /// Requests the response cache did not hold.
     pub cache_miss: DurationSnapshot,
 }
 

@@ -90,6 +90,30 @@ const METRICS: &[Metric] = &[
         |s| s.inference_stats.compute_output.ns / 1000,
     ),
     (
+        "nv_cache_num_hits_per_model",
+        "counter",
+        "Number of cache hits per model",
+        |s| s.inference_stats.cache_hit.count,
+    ),
+    (
+        "nv_cache_num_misses_per_model",
+        "counter",
+        "Number of cache misses per model",
+        |s| s.inference_stats.cache_miss.count,
+    ),
+    (
+        "nv_cache_hit_duration_per_model",
+        "counter",
+        "Total cache hit duration per model, in microseconds",
+        |s| s.inference_stats.cache_hit.ns / 1000,
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "counter",
+        "Total cache miss (insert + lookup) duration per model, in microseconds",
+        |s| s.inference_stats.cache_miss.ns / 1000,
+    ),
+    (
         "nv_inference_pending_request_count",
         "gauge",
         "Instantaneous number of pending requests awaiting execution per-model",

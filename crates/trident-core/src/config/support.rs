@@ -33,6 +33,7 @@ pub const SUPPORTED_FIELDS: &[&str] = &[
     "default_model_filename",
     "ensemble_scheduling",
     "model_warmup",
+    "response_cache.enable",
     "parameters",
 ];
 

@@ -32,6 +32,7 @@ fn control_api_is_refused_outside_explicit_mode_and_names_never_reach_paths() {
             mode,
             startup_models: vec![],
             cores: 2,
+            cache: None,
             onnx_engine: OnnxEngine::Tract,
         })
     };
