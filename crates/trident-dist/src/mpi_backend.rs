@@ -101,7 +101,10 @@ impl Mpi {
 
     /// Prints `e` and stops the whole job.
     fn die(&self, e: &DistError) -> ! {
-        eprintln!("trident: {e}");
+        // One write: several ranks die at once, and mpirun merges their stderr, so a
+        // message written in pieces would interleave with the others'.
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(format!("trident: {e}\n").as_bytes());
         // SAFETY: a plain MPI call on a valid communicator; it does not return.
         unsafe {
             ffi::MPI_Abort(self.comm, 3);

@@ -153,9 +153,17 @@ pub struct EvalArgs {
     /// Evaluate every example of this file instead (same format as the run's data).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Where to write metrics.json and confusion.png (default: `<model>/eval-<split>`).
+    /// Where to write metrics.json and confusion.png (default: `<model>/eval-<split>`,
+    /// `<model>/eval-<split>-onnx` with `--onnx`).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Evaluate this exported ONNX file of the checkpoint instead of the checkpoint
+    /// itself, on the same split with the same metrics (e.g. an int8 export against fp32).
+    #[arg(long)]
+    onnx: Option<PathBuf>,
+    /// The engine that runs `--onnx`: ort (ONNX Runtime; contrib operators) or tract.
+    #[arg(long, default_value = "ort")]
+    engine: String,
 }
 
 #[derive(Debug, Args)]
@@ -747,6 +755,10 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not a checkpoint of `trident train`", args.model.display()))?;
     let model = Model::load_checkpoint(&args.model)?;
     let classes = model.card.classes.clone();
+    let onnx = match &args.onnx {
+        Some(file) => Some(OnnxStep::load(file, &args.engine)?),
+        None => None,
+    };
     let label = match &args.data {
         Some(f) => f
             .file_stem()
@@ -780,16 +792,25 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
                 );
             }
             let s = text_splits(&c, &model, &set)?;
-            evaluate(&model, &pick(args.data.is_some(), &args.split, s)?, classes.len())?
+            let loader = pick(args.data.is_some(), &args.split, s)?;
+            match &onnx {
+                Some(step) => evaluate(step, &loader, classes.len())?,
+                None => evaluate(&model, &loader, classes.len())?,
+            }
         }
         DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
             let (s, _, _) = image_splits(&c)?;
-            evaluate(&model, &pick(false, &args.split, s)?, classes.len())?
+            let loader = pick(false, &args.split, s)?;
+            match &onnx {
+                Some(step) => evaluate(step, &loader, classes.len())?,
+                None => evaluate(&model, &loader, classes.len())?,
+            }
         }
     };
+    let suffix = if onnx.is_some() { "-onnx" } else { "" };
     let out = args
         .out
-        .unwrap_or_else(|| args.model.join(format!("eval-{label}")));
+        .unwrap_or_else(|| args.model.join(format!("eval-{label}{suffix}")));
     write_report(&out, &ev, &classes)?;
     let r = &ev.report;
     println!(
@@ -810,6 +831,108 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     }
     println!("wrote {}/metrics.json and confusion.png", out.display());
     Ok(())
+}
+
+/// An exported model evaluated exactly like its checkpoint: the same batches through one
+/// instance of the server's own ONNX backend, its `logits` output into the same metrics.
+struct OnnxStep {
+    instance: std::sync::Mutex<Box<dyn trident_serve::backend::ModelInstance>>,
+    inputs: Vec<String>,
+    params: trident_nn::Params,
+}
+
+impl OnnxStep {
+    fn load(file: &Path, engine: &str) -> anyhow::Result<Self> {
+        use trident_serve::backend::{Backend, LoadOptions};
+        let backend: std::sync::Arc<dyn Backend> = match engine {
+            "tract" => std::sync::Arc::new(trident_serve::backend::tract::TractBackend),
+            #[cfg(feature = "ort")]
+            "ort" => trident_serve::backend::ort::shared().map_err(anyhow::Error::msg)?,
+            #[cfg(not(feature = "ort"))]
+            "ort" => bail!("--engine ort: this build has no ONNX Runtime (cargo feature `ort`)"),
+            other => bail!("--engine `{other}`: expected ort or tract"),
+        };
+        let options = LoadOptions {
+            threads_per_instance: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            config: Default::default(),
+        };
+        let model = backend.load(file, &options)?;
+        let inputs = model.io().inputs.iter().map(|i| i.name.clone()).collect();
+        Ok(OnnxStep {
+            instance: std::sync::Mutex::new(model.instance()?),
+            inputs,
+            params: trident_nn::Params::new(),
+        })
+    }
+}
+
+impl TrainStep for OnnxStep {
+    type Batch = task::Batch;
+
+    fn forward(&self, batch: &task::Batch, _ctx: &Ctx) -> candle_core::Result<trident_train::StepOutput> {
+        use trident_core::Tensor as T;
+        let err = |e: String| candle_core::Error::Msg(e);
+        let ints = |t: &candle_core::Tensor| -> candle_core::Result<T> {
+            let (b, s) = t.dims2()?;
+            let v: Vec<i64> = t
+                .flatten_all()?
+                .to_vec1::<u32>()?
+                .into_iter()
+                .map(i64::from)
+                .collect();
+            T::from_i64(vec![b as i64, s as i64], &v).map_err(|e| err(e.to_string()))
+        };
+        let (mut given, labels) = match batch {
+            task::Batch::Text(b, l) => (
+                vec![
+                    ("input_ids".to_string(), ints(&b.ids)?),
+                    ("attention_mask".to_string(), ints(&b.mask)?),
+                    ("token_type_ids".to_string(), ints(&b.type_ids)?),
+                ],
+                l,
+            ),
+            task::Batch::Image(x, l) => {
+                let shape = x.dims().iter().map(|&d| d as i64).collect();
+                let v = x.flatten_all()?.to_vec1::<f32>()?;
+                (
+                    vec![(
+                        "pixel_values".to_string(),
+                        T::from_f32(shape, &v).map_err(|e| err(e.to_string()))?,
+                    )],
+                    l,
+                )
+            }
+        };
+        given.retain(|(n, _)| self.inputs.contains(n));
+        let outputs = self
+            .instance
+            .lock()
+            .expect("instance lock")
+            .execute(given)
+            .map_err(|e| err(e.to_string()))?;
+        let (_, logits) = outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| {
+            err("the ONNX model has no `logits` output (not a `trident export` file?)".into())
+        })?;
+        let rows = labels.len();
+        let values = logits
+            .to_f32()
+            .ok_or_else(|| err("`logits` is not FP32".into()))?;
+        let logits = candle_core::Tensor::from_vec(
+            values,
+            (rows, logits.len() / rows.max(1)),
+            &candle_core::Device::Cpu,
+        )?;
+        let y = candle_core::Tensor::from_iter(labels.iter().map(|&l| l as u32), &candle_core::Device::Cpu)?;
+        Ok(trident_train::StepOutput {
+            loss: trident_nn::ops::cross_entropy(&logits, &y)?,
+            logits,
+            labels: labels.clone(),
+        })
+    }
+
+    fn params(&self) -> &trident_nn::Params {
+        &self.params
+    }
 }
 
 fn pick<D: Dataset>(
