@@ -65,13 +65,13 @@ fn unknown_field_is_rejected_with_line_and_column() {
 #[test]
 fn unimplemented_triton_fields_are_named_in_warnings() {
     let parsed = parse(
-        "max_batch_size: 4\nresponse_cache { enable: true }\n\
+        "max_batch_size: 4\nmodel_transaction_policy { decoupled: true }\n\
          dynamic_batching { preserve_ordering: true }\n\
          parameters { key: \"x\" value: { string_value: \"1\" } }\n",
     )
     .unwrap();
     let w = parsed.warnings.join("\n");
-    assert!(w.contains("'response_cache'"), "{w}");
+    assert!(w.contains("'model_transaction_policy'"), "{w}");
     assert!(w.contains("'dynamic_batching.preserve_ordering'"), "{w}");
     assert!(w.contains("parameter 'x'"), "{w}");
     assert_eq!(parsed.warnings.len(), 3, "{w}");
@@ -139,12 +139,12 @@ fn tritons_user_guide_examples_parse() {
     // 0, 2, 3, 18: tensorrt examples with inputs/outputs/reshape; 8, 9: optional and
     // reshape fragments; 15-17: version policies; 19, 21: instance groups (KIND_GPU parses,
     // it is refused at load time). 10, 14 use shape tensors / batch inputs, 20, 22, 23 GPU
-    // lists / rate limiters, 24 cc_model_filenames, 25 response_cache: Trident does not
-    // implement those yet, so they warn.
+    // lists / rate limiters, 24 cc_model_filenames: Trident does not implement those yet,
+    // so they warn. 25 (response_cache) is implemented.
     assert_eq!(
         clean,
-        vec![0, 2, 3, 8, 9, 15, 16, 17, 18, 19, 21],
+        vec![0, 2, 3, 8, 9, 15, 16, 17, 18, 19, 21, 25],
         "warned: {warned:?}"
     );
-    assert_eq!(warned, vec![10, 14, 20, 22, 23, 24, 25]);
+    assert_eq!(warned, vec![10, 14, 20, 22, 23, 24]);
 }
