@@ -2,9 +2,8 @@
 `torch.onnx.export` writes from the same checkpoint, the way Triton users serve a
 fine-tuned BERT today. The checkpoint's weights carry Hugging Face's names, so
 transformers' BertModel loads them; mean pooling and the linear head are added as the
-model has them. Checks the export against the checkpoint's own logits (written by
-`trident eval`-independent candle code is not available here, so against PyTorch itself
-and, when given, against a Trident-exported graph on the same inputs).
+model has them. Checks the export against PyTorch itself and, when given, a
+Trident-exported graph on the same padded batch (needs onnxruntime in the venv).
 
     /work/venv-torch/bin/python benches/deploy/torch_export.py runs/sentiment/best OUT.onnx [TRIDENT.onnx]
 """
@@ -49,8 +48,13 @@ class Classifier(torch.nn.Module):
 def main():
     ckpt, out = Path(sys.argv[1]), sys.argv[2]
     model = Classifier(ckpt).eval()
-    ids = torch.tensor([[101, 2023, 3185, 2001, 2307, 102, 0, 0], [101, 2919, 2121, 102, 0, 0, 0, 0]])
-    mask = (ids != 0).long()
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    encs = [tok.encode(t).ids for t in ["the movie was great, I loved it", "awful"]]
+    n = max(map(len, encs))
+    ids = torch.tensor([e + [0] * (n - len(e)) for e in encs])
+    mask = torch.tensor([[1] * len(e) + [0] * (n - len(e)) for e in encs])
     types = torch.zeros_like(ids)
     torch.onnx.export(
         model,
