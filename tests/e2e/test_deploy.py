@@ -373,3 +373,26 @@ def test_response_cache_answers_repeats_without_executing(deployed):
     metrics = srv.metrics()
     assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 2' in metrics, metrics
     assert 'nv_cache_num_misses_per_model{model="cached",version="1"} 2' in metrics
+
+
+def test_explicit_load_of_an_ensemble_loads_its_composing_models(deployed):
+    srv = TridentServer(deployed["work"] / "models", load="sentiment")
+    try:
+        srv.wait_started()
+        srv.wait_models(["sentiment", "sentiment_preprocess", "sentiment_onnx"], [], timeout=60)
+        status, _, body = srv.request("POST", "/v2/repository/index", {"ready": True})
+        ready = {e["name"] for e in json.loads(body)}
+        assert ready == {"sentiment", "sentiment_preprocess", "sentiment_onnx"}, ready
+        top, _ = classify(srv.client(), "sentiment", text_input([b"it is a great"]))
+        assert top.shape == (1, 1)
+        # Unloading a composing model makes the ensemble's requests fail by name, not hang.
+        status, _, _ = srv.request("POST", "/v2/repository/models/sentiment_onnx/unload", {})
+        assert status == 200
+        status, _, body = srv.request(
+            "POST",
+            "/v2/models/sentiment/infer",
+            {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["fine"]}]},
+        )
+        assert status in (400, 503) and "sentiment_onnx" in json.loads(body)["error"], (status, body)
+    finally:
+        assert srv.stop() == 0

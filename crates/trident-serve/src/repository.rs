@@ -105,12 +105,19 @@ impl Repository {
         let names = self.model_dirs()?;
         let load_all = self.options.mode != ControlMode::Explicit
             || self.options.startup_models.iter().any(|m| m == "*");
+        // An ensemble named by --load-model brings its composing models (as Triton does).
+        let mut wanted: Vec<String> = self.options.startup_models.clone();
+        for m in &self.options.startup_models {
+            if names.contains(m) {
+                wanted.extend(composing_models(&self.options.root.join(m)));
+            }
+        }
         // Ensembles after the models they compose.
         let (ensembles, plain): (Vec<&String>, Vec<&String>) = names
             .iter()
             .partition(|n| is_ensemble(&self.options.root.join(n)));
         for name in plain.into_iter().chain(ensembles) {
-            if load_all || self.options.startup_models.contains(name) {
+            if load_all || wanted.contains(name) {
                 let _ = self.load_model(name);
             }
         }
