@@ -1,4 +1,5 @@
 use super::*;
+use crate::model::InferRequest;
 
 #[test]
 fn version_policy_selects_directories() {
@@ -52,4 +53,202 @@ fn control_api_is_refused_outside_explicit_mode_and_names_never_reach_paths() {
     assert!(err.contains("no version directory"), "{err}");
     let index = explicit.index(false).unwrap();
     assert_eq!(index[0].state, Some("UNAVAILABLE"));
+}
+
+/// `(input_map, output_map, model)` of one ensemble step.
+type StepSpec<'a> = (&'a [(&'a str, &'a str)], &'a [(&'a str, &'a str)], &'a str);
+
+/// An ensemble config over the fixture model `simple` (INT32 [16] INPUT0, INPUT1 →
+/// OUTPUT0 = sum, OUTPUT1 = difference); `steps` are `(input_map, output_map)` pairs.
+fn ensemble(inputs: &[(&str, &str)], outputs: &[&str], steps: &[StepSpec]) -> String {
+    let tensors = |list: &[(&str, &str)]| {
+        list.iter()
+            .map(|(n, t)| format!("{{ name: \"{n}\" data_type: {t} dims: [ 16 ] }}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let outs: Vec<(&str, &str)> = outputs.iter().map(|o| (*o, "TYPE_INT32")).collect();
+    let map = |m: &[(&str, &str)]| {
+        m.iter()
+            .map(|(k, v)| format!("{{ key: \"{k}\" value: \"{v}\" }}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let steps: Vec<String> = steps
+        .iter()
+        .map(|(i, o, model)| {
+            format!(
+                "{{ model_name: \"{model}\" model_version: -1 input_map [ {} ] output_map [ {} ] }}",
+                map(i),
+                map(o)
+            )
+        })
+        .collect();
+    format!(
+        "platform: \"ensemble\"\nmax_batch_size: 8\ninput [ {} ]\noutput [ {} ]\nensemble_scheduling {{ step [ {} ] }}\n",
+        tensors(inputs),
+        tensors(&outs),
+        steps.join(", ")
+    )
+}
+
+#[test]
+fn ensembles_run_their_dag_and_refuse_bad_plans_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/simple");
+    std::fs::create_dir_all(dir.path().join("simple/1")).unwrap();
+    std::fs::copy(
+        fixture.join("config.pbtxt"),
+        dir.path().join("simple/config.pbtxt"),
+    )
+    .unwrap();
+    std::fs::copy(
+        fixture.join("1/model.onnx"),
+        dir.path().join("simple/1/model.onnx"),
+    )
+    .unwrap();
+    let ab = [("A", "TYPE_INT32"), ("B", "TYPE_INT32")];
+    let first: &[(&str, &str)] = &[("INPUT0", "A"), ("INPUT1", "B")];
+    let cases: Vec<(&str, String, Option<&str>)> = vec![
+        // (A + B) + (A − B) = 2A, through two steps.
+        (
+            "twice",
+            ensemble(
+                &ab,
+                &["OUT"],
+                &[
+                    (first, &[("OUTPUT0", "S"), ("OUTPUT1", "D")], "simple"),
+                    (
+                        &[("INPUT0", "S"), ("INPUT1", "D")],
+                        &[("OUTPUT0", "OUT")],
+                        "simple",
+                    ),
+                ],
+            ),
+            None,
+        ),
+        (
+            "cycle",
+            ensemble(
+                &ab,
+                &["OUT"],
+                &[
+                    (&[("INPUT0", "A"), ("INPUT1", "Y")], &[("OUTPUT0", "X")], "simple"),
+                    (
+                        &[("INPUT0", "X"), ("INPUT1", "B")],
+                        &[("OUTPUT0", "Y"), ("OUTPUT1", "OUT")],
+                        "simple",
+                    ),
+                ],
+            ),
+            Some("cycle"),
+        ),
+        (
+            "twice_produced",
+            ensemble(
+                &ab,
+                &["OUT"],
+                &[
+                    (first, &[("OUTPUT0", "OUT")], "simple"),
+                    (first, &[("OUTPUT0", "OUT")], "simple"),
+                ],
+            ),
+            Some("already produced"),
+        ),
+        (
+            "unknown_tensor",
+            ensemble(
+                &ab,
+                &["OUT"],
+                &[(
+                    &[("INPUT0", "A"), ("INPUT1", "nope")],
+                    &[("OUTPUT0", "OUT")],
+                    "simple",
+                )],
+            ),
+            Some("'nope', which no step produces"),
+        ),
+        (
+            "wrong_type",
+            ensemble(
+                &[("A", "TYPE_FP32"), ("B", "TYPE_INT32")],
+                &["OUT"],
+                &[(first, &[("OUTPUT0", "OUT")], "simple")],
+            ),
+            Some("input 'INPUT0' is INT32, but 'A'"),
+        ),
+        (
+            "no_such_model",
+            ensemble(&ab, &["OUT"], &[(first, &[("OUTPUT0", "OUT")], "absent")]),
+            Some("model 'absent'"),
+        ),
+        (
+            "unproduced_output",
+            ensemble(&ab, &["OUT", "MORE"], &[(first, &[("OUTPUT0", "OUT")], "simple")]),
+            Some("ensemble output 'MORE' is produced by no step"),
+        ),
+    ];
+    for (name, config, _) in &cases {
+        std::fs::create_dir_all(dir.path().join(name).join("1")).unwrap();
+        std::fs::write(dir.path().join(name).join("config.pbtxt"), config).unwrap();
+    }
+    let repo = Repository::new(RepositoryOptions {
+        root: dir.path().into(),
+        mode: ControlMode::None,
+        startup_models: vec![],
+        cores: 2,
+        cache: None,
+        onnx_engine: OnnxEngine::Tract,
+    });
+    repo.load_startup_models().unwrap();
+    let index = repo.index(false).unwrap();
+    for (name, _, error) in &cases {
+        let entry = index.iter().find(|e| e.name == *name).unwrap();
+        match error {
+            None => assert_eq!(entry.state, Some("READY"), "{name}: {:?}", entry.reason),
+            Some(want) => {
+                let reason = entry.reason.clone().unwrap_or_default();
+                assert_eq!(entry.state, Some("UNAVAILABLE"), "{name}");
+                assert!(reason.contains(want), "{name}: {reason}");
+            }
+        }
+    }
+    let a: Vec<i32> = (0..16).collect();
+    let b: Vec<i32> = (0..16).map(|i| 100 - i).collect();
+    let t = |v: &[i32]| {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        trident_core::Tensor::new(trident_core::DataType::I32, vec![1, 16], bytes.into()).unwrap()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let model = repo.get("twice", None).unwrap();
+    let response = rt
+        .block_on(model.infer(InferRequest {
+            inputs: vec![("A".into(), t(&a)), ("B".into(), t(&b))],
+            outputs: vec![],
+            received: std::time::Instant::now(),
+        }))
+        .unwrap();
+    let (name, out) = &response.outputs[0];
+    assert_eq!(name, "OUT");
+    let got: Vec<i32> = out
+        .data()
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, a.iter().map(|x| 2 * x).collect::<Vec<_>>());
+    // A bad request names the ensemble's own input, before any step runs.
+    let err = rt
+        .block_on(model.infer(InferRequest {
+            inputs: vec![("A".into(), t(&a))],
+            outputs: vec![],
+            received: std::time::Instant::now(),
+        }))
+        .unwrap_err();
+    assert!(
+        matches!(&err, ServeError::InvalidRequest(m) if m.contains("'B'")),
+        "{err}"
+    );
 }
