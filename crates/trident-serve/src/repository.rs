@@ -514,16 +514,13 @@ fn load_versions(
         let slot = (|| {
             let instances = complete::instance_count(&config);
             let threads = complete::threads_per_instance(&config, instances, cores)?;
-            let model = engine
-                .backend
-                .load(
-                    &file,
-                    &crate::backend::LoadOptions {
-                        threads_per_instance: threads,
-                        config: as_written.clone(),
-                    },
-                )
-                .map_err(|e| e.to_string())?;
+            let load_options = crate::backend::LoadOptions {
+                threads_per_instance: threads,
+                config: as_written.clone(),
+            };
+            let model =
+                crate::backend::guard_panics("while loading", || engine.backend.load(&file, &load_options))
+                    .map_err(|e| e.to_string())?;
             let full = match &completed {
                 Some(c) => c.clone(),
                 None => {

@@ -216,10 +216,12 @@ fn execute(
 ) -> Result<(Vec<Outputs>, std::time::Duration), ServeError> {
     let t_input = start.elapsed();
     let t0 = Instant::now();
-    let outputs = instance.execute(inputs).map_err(|e| match e {
-        BackendError::InvalidInput(m) => ServeError::InvalidRequest(m),
-        e => ServeError::Backend(e.to_string()),
-    })?;
+    let outputs = crate::backend::guard_panics("while executing", || instance.execute(inputs)).map_err(
+        |e| match e {
+            BackendError::InvalidInput(m) => ServeError::InvalidRequest(m),
+            e => ServeError::Backend(e.to_string()),
+        },
+    )?;
     let t_infer = t0.elapsed();
     let t1 = Instant::now();
     let split = split_outputs(outputs, rows, rows.len())?;
@@ -312,6 +314,9 @@ mod tests {
             if x.iter().any(|v| v.is_nan()) {
                 return Err(BackendError::Execute("NaN in the input".into()));
             }
+            if x.iter().any(|v| v.is_infinite()) {
+                panic!("an engine bug on infinity");
+            }
             Ok(vec![("y".into(), inputs[0].1.clone())])
         }
     }
@@ -357,5 +362,24 @@ mod tests {
         assert_eq!(value(&results[2]), Some(vec![3.0]));
         // Failed executions are not counted: the two that succeeded ran alone.
         assert_eq!(stats.snapshot("t", 1).execution_count, 2);
+
+        // An engine that panics fails only that request, with the panic named, when it is
+        // merged with others; the instance thread lives on and serves them.
+        let rxs: Vec<_> = [7.0, f32::INFINITY, 8.0]
+            .into_iter()
+            .map(|v| {
+                let (job, rx) = job(v);
+                scheduler.submit(job);
+                rx
+            })
+            .collect();
+        let results: Vec<_> = rxs.into_iter().map(|rx| rx.blocking_recv().unwrap()).collect();
+        assert_eq!(value(&results[0]), Some(vec![7.0]));
+        assert!(
+            matches!(&results[1], Err(e) if e.to_string().contains("panicked while executing: an engine bug")),
+            "{:?}",
+            results[1].as_ref().err()
+        );
+        assert_eq!(value(&results[2]), Some(vec![8.0]));
     }
 }

@@ -141,6 +141,24 @@ pub fn check_utf8(engine: &str, name: &str, tensor: &Tensor) -> Result<(), Strin
     }
 }
 
+/// Runs `f`, turning a panic inside an engine (a bug, or a model the engine cannot
+/// handle) into an error naming it, so that one model cannot take the server down.
+pub fn guard_panics<T>(what: &str, f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            Err(BackendError::Execute(format!(
+                "the engine panicked {what}: {message}"
+            )))
+        }
+    }
+}
+
 /// One execution context, used by exactly one OS thread at a time.
 pub trait ModelInstance: Send {
     /// Runs the model on named inputs (a subset of [`ModelIo::inputs`] when some are
