@@ -39,7 +39,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
     let exported = trident_export::export(&model, opts)
         .with_context(|| format!("exporting {}", args.model.display()))?;
-    exported.write(&args.out)?;
+    crate::learn::write_atomic(&args.out, &exported.to_bytes())?;
     let bytes = std::fs::metadata(&args.out)?.len();
     let nodes: usize = exported.histogram().values().sum();
     let io = |list: &[trident_export::Io]| {

@@ -278,7 +278,7 @@ fn write_repository(repo: &Path, folders: &[Folder], force: bool) -> anyhow::Res
         let tmp = repo.join(format!(".{name}.tmp{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         for (rel, bytes) in files {
-            trident_export::write_atomic(&tmp.join(rel), bytes)?;
+            crate::learn::write_atomic(&tmp.join(rel), bytes)?;
         }
         let dest = repo.join(name);
         if dest.exists() {
@@ -304,5 +304,5 @@ fn write_archive(path: &Path, folders: &[Folder]) -> anyhow::Result<()> {
         }
     }
     let bytes = tar.into_inner()?.finish()?;
-    trident_export::write_atomic(path, &bytes)
+    crate::learn::write_atomic(path, &bytes)
 }

@@ -79,13 +79,18 @@ fn exported_graphs_evaluate_like_the_checkpoint() {
         d,
     ));
     assert!(err.contains("--flavour `fast`"), "{err}");
+    let err = failed(&trident(&["eval", "--model", "run/best", "--engine", "tract"], d));
+    assert!(
+        err.contains("--onnx"),
+        "--engine alone is refused, not ignored: {err}"
+    );
     let err = failed(&trident(&["export", "--model", "nowhere", "--out", "x.onnx"], d));
     assert!(err.contains("nowhere"), "{err}");
     assert!(!d.join("x.onnx").exists(), "nothing written on failure");
 
     // package: refuses to overwrite without --force, and needs a destination.
-    ok(&trident(
-        &[
+    let package = |extra: &[&str]| {
+        let mut args = vec![
             "package",
             "--model",
             "run/best",
@@ -93,9 +98,11 @@ fn exported_graphs_evaluate_like_the_checkpoint() {
             "models",
             "--name",
             "s",
-        ],
-        d,
-    ));
+        ];
+        args.extend_from_slice(extra);
+        trident(&args, d)
+    };
+    ok(&package(&[]));
     for f in [
         "s/config.pbtxt",
         "s_preprocess/1/tokenizer.json",
@@ -104,32 +111,9 @@ fn exported_graphs_evaluate_like_the_checkpoint() {
     ] {
         assert!(d.join("models").join(f).exists(), "{f}");
     }
-    let err = failed(&trident(
-        &[
-            "package",
-            "--model",
-            "run/best",
-            "--repository",
-            "models",
-            "--name",
-            "s",
-        ],
-        d,
-    ));
+    let err = failed(&package(&[]));
     assert!(err.contains("--force"), "{err}");
-    ok(&trident(
-        &[
-            "package",
-            "--model",
-            "run/best",
-            "--repository",
-            "models",
-            "--name",
-            "s",
-            "--force",
-        ],
-        d,
-    ));
+    ok(&package(&["--force"]));
     let err = failed(&trident(&["package", "--model", "run/best"], d));
     assert!(err.contains("--repository") || err.contains("--archive"), "{err}");
 }

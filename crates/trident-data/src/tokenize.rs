@@ -112,28 +112,13 @@ impl Tokenizer {
     /// `to` long).
     pub fn pad(&self, seqs: &[Vec<u32>], to: Option<usize>) -> Padded {
         let longest = seqs.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let target = to.unwrap_or(longest).max(1);
-        let (mut ids, mut mask, len) = crate::transform::pad_sequences(seqs, self.pad_id, target);
-        if len < target {
-            // pad_sequences pads to the longest present; a fixed length pads further.
-            let rows = seqs.len();
-            let (mut ids2, mut mask2) = (
-                Vec::with_capacity(rows * target),
-                Vec::with_capacity(rows * target),
-            );
-            for r in 0..rows {
-                ids2.extend_from_slice(&ids[r * len..(r + 1) * len]);
-                ids2.extend(std::iter::repeat_n(self.pad_id, target - len));
-                mask2.extend_from_slice(&mask[r * len..(r + 1) * len]);
-                mask2.extend(std::iter::repeat_n(0, target - len));
-            }
-            (ids, mask) = (ids2, mask2);
-        }
+        let len = to.unwrap_or(longest).max(1);
+        let (ids, mask) = crate::transform::pad_to(seqs, self.pad_id, len);
         Padded {
             ids,
             mask,
             rows: seqs.len(),
-            len: target.max(len),
+            len,
         }
     }
 }

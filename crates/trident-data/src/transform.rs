@@ -60,6 +60,13 @@ pub fn augment(
 /// `max_len`. Returns the ids and the attention mask (1 = token, 0 = padding), row-major.
 pub fn pad_sequences(seqs: &[Vec<u32>], pad_id: u32, max_len: usize) -> (Vec<u32>, Vec<u32>, usize) {
     let len = seqs.iter().map(Vec::len).max().unwrap_or(0).min(max_len);
+    let (ids, mask) = pad_to(seqs, pad_id, len);
+    (ids, mask, len)
+}
+
+/// `seqs` cut or padded with `pad_id` to exactly `len` each: row-major ids and the 0/1
+/// mask.
+pub fn pad_to(seqs: &[Vec<u32>], pad_id: u32, len: usize) -> (Vec<u32>, Vec<u32>) {
     let mut ids = Vec::with_capacity(seqs.len() * len);
     let mut mask = Vec::with_capacity(seqs.len() * len);
     for s in seqs {
@@ -68,7 +75,7 @@ pub fn pad_sequences(seqs: &[Vec<u32>], pad_id: u32, max_len: usize) -> (Vec<u32
         ids.extend(std::iter::repeat_n(pad_id, len - n));
         mask.extend(std::iter::repeat_n(1, n).chain(std::iter::repeat_n(0, len - n)));
     }
-    (ids, mask, len)
+    (ids, mask)
 }
 
 #[cfg(test)]

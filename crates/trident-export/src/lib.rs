@@ -26,7 +26,6 @@ pub mod pb {
 
 use anyhow::bail;
 use prost::Message;
-use std::path::Path;
 
 /// Which operators the graph may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,36 +125,6 @@ impl Exported {
     pub fn histogram(&self) -> std::collections::BTreeMap<String, usize> {
         graph::Graph::histogram(&self.model)
     }
-
-    /// Writes the model to `path` atomically (a temporary file in the same directory,
-    /// synced, then renamed).
-    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
-        write_atomic(path, &self.to_bytes())
-    }
-}
-
-/// Writes `bytes` to `path` through a synced temporary file renamed into place.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use anyhow::Context;
-    use std::io::Write;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let name = path.file_name().context("the output path has no file name")?;
-    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("writing {}", path.display()));
-    }
-    Ok(())
 }
 
 /// Exports `model` as an ONNX graph with inputs `input_ids`, `attention_mask`

@@ -140,7 +140,7 @@ fn check(
     let exported = export(model, opts).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("model.onnx");
-    exported.write(&file).unwrap();
+    std::fs::write(&file, exported.to_bytes()).unwrap();
     onnx_checker(name, &file);
     let ort_only = opts.flavour == Flavour::OrtFused || opts.precision == Precision::Int8;
     let mut ran = 0;

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 use trident_core::config::{self, pb, ModelConfig};
-use trident_core::Tensor;
+use trident_core::{DataType, Tensor};
 
 /// Finds a ready version of a composing model (name, version or latest).
 pub type Lookup = Arc<dyn Fn(&str, Option<&str>) -> Result<Arc<ModelVersion>, ServeError> + Send + Sync>;
@@ -45,43 +45,16 @@ type Tensors = Vec<(String, Tensor)>;
 type StepResult = (usize, Result<Tensors, ServeError>);
 type Running<'a> = Pin<Box<dyn Future<Output = Result<Tensors, ServeError>> + Send + 'a>>;
 
+/// Each ensemble tensor's type and who gives it (for errors).
+type Types = HashMap<String, (DataType, String)>;
+
 impl Ensemble {
     /// Checks `config`'s `ensemble_scheduling` (every tensor produced once, every read
     /// tensor available, no cycle, the ensemble's outputs produced) and, through `lookup`,
     /// that each composing model is ready and its tensor names and types fit the map.
     pub fn plan(name: &str, config: &ModelConfig, lookup: Lookup) -> Result<Self, String> {
-        let Some(pb::model_config::SchedulingChoice::EnsembleScheduling(e)) = &config.scheduling_choice
-        else {
-            return Err("platform \"ensemble\" needs ensemble_scheduling { step [ ... ] }".into());
-        };
-        if e.step.is_empty() {
-            return Err("ensemble_scheduling has no step".into());
-        }
-        if config.input.is_empty() || config.output.is_empty() {
-            return Err("an ensemble declares its inputs and outputs in config.pbtxt".into());
-        }
-        let sorted = |m: &HashMap<String, String>| {
-            let mut v: Vec<(String, String)> = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            v.sort();
-            v
-        };
-        let steps: Vec<Step> = e
-            .step
-            .iter()
-            .map(|s| Step {
-                model: s.model_name.clone(),
-                version: (s.model_version >= 0).then(|| s.model_version.to_string()),
-                inputs: sorted(&s.input_map),
-                outputs: sorted(&s.output_map),
-            })
-            .collect();
-        // The ensemble's tensors and their types: inputs first, then each step's outputs.
-        let mut types: HashMap<String, (trident_core::DataType, String)> = HashMap::new();
-        for i in &config.input {
-            let dtype =
-                config::data_type(i.data_type).ok_or_else(|| format!("input '{}': no data type", i.name))?;
-            types.insert(i.name.clone(), (dtype, format!("ensemble input '{}'", i.name)));
-        }
+        let steps = steps_of(config)?;
+        let mut models = Vec::with_capacity(steps.len());
         for (k, s) in steps.iter().enumerate() {
             if s.model == name {
                 return Err(format!("{} is the ensemble itself", s.label(k)));
@@ -96,62 +69,11 @@ impl Ensemble {
                     config.max_batch_size
                 ));
             }
-            if s.outputs.is_empty() {
-                return Err(format!("{}: output_map is empty", s.label(k)));
-            }
-            for (model_tensor, ens) in &s.outputs {
-                let spec = m
-                    .outputs()
-                    .iter()
-                    .find(|o| &o.name == model_tensor)
-                    .ok_or_else(|| {
-                        format!(
-                            "{}: output_map names '{model_tensor}', which the model does not output",
-                            s.label(k)
-                        )
-                    })?;
-                if let Some((_, by)) = types.get(ens) {
-                    return Err(format!(
-                        "{}: ensemble tensor '{ens}' is already produced by {by}",
-                        s.label(k)
-                    ));
-                }
-                types.insert(ens.clone(), (spec.dtype, s.label(k)));
-            }
+            models.push(m);
         }
-        for (k, s) in steps.iter().enumerate() {
-            let m = lookup(&s.model, s.version.as_deref()).map_err(|e| e.to_string())?;
-            for (model_tensor, ens) in &s.inputs {
-                let spec = m
-                    .inputs()
-                    .iter()
-                    .find(|i| &i.name == model_tensor)
-                    .ok_or_else(|| {
-                        format!(
-                            "{}: input_map names '{model_tensor}', which is not an input of the model",
-                            s.label(k)
-                        )
-                    })?;
-                let (dtype, by) = types.get(ens).ok_or_else(|| {
-                    format!("{}: reads ensemble tensor '{ens}', which no step produces and the ensemble does not take", s.label(k))
-                })?;
-                if *dtype != spec.dtype {
-                    return Err(format!(
-                        "{}: input '{model_tensor}' is {}, but '{ens}' from {by} is {dtype}",
-                        s.label(k),
-                        spec.dtype
-                    ));
-                }
-            }
-            for required in m.inputs().iter().filter(|i| !i.optional) {
-                if !s.inputs.iter().any(|(t, _)| *t == required.name) {
-                    return Err(format!(
-                        "{}: input_map does not give its input '{}'",
-                        s.label(k),
-                        required.name
-                    ));
-                }
-            }
+        let types = produced_types(config, &steps, &models)?;
+        for (k, (s, m)) in steps.iter().zip(&models).enumerate() {
+            check_reads(k, s, m, &types)?;
         }
         for o in &config.output {
             let (dtype, by) = types
@@ -159,26 +81,13 @@ impl Ensemble {
                 .ok_or_else(|| format!("ensemble output '{}' is produced by no step", o.name))?;
             if config::data_type(o.data_type) != Some(*dtype) {
                 return Err(format!(
-                    "ensemble output '{}' is declared {:?} but {by} gives {dtype}",
-                    o.name, o.data_type
+                    "ensemble output '{}' is declared {} but {by} gives {dtype}",
+                    o.name,
+                    config::data_type(o.data_type).map_or("without a type".to_string(), |t| t.to_string())
                 ));
             }
         }
-        // Every step must become runnable: no cycle.
-        let mut have: HashSet<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
-        let mut done = vec![false; steps.len()];
-        while let Some(k) = (0..steps.len())
-            .find(|&k| !done[k] && steps[k].inputs.iter().all(|(_, t)| have.contains(t.as_str())))
-        {
-            done[k] = true;
-            have.extend(steps[k].outputs.iter().map(|(_, t)| t.as_str()));
-        }
-        if let Some(k) = done.iter().position(|d| !d) {
-            return Err(format!(
-                "{} can never run: its inputs depend on each other in a cycle",
-                steps[k].label(k)
-            ));
-        }
+        check_acyclic(config, &steps)?;
         Ok(Ensemble {
             name: name.to_string(),
             steps,
@@ -257,5 +166,133 @@ impl Ensemble {
                 reason: format!("{at}: {e}"),
             },
         }
+    }
+}
+
+/// The steps of `config`'s `ensemble_scheduling`, maps sorted by model tensor.
+fn steps_of(config: &ModelConfig) -> Result<Vec<Step>, String> {
+    let Some(pb::model_config::SchedulingChoice::EnsembleScheduling(e)) = &config.scheduling_choice else {
+        return Err("platform \"ensemble\" needs ensemble_scheduling { step [ ... ] }".into());
+    };
+    if e.step.is_empty() {
+        return Err("ensemble_scheduling has no step".into());
+    }
+    if config.input.is_empty() || config.output.is_empty() {
+        return Err("an ensemble declares its inputs and outputs in config.pbtxt".into());
+    }
+    let sorted = |m: &HashMap<String, String>| {
+        let mut v: Vec<(String, String)> = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort();
+        v
+    };
+    Ok(e.step
+        .iter()
+        .map(|s| Step {
+            model: s.model_name.clone(),
+            version: (s.model_version >= 0).then(|| s.model_version.to_string()),
+            inputs: sorted(&s.input_map),
+            outputs: sorted(&s.output_map),
+        })
+        .collect())
+}
+
+/// The ensemble's tensors and their types: its inputs, then each step's outputs, each
+/// produced exactly once.
+fn produced_types(
+    config: &ModelConfig,
+    steps: &[Step],
+    models: &[Arc<ModelVersion>],
+) -> Result<Types, String> {
+    let mut types = Types::new();
+    for i in &config.input {
+        let dtype =
+            config::data_type(i.data_type).ok_or_else(|| format!("input '{}': no data type", i.name))?;
+        types.insert(i.name.clone(), (dtype, format!("ensemble input '{}'", i.name)));
+    }
+    for (k, (s, m)) in steps.iter().zip(models).enumerate() {
+        if s.outputs.is_empty() {
+            return Err(format!("{}: output_map is empty", s.label(k)));
+        }
+        for (model_tensor, ens) in &s.outputs {
+            let spec = m
+                .outputs()
+                .iter()
+                .find(|o| &o.name == model_tensor)
+                .ok_or_else(|| {
+                    format!(
+                        "{}: output_map names '{model_tensor}', which the model does not output",
+                        s.label(k)
+                    )
+                })?;
+            if let Some((_, by)) = types.get(ens) {
+                return Err(format!(
+                    "{}: ensemble tensor '{ens}' is already produced by {by}",
+                    s.label(k)
+                ));
+            }
+            types.insert(ens.clone(), (spec.dtype, s.label(k)));
+        }
+    }
+    Ok(types)
+}
+
+/// Step `k` reads only tensors that exist, into inputs its model has, of the same type,
+/// and gives every input the model requires.
+fn check_reads(k: usize, s: &Step, m: &ModelVersion, types: &Types) -> Result<(), String> {
+    for (model_tensor, ens) in &s.inputs {
+        let spec = m
+            .inputs()
+            .iter()
+            .find(|i| &i.name == model_tensor)
+            .ok_or_else(|| {
+                format!(
+                    "{}: input_map names '{model_tensor}', which is not an input of the model",
+                    s.label(k)
+                )
+            })?;
+        let (dtype, by) = types.get(ens).ok_or_else(|| {
+            format!(
+                "{}: reads ensemble tensor '{ens}', which no step produces and the ensemble does not take",
+                s.label(k)
+            )
+        })?;
+        if *dtype != spec.dtype {
+            return Err(format!(
+                "{}: input '{model_tensor}' is {}, but '{ens}' from {by} is {dtype}",
+                s.label(k),
+                spec.dtype
+            ));
+        }
+    }
+    match m
+        .inputs()
+        .iter()
+        .find(|i| !i.optional && !s.inputs.iter().any(|(t, _)| *t == i.name))
+    {
+        Some(missing) => Err(format!(
+            "{}: input_map does not give its input '{}'",
+            s.label(k),
+            missing.name
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Every step becomes runnable from the ensemble's inputs: no cycle.
+fn check_acyclic(config: &ModelConfig, steps: &[Step]) -> Result<(), String> {
+    let mut have: HashSet<&str> = config.input.iter().map(|i| i.name.as_str()).collect();
+    let mut done = vec![false; steps.len()];
+    while let Some(k) =
+        (0..steps.len()).find(|&k| !done[k] && steps[k].inputs.iter().all(|(_, t)| have.contains(t.as_str())))
+    {
+        done[k] = true;
+        have.extend(steps[k].outputs.iter().map(|(_, t)| t.as_str()));
+    }
+    match done.iter().position(|d| !d) {
+        Some(k) => Err(format!(
+            "{} can never run: its inputs depend on each other in a cycle",
+            steps[k].label(k)
+        )),
+        None => Ok(()),
     }
 }

@@ -105,18 +105,21 @@ impl Repository {
         let names = self.model_dirs()?;
         let load_all = self.options.mode != ControlMode::Explicit
             || self.options.startup_models.iter().any(|m| m == "*");
+        // Each model's composing models, `None` unless it is an ensemble (one read each).
+        let steps: Vec<Option<Vec<String>>> = names
+            .iter()
+            .map(|n| ensemble_steps(&self.options.root.join(n)))
+            .collect();
         // An ensemble named by --load-model brings its composing models (as Triton does).
         let mut wanted: Vec<String> = self.options.startup_models.clone();
-        for m in &self.options.startup_models {
-            if names.contains(m) {
-                wanted.extend(composing_models(&self.options.root.join(m)));
+        for (name, steps) in names.iter().zip(&steps) {
+            if self.options.startup_models.contains(name) {
+                wanted.extend(steps.iter().flatten().cloned());
             }
         }
         // Ensembles after the models they compose.
-        let (ensembles, plain): (Vec<&String>, Vec<&String>) = names
-            .iter()
-            .partition(|n| is_ensemble(&self.options.root.join(n)));
-        for name in plain.into_iter().chain(ensembles) {
+        let (ensembles, plain): (Vec<_>, Vec<_>) = names.iter().zip(&steps).partition(|(_, s)| s.is_some());
+        for (name, _) in plain.into_iter().chain(ensembles) {
             if load_all || wanted.contains(name) {
                 let _ = self.load_model(name);
             }
@@ -134,7 +137,7 @@ impl Repository {
         self.require_explicit("load")?;
         let name = self.existing_dir(name)?;
         // Like Triton, loading an ensemble loads the composing models not yet loaded.
-        for dep in composing_models(&self.options.root.join(&name)) {
+        for dep in ensemble_steps(&self.options.root.join(&name)).unwrap_or_default() {
             if dep != name && self.model_dirs()?.contains(&dep) && self.get(&dep, None).is_err() {
                 tracing::info!(model = %dep, ensemble = %name, "loading a composing model of the ensemble");
                 let _ = self.load(&dep);
@@ -176,7 +179,7 @@ impl Repository {
         };
         let (ensembles, plain): (Vec<String>, Vec<String>) = stale
             .into_iter()
-            .partition(|n| is_ensemble(&self.options.root.join(n)));
+            .partition(|n| ensemble_steps(&self.options.root.join(n)).is_some());
         for name in plain.into_iter().chain(ensembles) {
             if names.contains(&name) {
                 tracing::info!(model = %name, "repository changed: (re)loading");
@@ -458,16 +461,18 @@ fn lookup(
     }
 }
 
-/// Whether the model directory's config says `platform: "ensemble"`.
-fn is_ensemble(dir: &Path) -> bool {
-    config::read_config(&dir.join("config.pbtxt")).is_ok_and(|c| c.config.platform == "ensemble")
+/// The composing models of the ensemble in `dir`; `None` when its config is not an
+/// ensemble's (or cannot be read: loading it will say why).
+fn ensemble_steps(dir: &Path) -> Option<Vec<String>> {
+    let c = config::read_config(&dir.join("config.pbtxt")).ok()?.config;
+    (c.platform == "ensemble").then(|| composing(&c))
 }
 
-/// The composing models an ensemble's config names (none for other models).
-fn composing_models(dir: &Path) -> Vec<String> {
-    match config::read_config(&dir.join("config.pbtxt")).map(|c| c.config.scheduling_choice) {
-        Ok(Some(pb::model_config::SchedulingChoice::EnsembleScheduling(e))) => {
-            e.step.into_iter().map(|s| s.model_name).collect()
+/// The model names of an ensemble config's steps.
+fn composing(c: &ModelConfig) -> Vec<String> {
+    match &c.scheduling_choice {
+        Some(pb::model_config::SchedulingChoice::EnsembleScheduling(e)) => {
+            e.step.iter().map(|s| s.model_name.clone()).collect()
         }
         _ => Vec::new(),
     }
@@ -588,7 +593,7 @@ fn load_ensemble(
     let mut slots = BTreeMap::new();
     for &version in versions {
         let plan = Ensemble::plan(name, &config, lookup.clone())?;
-        tracing::info!(model = %name, version, "ensemble of {}", composing_models(dir).join(", "));
+        tracing::info!(model = %name, version, "ensemble of {}", composing(&config).join(", "));
         let cache = model_cache(&config, name, options);
         let v = ModelVersion::start_ensemble(
             name.to_string(),

@@ -120,26 +120,19 @@ fn tensor(
 }
 
 fn random(dtype: DataType, n: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = trident_data::rng::SplitMix64::from_parts(&[seed, 0x3A2F_0005]);
     let mut out = Vec::with_capacity(n * dtype.size().unwrap_or(1));
     for _ in 0..n {
-        let unit = (next() >> 40) as f64 / (1u64 << 24) as f64;
-        let bit = next() & 1;
+        let unit = rng.next_f32();
         match dtype {
-            DataType::F32 => out.extend((unit as f32).to_le_bytes()),
-            DataType::F64 => out.extend(unit.to_le_bytes()),
-            DataType::F16 => out.extend(half::f16::from_f64(unit).to_le_bytes()),
-            DataType::Bf16 => out.extend(half::bf16::from_f64(unit).to_le_bytes()),
+            DataType::F32 => out.extend(unit.to_le_bytes()),
+            DataType::F64 => out.extend(f64::from(unit).to_le_bytes()),
+            DataType::F16 => out.extend(half::f16::from_f32(unit).to_le_bytes()),
+            DataType::Bf16 => out.extend(half::bf16::from_f32(unit).to_le_bytes()),
+            // Integers 0 or 1 (little-endian, any width); bool likewise.
             other => {
-                let w = other.size().unwrap_or(1);
-                let mut v = vec![0u8; w];
-                v[0] = bit as u8;
+                let mut v = vec![0u8; other.size().unwrap_or(1)];
+                v[0] = (rng.next_u64() & 1) as u8;
                 out.extend(v);
             }
         }

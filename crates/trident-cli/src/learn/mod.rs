@@ -161,9 +161,10 @@ pub struct EvalArgs {
     /// itself, on the same split with the same metrics (e.g. an int8 export against fp32).
     #[arg(long)]
     onnx: Option<PathBuf>,
-    /// The engine that runs `--onnx`: ort (ONNX Runtime; contrib operators) or tract.
-    #[arg(long, default_value = "ort")]
-    engine: String,
+    /// The engine that runs `--onnx`: ort (ONNX Runtime, the default; contrib operators)
+    /// or tract.
+    #[arg(long, requires = "onnx")]
+    engine: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -725,8 +726,13 @@ where
     }
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    trident_train::write_atomic(path, bytes).with_context(|| path.display().to_string())
+/// [`trident_train::write_atomic`], creating the parent directory first, with the path
+/// in its error.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    trident_train::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 fn write_report(
@@ -756,7 +762,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
     let classes = model.card.classes.clone();
     let onnx = match &args.onnx {
-        Some(file) => Some(OnnxStep::load(file, &args.engine)?),
+        Some(file) => Some(OnnxStep::load(file, args.engine.as_deref().unwrap_or("ort"))?),
         None => None,
     };
     let label = match &args.data {

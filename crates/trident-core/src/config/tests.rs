@@ -148,3 +148,16 @@ fn tritons_user_guide_examples_parse() {
     );
     assert_eq!(warned, vec![10, 14, 20, 22, 23, 24]);
 }
+
+#[test]
+fn ensemble_steps_are_implemented_and_max_inflight_requests_is_named() {
+    let parsed = parse(
+        "platform: \"ensemble\"\nensemble_scheduling {\n  max_inflight_requests: 4\n  step [ { model_name: \"a\" \
+         model_version: -1 input_map { key: \"x\" value: \"X\" } output_map { key: \"y\" value: \"Y\" } } ]\n}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        parsed.warnings,
+        ["field 'ensemble_scheduling.max_inflight_requests' is a Triton setting Trident does not implement yet; it has no effect"]
+    );
+}

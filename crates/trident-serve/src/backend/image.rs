@@ -120,12 +120,7 @@ impl Model for Arc<Loaded> {
 
 impl ModelInstance for Arc<Loaded> {
     fn execute(&mut self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
-        let (_, images) = inputs
-            .iter()
-            .find(|(n, _)| *n == self.input)
-            .ok_or_else(|| BackendError::Execute(format!("input '{}' missing", self.input)))?;
-        let elements = trident_core::tensor::bytes_elements(images.data())
-            .map_err(|e| BackendError::InvalidInput(format!("input '{}': {e}", self.input)))?;
+        let elements = super::bytes_input(&inputs, &self.input)?;
         let (h, w) = self.size;
         let mut out = Vec::with_capacity(elements.len() * self.channels * h * w);
         for (i, e) in elements.iter().enumerate() {

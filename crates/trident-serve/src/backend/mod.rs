@@ -141,6 +141,17 @@ pub fn check_utf8(engine: &str, name: &str, tensor: &Tensor) -> Result<(), Strin
     }
 }
 
+/// The elements of the BYTES input `name` among `inputs` (Trident's pre-processing
+/// backends take one text or image per element).
+pub fn bytes_input<'a>(inputs: &'a [(String, Tensor)], name: &str) -> Result<Vec<&'a [u8]>, BackendError> {
+    let (_, t) = inputs
+        .iter()
+        .find(|(n, _)| n == name)
+        .ok_or_else(|| BackendError::Execute(format!("input '{name}' missing")))?;
+    trident_core::tensor::bytes_elements(t.data())
+        .map_err(|e| BackendError::InvalidInput(format!("input '{name}': {e}")))
+}
+
 /// Runs `f`, turning a panic inside an engine (a bug, or a model the engine cannot
 /// handle) into an error naming it, so that one model cannot take the server down.
 pub fn guard_panics<T>(what: &str, f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {

@@ -138,12 +138,7 @@ impl Model for Arc<Loaded> {
 
 impl ModelInstance for Arc<Loaded> {
     fn execute(&mut self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
-        let (_, text) = inputs
-            .iter()
-            .find(|(n, _)| *n == self.input)
-            .ok_or_else(|| BackendError::Execute(format!("input '{}' missing", self.input)))?;
-        let elements = trident_core::tensor::bytes_elements(text.data())
-            .map_err(|e| BackendError::InvalidInput(format!("input '{}': {e}", self.input)))?;
+        let elements = super::bytes_input(&inputs, &self.input)?;
         let mut seqs = Vec::with_capacity(elements.len());
         for (i, e) in elements.iter().enumerate() {
             let s = std::str::from_utf8(e).map_err(|_| {
