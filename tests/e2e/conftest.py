@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_MODELS = REPO_ROOT / "tests" / "fixtures" / "models"
 
-LISTENING = re.compile(r"(HTTP|metrics) service listening on ([0-9.]+):(\d+)")
+LISTENING = re.compile(r"(HTTP|gRPC|metrics) service listening on ([0-9.]+):(\d+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 STARTUP_TIMEOUT_S = 60.0
@@ -50,6 +50,11 @@ FAILING_MODELS = ["typo", "broken"]
 # path-traversal bug could be tricked into reading. Its config carries this marker.
 OUTSIDE_MODEL = "outside_model"
 OUTSIDE_MARKER = "SECRET_OUTSIDE_7f3a9c"
+
+
+def _flag_off(args: list[str], flag: str) -> bool:
+    """Whether `flag false` is among the arguments."""
+    return any(a == flag and b == "false" for a, b in zip(args, args[1:]))
 
 
 def trident_bin() -> Path:
@@ -134,7 +139,12 @@ class TridentServer:
     def wait_started(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
-            while not {"HTTP", "metrics"} <= self.ports.keys():
+            expected = {"HTTP", "metrics"}
+            if not _flag_off(self.args, "--allow-grpc"):
+                expected.add("gRPC")
+            if _flag_off(self.args, "--allow-metrics"):
+                expected.discard("metrics")
+            while not expected <= self.ports.keys():
                 if self.proc.poll() is not None:
                     raise RuntimeError(
                         f"trident exited with {self.proc.returncode} before listening:\n"
@@ -226,6 +236,19 @@ class TridentServer:
     def url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
 
+    @property
+    def grpc_port(self) -> int:
+        return self.ports["gRPC"]
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def grpc_client(self, **kwargs):
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(url=self.grpc_url, **kwargs)
+
     def client(self, concurrency: int = 1) -> httpclient.InferenceServerClient:
         return httpclient.InferenceServerClient(
             url=self.url,
@@ -304,6 +327,13 @@ def server(tmp_path_factory) -> TridentServer:
 @pytest.fixture
 def client(server):
     c = server.client()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def gclient(server):
+    c = server.grpc_client()
     yield c
     c.close()
 

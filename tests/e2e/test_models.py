@@ -256,4 +256,5 @@ def test_poll_mode_loads_added_and_unloads_removed_models(start_server):
     assert _wait_for(lambda: names() == {"simple"}), srv.log(last=30)
     with pytest.raises(InferenceServerException) as err:
         client.load_model("simple")
-    assert "not allowed in model control mode Poll" in str(err.value)
+    assert "explicit model load / unload is not allowed if polling is enabled" in str(err.value)
+    assert "model control mode Poll" in str(err.value)

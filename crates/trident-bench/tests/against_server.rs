@@ -36,8 +36,12 @@ async fn start_server() -> Server {
     tokio::spawn(trident_server::run(
         repo,
         Default::default(),
-        listener,
-        None,
+        Default::default(),
+        trident_server::Listeners {
+            http: listener,
+            grpc: None,
+            metrics: None,
+        },
         async {
             let _ = stopped.await;
         },

@@ -7,12 +7,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use trident_serve::{ControlMode, OnnxEngine, Repository, RepositoryOptions};
-use trident_server::ServerConfig;
+use trident_server::{GrpcConfig, ServerConfig};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Model repository directory (`<model>/config.pbtxt`, `<model>/<version>/model.onnx`).
-    #[arg(long, env = "TRIDENT_MODEL_REPOSITORY")]
+    #[arg(long, alias = "model-store", env = "TRIDENT_MODEL_REPOSITORY")]
     model_repository: PathBuf,
     /// Address the HTTP and metrics services bind.
     #[arg(long, default_value = "0.0.0.0")]
@@ -20,10 +20,31 @@ pub struct ServeArgs {
     /// HTTP port (0 picks a free one; the log says which).
     #[arg(long, default_value_t = 8000)]
     http_port: u16,
-    /// gRPC port. Trident has no gRPC front end yet: the flag is accepted so Triton
-    /// launch scripts work, and the startup log says it is not served.
+    /// Serve Triton's gRPC API (inference.GRPCInferenceService and grpc.health.v1).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    allow_grpc: bool,
+    /// Address the gRPC service binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    grpc_address: String,
+    /// gRPC port (0 picks a free one; the log says which).
     #[arg(long, default_value_t = 8001)]
     grpc_port: u16,
+    /// Largest gRPC message received or sent, in bytes (tritonclient's and Triton's
+    /// limit, INT32_MAX, by default).
+    #[arg(long, default_value_t = GrpcConfig::default().max_message_bytes)]
+    grpc_max_message_bytes: usize,
+    /// gzip inference responses for clients that accept it: none, or low/medium/high
+    /// (all three use gzip's default level).
+    #[arg(long, value_enum, default_value_t = Compression::None)]
+    grpc_infer_response_compression_level: Compression,
+    /// Milliseconds between HTTP/2 keepalive pings on a gRPC connection (Triton's
+    /// default, 2 hours).
+    #[arg(long, default_value_t = 7_200_000)]
+    grpc_keepalive_time: u64,
+    /// Milliseconds to wait for a keepalive ping's acknowledgement before closing the
+    /// connection (Triton's default, 20 s).
+    #[arg(long, default_value_t = 20_000)]
+    grpc_keepalive_timeout: u64,
     /// Prometheus metrics port (`GET /metrics`).
     #[arg(long, default_value_t = 8002)]
     metrics_port: u16,
@@ -102,6 +123,31 @@ fn duration(flag: &str, secs: f64) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Compression {
+    None,
+    Low,
+    Medium,
+    High,
+}
+
+fn grpc_config(args: &ServeArgs) -> anyhow::Result<GrpcConfig> {
+    anyhow::ensure!(
+        args.grpc_max_message_bytes > 0,
+        "--grpc-max-message-bytes must be at least 1"
+    );
+    anyhow::ensure!(
+        args.grpc_keepalive_time > 0 && args.grpc_keepalive_timeout > 0,
+        "--grpc-keepalive-time and --grpc-keepalive-timeout must be positive milliseconds"
+    );
+    Ok(GrpcConfig {
+        max_message_bytes: args.grpc_max_message_bytes,
+        compress_responses: args.grpc_infer_response_compression_level != Compression::None,
+        keepalive_time: Some(Duration::from_millis(args.grpc_keepalive_time)),
+        keepalive_timeout: Some(Duration::from_millis(args.grpc_keepalive_timeout)),
+    })
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Engine {
     Auto,
@@ -118,6 +164,7 @@ enum Mode {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = server_config(&args)?;
+    let grpc = grpc_config(&args)?;
     let cores = args
         .cores
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -170,13 +217,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("trident-http")
         .enable_all()
         .build()?;
-    let result = runtime.block_on(serve(repository, args, config));
+    let result = runtime.block_on(serve(repository, args, config, grpc));
     // Connections the drain gave up on are dropped here, not waited for.
     runtime.shutdown_timeout(Duration::from_millis(500));
     result
 }
 
-async fn serve(repository: Arc<Repository>, args: ServeArgs, config: ServerConfig) -> anyhow::Result<()> {
+async fn serve(
+    repository: Arc<Repository>,
+    args: ServeArgs,
+    config: ServerConfig,
+    grpc_config: GrpcConfig,
+) -> anyhow::Result<()> {
     let http = bind(&args.http_address, args.http_port).await?;
     tracing::info!("HTTP service listening on {}", http.local_addr()?);
     let metrics = match args.allow_metrics {
@@ -187,11 +239,16 @@ async fn serve(repository: Arc<Repository>, args: ServeArgs, config: ServerConfi
         }
         false => None,
     };
-    tracing::warn!(
-        "gRPC front end is not implemented yet: --grpc-port {} is not served",
-        args.grpc_port
-    );
-    trident_server::run(repository, config, http, metrics, shutdown_signal()).await?;
+    let grpc = match args.allow_grpc {
+        true => {
+            let listener = bind(&args.grpc_address, args.grpc_port).await?;
+            tracing::info!("gRPC service listening on {}", listener.local_addr()?);
+            Some(listener)
+        }
+        false => None,
+    };
+    let listeners = trident_server::Listeners { http, grpc, metrics };
+    trident_server::run(repository, config, grpc_config, listeners, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }

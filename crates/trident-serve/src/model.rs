@@ -394,21 +394,23 @@ impl ModelVersion {
                 return Err(invalid(format!("input '{name}' is given twice")));
             }
         }
+        let missing: Vec<&IoSpec> = self
+            .inputs
+            .iter()
+            .zip(&slots)
+            .filter(|(spec, slot)| slot.is_none() && !spec.optional)
+            .map(|(spec, _)| spec)
+            .collect();
+        if !missing.is_empty() {
+            return Err(invalid(self.missing_inputs(&slots, &missing)));
+        }
         let mut rows: Option<usize> = None;
         let mut signature = Vec::new();
         let mut out = Vec::with_capacity(self.inputs.len());
         for (i, (spec, slot)) in self.inputs.iter().zip(slots).enumerate() {
             let Some(tensor) = slot else {
-                if spec.optional {
-                    continue;
-                }
-                return Err(invalid(format!(
-                    "model '{}' expects input '{}' ({} {:?}), which the request does not have",
-                    self.name,
-                    spec.name,
-                    spec.dtype,
-                    spec.client_shape(self.batching())
-                )));
+                // Every missing input was found before this loop.
+                continue;
             };
             let r = self.check_input(spec, &tensor)?;
             if let Runner::Backend { model, .. } = &self.runner {
@@ -418,8 +420,9 @@ impl ModelVersion {
             }
             if *rows.get_or_insert(r) != r {
                 return Err(invalid(format!(
-                    "input '{}' has batch size {r} but other inputs have {}",
+                    "input '{}' batch size does not match other inputs for '{}': {r} rows, others have {}",
                     spec.name,
+                    self.name,
                     rows.unwrap_or_default()
                 )));
             }
@@ -431,12 +434,50 @@ impl ModelVersion {
         Ok((out, rows.unwrap_or(1), signature))
     }
 
+    /// Triton's text for missing inputs: what was given and what is missing.
+    fn missing_inputs(&self, slots: &[Option<Tensor>], missing: &[&IoSpec]) -> String {
+        let list = |names: Vec<&str>| {
+            format!(
+                "[{}]",
+                names
+                    .iter()
+                    .map(|n| format!("'{n}'"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        };
+        let given: Vec<&str> = self
+            .inputs
+            .iter()
+            .zip(slots)
+            .filter(|(_, slot)| slot.is_some())
+            .map(|(spec, _)| spec.name.as_str())
+            .collect();
+        let required = self.inputs.iter().filter(|s| !s.optional).count();
+        let expected = if required == self.inputs.len() {
+            format!("expected {required} inputs")
+        } else {
+            format!(
+                "expected number of inputs between {required} and {}",
+                self.inputs.len()
+            )
+        };
+        format!(
+            "{expected} but got {} inputs for model '{}'. Got input(s) {}, but missing required input(s) {}. Please provide all required input(s).",
+            given.len(),
+            self.name,
+            list(given),
+            list(missing.iter().map(|s| s.name.as_str()).collect()),
+        )
+    }
+
     fn check_input(&self, spec: &IoSpec, t: &Tensor) -> Result<usize, ServeError> {
         if t.dtype() != spec.dtype {
             return Err(ServeError::InvalidRequest(format!(
-                "input '{}': datatype {} does not match the model's {}",
+                "inference input '{}' data-type is '{}', but model '{}' expects '{}'",
                 spec.name,
                 t.dtype(),
+                self.name,
                 spec.dtype
             )));
         }
@@ -444,10 +485,19 @@ impl ModelVersion {
         let shape = t.shape();
         let dims_ok =
             shape.len() == expected.len() && shape.iter().zip(&expected).all(|(&g, &e)| e == -1 || g == e);
+        let dims = |d: &[i64]| format!("[{}]", d.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
         if !dims_ok {
+            let note = if self.batching() {
+                " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended to each input shape. If you want to specify the full shape including the batch dim in your input dims config, try setting max_batch_size to zero. See the model configuration docs for more info on max_batch_size."
+            } else {
+                ""
+            };
             return Err(ServeError::InvalidRequest(format!(
-                "input '{}': shape {shape:?} does not match the model's {expected:?}",
-                spec.name
+                "unexpected shape for input '{}' for model '{}'. Expected {}, got {}.{note}",
+                spec.name,
+                self.name,
+                dims(&expected),
+                dims(shape),
             )));
         }
         if !self.batching() {
@@ -455,9 +505,15 @@ impl ModelVersion {
         }
         let rows = shape[0];
         let max = self.config.max_batch_size as i64;
-        if rows < 1 || rows > max {
+        if rows > max {
             return Err(ServeError::InvalidRequest(format!(
-                "input '{}': batch size {rows} is outside 1..={max} (max_batch_size of model '{}')",
+                "inference request batch-size must be <= {max} for '{}' (input '{}' has {rows} rows)",
+                self.name, spec.name
+            )));
+        }
+        if rows < 1 {
+            return Err(ServeError::InvalidRequest(format!(
+                "input '{}': batch size {rows} for '{}', expected at least 1 row",
                 spec.name, self.name
             )));
         }

@@ -144,7 +144,7 @@ impl Repository {
             }
         }
         match self.load_model(&name) {
-            Some(reason) => Err(ServeError::NotReady { model: name, reason }),
+            Some(reason) => Err(ServeError::LoadFailed { model: name, reason }),
             None => Ok(()),
         }
     }
@@ -155,12 +155,11 @@ impl Repository {
         self.require_explicit("unload")?;
         let removed = self.models.write().expect("lock").remove(name);
         match removed {
-            Some(_) => {
-                tracing::info!(model = %name, "unloaded");
-                Ok(())
-            }
-            None => Err(ServeError::ModelNotFound(name.to_string())),
+            Some(_) => tracing::info!(model = %name, "unloaded"),
+            // As Triton: unloading what is not loaded succeeds (there is nothing to do).
+            None => tracing::warn!(model = %name, "unload: the model is not loaded"),
         }
+        Ok(())
     }
 
     /// Rescans the repository (`poll` mode): loads new models, reloads changed ones and
@@ -293,8 +292,9 @@ impl Repository {
     fn require_explicit(&self, what: &str) -> Result<(), ServeError> {
         match self.options.mode {
             ControlMode::Explicit => Ok(()),
+            // Triton's text (its tests match it), then which mode and how to change it.
             mode => Err(ServeError::NotAllowed(format!(
-                "explicit model {what} is not allowed in model control mode {mode:?} (start with --model-control-mode explicit)"
+                "explicit model load / unload is not allowed if polling is enabled: {what} refused in model control mode {mode:?} (start with --model-control-mode explicit)"
             ))),
         }
     }
@@ -323,7 +323,10 @@ impl Repository {
         self.model_dirs()?
             .into_iter()
             .find(|n| n == name)
-            .ok_or_else(|| ServeError::ModelNotFound(name.to_string()))
+            .ok_or_else(|| ServeError::LoadFailed {
+                model: name.to_string(),
+                reason: "failed to poll from model repository: no model directory of that name".to_string(),
+            })
     }
 
     /// Loads every selected version of `name` and swaps the result in. A reload that
@@ -433,18 +436,22 @@ fn lookup(
     let model = models
         .get(name)
         .ok_or_else(|| ServeError::ModelNotFound(name.to_string()))?;
-    let not_found = || ServeError::VersionNotFound {
-        model: name.to_string(),
-        version: version.unwrap_or("latest").to_string(),
-    };
     let ready = |slot: &Slot| match slot {
         Slot::Ready(v) => Some(v.clone()),
         Slot::Failed(_) => None,
     };
     match version.filter(|v| !v.is_empty()) {
         Some(v) => {
-            let v: i64 = v.parse().map_err(|_| not_found())?;
-            model.versions.get(&v).and_then(ready).ok_or_else(not_found)
+            let number = parse_version(v)?;
+            model
+                .versions
+                .get(&number)
+                .and_then(ready)
+                .ok_or_else(|| ServeError::VersionNotFound {
+                    model: name.to_string(),
+                    version: number.to_string(),
+                    ready_missing: model.versions.contains_key(&number),
+                })
         }
         None => model
             .versions
@@ -459,6 +466,21 @@ fn lookup(
                     .unwrap_or_else(|| "no version is ready".into()),
             }),
     }
+}
+
+/// A version string as Triton reads it (`std::stol`, then > 0), with its error texts.
+pub fn parse_version(v: &str) -> Result<i64, ServeError> {
+    let number: i64 = v.trim().parse().map_err(|_| {
+        ServeError::InvalidRequest(format!(
+            "failed to get model version from specified version string '{v}' (details: stol), version should be an integral value > 0"
+        ))
+    })?;
+    if number < 0 {
+        return Err(ServeError::InvalidRequest(format!(
+            "invalid model version specified '{v}' , version should be an integral value > 0"
+        )));
+    }
+    Ok(number)
 }
 
 /// The composing models of the ensemble in `dir`; `None` when its config is not an

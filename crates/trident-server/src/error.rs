@@ -26,6 +26,14 @@ impl ApiError {
         }
     }
 
+    /// A 500 with a message: a fault of the server, never of the client.
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+        }
+    }
+
     /// A 400 with a message.
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError {
@@ -40,7 +48,9 @@ impl From<ServeError> for ApiError {
         let status = match &e {
             ServeError::ModelNotFound(_) | ServeError::VersionNotFound { .. } => StatusCode::NOT_FOUND,
             ServeError::NotReady { .. } | ServeError::Unloading(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ServeError::InvalidRequest(_) | ServeError::NotAllowed(_) => StatusCode::BAD_REQUEST,
+            ServeError::InvalidRequest(_) | ServeError::LoadFailed { .. } => StatusCode::BAD_REQUEST,
+            // Triton: UNAVAILABLE (its clients' tests match the status).
+            ServeError::NotAllowed(_) => StatusCode::SERVICE_UNAVAILABLE,
             ServeError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ServeError::Backend(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -67,5 +77,24 @@ impl IntoResponse for ApiError {
             axum::Json(serde_json::json!({ "error": self.message })),
         )
             .into_response()
+    }
+}
+
+/// The same errors on gRPC: the HTTP status chooses the gRPC code (one mapping for
+/// both front ends), the message is the same text.
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        let code = match e.status {
+            StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => tonic::Code::InvalidArgument,
+            StatusCode::NOT_FOUND => tonic::Code::NotFound,
+            StatusCode::SERVICE_UNAVAILABLE => tonic::Code::Unavailable,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::PAYLOAD_TOO_LARGE => tonic::Code::ResourceExhausted,
+            StatusCode::NOT_IMPLEMENTED => tonic::Code::Unimplemented,
+            StatusCode::CONFLICT => tonic::Code::AlreadyExists,
+            StatusCode::REQUEST_TIMEOUT => tonic::Code::DeadlineExceeded,
+            s if s.is_client_error() => tonic::Code::InvalidArgument,
+            _ => tonic::Code::Internal,
+        };
+        tonic::Status::new(code, e.message)
     }
 }

@@ -7,12 +7,16 @@
 
 pub mod codec;
 mod error;
+mod front;
+mod grpc;
 mod guard;
 mod http;
 mod listen;
 mod metrics;
+mod shm;
 
 pub use error::ApiError;
+pub use grpc::GrpcConfig;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -58,37 +62,78 @@ impl Default for ServerConfig {
     }
 }
 
-/// Serves HTTP (and metrics, when a listener is given) until `shutdown` completes, then
-/// stops accepting connections, lets in-flight requests finish for up to
-/// `drain_timeout`, and returns.
+/// The bound sockets the server answers on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// KServe v2 / Triton HTTP.
+    pub http: TcpListener,
+    /// Triton gRPC, when served.
+    pub grpc: Option<TcpListener>,
+    /// Prometheus metrics, when served.
+    pub metrics: Option<TcpListener>,
+}
+
+/// Serves HTTP, and gRPC and metrics when their listeners are given, until `shutdown`
+/// completes, then stops accepting connections, lets in-flight requests finish for up
+/// to `drain_timeout`, and returns.
 pub async fn run(
     repository: Arc<Repository>,
     config: ServerConfig,
-    http: TcpListener,
-    metrics: Option<TcpListener>,
+    grpc_config: GrpcConfig,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let Listeners { http, grpc, metrics } = listeners;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
     let limits = guard::Limits::new(&config, stop_rx.clone());
+    let app = front::App {
+        repo: repository.clone(),
+        shm: Arc::new(shm::SharedMemory::default()),
+    };
     let api = listen::serve(
         http,
-        http::router(repository.clone(), &config),
+        http::router(app.clone(), &config),
         limits.clone(),
         config.clone(),
         "HTTP",
         stop_rx.clone(),
     );
-    match metrics {
-        Some(listener) => {
-            let router = metrics::router(repository);
-            let metrics = listen::serve(listener, router, limits, config.clone(), "metrics", stop_rx);
-            let (a, m) = tokio::join!(api, metrics);
-            a.and(m)
+    let grpc = async {
+        match grpc {
+            Some(listener) => {
+                grpc::serve(
+                    listener,
+                    app.clone(),
+                    grpc_config,
+                    config.drain_timeout,
+                    stop_rx.clone(),
+                )
+                .await
+            }
+            None => Ok(()),
         }
-        None => api.await,
-    }
+    };
+    let metrics = async {
+        match metrics {
+            Some(listener) => {
+                let router = metrics::router(repository.clone());
+                listen::serve(
+                    listener,
+                    router,
+                    limits,
+                    config.clone(),
+                    "metrics",
+                    stop_rx.clone(),
+                )
+                .await
+            }
+            None => Ok(()),
+        }
+    };
+    let (a, g, m) = tokio::join!(api, grpc, metrics);
+    a.and(g).and(m)
 }

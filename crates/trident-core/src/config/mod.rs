@@ -18,7 +18,8 @@ use std::sync::OnceLock;
 
 pub use support::{unsupported_fields, SUPPORTED_FIELDS, SUPPORTED_PARAMETERS};
 
-/// Types generated from Triton's `model_config.proto` (package `inference`).
+/// Types generated from Triton's `model_config.proto` and `grpc_service.proto` (both
+/// package `inference`): the model configuration and the gRPC protocol's messages.
 #[allow(missing_docs, clippy::all)]
 pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/inference.rs"));

@@ -244,13 +244,10 @@ fn to_ort(name: &str, t: &Tensor) -> Result<DynValue, BackendError> {
                 $(DataType::$variant => ort::value::Tensor::from_array(($shape, typed::<$ty>($t.data()))).map(|v| v.into_dyn()),)*
                 DataType::Bool => ort::value::Tensor::from_array(($shape, $t.data().iter().map(|&b| b != 0).collect::<Vec<bool>>())).map(|v| v.into_dyn()),
                 DataType::Bytes => {
-                    let strings = bytes_elements($t.data())
-                        .map_err(|e| BackendError::Execute(e.to_string()))?
-                        .into_iter()
-                        .map(|b| String::from_utf8(b.to_vec()))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|_| BackendError::Execute(format!("input '{name}': ONNX Runtime needs UTF-8 strings")))?;
-                    ort::value::Tensor::from_string_array(($shape, strings.as_slice())).map(|v| v.into_dyn())
+                    let elements = bytes_elements($t.data())
+                        .map_err(|e| BackendError::Execute(format!("input '{name}': {e}")))?;
+                    return strings::to_ort(&$shape, &elements)
+                        .map_err(|e| BackendError::Execute(format!("input '{name}': {e}")));
                 }
             }
         };
@@ -278,12 +275,113 @@ fn from_ort_value(name: &str, value: &DynValue) -> Result<Tensor, BackendError> 
                     (s.to_vec(), d.iter().map(|&b| u8::from(b)).collect::<Vec<u8>>().into())
                 }
                 DataType::Bytes => {
-                    let (s, d) = $v.try_extract_strings().map_err(err)?;
-                    (s.to_vec(), encode_bytes_elements(d))
+                    let elements = strings::from_ort($v)
+                        .map_err(|e| BackendError::Execute(format!("output '{name}': {e}")))?;
+                    ($v.shape().to_vec(), encode_bytes_elements(elements))
                 }
             }
         };
     }
     let (shape, data): (Vec<i64>, bytes::Bytes) = numeric_types!(extract, value);
     Tensor::new(elem, shape, data).map_err(|e| BackendError::Execute(format!("output '{name}': {e}")))
+}
+
+/// ONNX string tensors byte for byte. ort's own string helpers go through C strings
+/// and `String` (`FillStringTensor`, UTF-8 checks), which truncate or refuse elements
+/// with NUL bytes or non-UTF-8 bytes; Triton's BYTES are arbitrary bytes, and ONNX
+/// Runtime's strings are `std::string`s that hold any bytes. So elements are written
+/// with `GetResizedStringTensorElementBuffer` and read with `GetStringTensorContent`,
+/// both length-delimited.
+mod strings {
+    use ort::value::DynValue;
+    use ort::AsPointer;
+    use std::ptr::{self, NonNull};
+
+    fn check(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
+        if status.0.is_null() {
+            return Ok(());
+        }
+        let api = ort::api();
+        // SAFETY: a non-null status from the C API; its message is a NUL-terminated
+        // string owned by the status, copied before the status is released.
+        let message = unsafe {
+            let m = (api.GetErrorMessage)(status.0);
+            let text = std::ffi::CStr::from_ptr(m).to_string_lossy().into_owned();
+            (api.ReleaseStatus)(status.0);
+            text
+        };
+        Err(message)
+    }
+
+    /// A string tensor of `shape` holding `elements` exactly.
+    pub(super) fn to_ort(shape: &[i64], elements: &[&[u8]]) -> Result<DynValue, String> {
+        let api = ort::api();
+        let mut allocator = ort::memory::Allocator::default();
+        let mut raw: *mut ort::sys::OrtValue = ptr::null_mut();
+        // SAFETY: valid shape pointer and length; `raw` receives a new value on success.
+        check(unsafe {
+            (api.CreateTensorAsOrtValue)(
+                allocator.ptr_mut(),
+                shape.as_ptr(),
+                shape.len(),
+                ort::sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING,
+                &mut raw,
+            )
+        })?;
+        let raw = NonNull::new(raw).ok_or("ONNX Runtime returned no tensor")?;
+        // SAFETY: `raw` is a tensor created with `allocator`; the value owns it from here
+        // (released on drop, also on the error paths below).
+        let mut value: DynValue = unsafe { DynValue::from_ptr(raw, Some(&allocator)) };
+        for (index, element) in elements.iter().enumerate() {
+            let mut buffer: *mut std::ffi::c_char = ptr::null_mut();
+            // SAFETY: `index` is within the tensor (its element count is the shape's,
+            // which the BYTES tensor matches); the buffer has `element.len()` bytes.
+            unsafe {
+                check((api.GetResizedStringTensorElementBuffer)(
+                    value.ptr_mut(),
+                    index,
+                    element.len(),
+                    &mut buffer,
+                ))?;
+                if !element.is_empty() {
+                    ptr::copy_nonoverlapping(element.as_ptr(), buffer.cast::<u8>(), element.len());
+                }
+            }
+        }
+        Ok(value)
+    }
+
+    /// The elements of a string tensor, as bytes.
+    pub(super) fn from_ort(value: &DynValue) -> Result<Vec<Vec<u8>>, String> {
+        let api = ort::api();
+        let count = match value.dtype() {
+            ort::value::ValueType::Tensor { shape, .. } => shape.num_elements(),
+            other => return Err(format!("expected a string tensor, got {other:?}")),
+        };
+        let mut total = 0usize;
+        // SAFETY: a live string tensor; lengths and offsets are written into our buffers
+        // of the sizes passed.
+        let (data, mut offsets) = unsafe {
+            check((api.GetStringTensorDataLength)(value.ptr(), &mut total))?;
+            let mut data = vec![0u8; total];
+            let mut offsets = vec![0usize; count + 1];
+            check((api.GetStringTensorContent)(
+                value.ptr(),
+                data.as_mut_ptr().cast(),
+                total,
+                offsets.as_mut_ptr(),
+                count,
+            ))?;
+            (data, offsets)
+        };
+        offsets[count] = total;
+        offsets
+            .windows(2)
+            .map(|w| {
+                data.get(w[0]..w[1])
+                    .map(<[u8]>::to_vec)
+                    .ok_or_else(|| "string offsets out of range".to_string())
+            })
+            .collect()
+    }
 }

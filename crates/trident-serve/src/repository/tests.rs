@@ -44,7 +44,7 @@ fn control_api_is_refused_outside_explicit_mode_and_names_never_reach_paths() {
     let explicit = repo(ControlMode::Explicit);
     for bad in ["../m", "m/..", "/etc", ".", ".."] {
         assert!(
-            matches!(explicit.load(bad), Err(ServeError::ModelNotFound(_))),
+            matches!(explicit.load(bad), Err(ServeError::LoadFailed { .. })),
             "{bad}"
         );
     }

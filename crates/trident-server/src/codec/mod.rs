@@ -49,6 +49,32 @@ use trident_core::{DataType, Tensor, TensorError};
 /// lower case, as `http::HeaderName` wants it).
 pub const INFERENCE_HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 
+/// Where a tensor lives in a registered system shared memory region (the
+/// `shared_memory_region`, `shared_memory_offset` and `shared_memory_byte_size`
+/// parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmRef {
+    /// Registered region name.
+    pub region: String,
+    /// Offset within the region.
+    pub offset: u64,
+    /// Bytes the tensor takes (inputs) or may take (outputs).
+    pub byte_size: u64,
+}
+
+/// An input whose bytes are in shared memory, read once the registry is at hand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedInput {
+    /// Input name.
+    pub name: String,
+    /// Its datatype.
+    pub dtype: DataType,
+    /// Its shape.
+    pub shape: Vec<i64>,
+    /// Where its bytes are.
+    pub at: ShmRef,
+}
+
 /// A decoded `$inference_request`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InferRequest {
@@ -56,6 +82,8 @@ pub struct InferRequest {
     pub id: Option<String>,
     /// Input tensors, in request order, with unique names.
     pub inputs: Vec<(String, Tensor)>,
+    /// Inputs in shared memory (names unique across both lists).
+    pub shared_inputs: Vec<SharedInput>,
     /// Requested outputs, with unique names; empty means all outputs.
     pub outputs: Vec<RequestedOutput>,
     /// The request-level `binary_data_output` parameter: the default for outputs.
@@ -71,6 +99,8 @@ pub struct RequestedOutput {
     pub binary: Option<bool>,
     /// Its `classification` parameter (the classification extension): top N classes.
     pub classification: Option<usize>,
+    /// Where to write it instead of the response (system shared memory).
+    pub shared_memory: Option<ShmRef>,
 }
 
 impl InferRequest {
@@ -94,6 +124,8 @@ pub struct ResponseOutput {
     pub tensor: Tensor,
     /// Whether to send it as binary data (BYTES that are not UTF-8 always are).
     pub binary: bool,
+    /// Written to shared memory: the response gives only its name, type and shape.
+    pub shared: bool,
 }
 
 /// A response body ready to send.
@@ -118,7 +150,7 @@ pub enum CodecError {
         /// The parameter.
         name: String,
         /// What is supported at that level.
-        supported: &'static str,
+        supported: String,
     },
     /// `Inference-Header-Content-Length` larger than the body.
     #[error(
@@ -309,11 +341,19 @@ pub fn decode_request(body: Bytes, header_len: Option<usize>) -> Result<InferReq
 
     let mut parts = binary::Parts::new(body.slice(json_len..));
     let mut inputs = Vec::with_capacity(raw.inputs.len());
+    let mut shared_inputs = Vec::new();
     for (index, input) in raw.inputs.into_iter().enumerate() {
-        inputs.push(decode_input(index, input, &mut parts)?);
+        match decode_input(index, input, &mut parts)? {
+            Input::Tensor(name, tensor) => inputs.push((name, tensor)),
+            Input::Shared(shared) => shared_inputs.push(shared),
+        }
     }
     parts.finish()?;
-    if let Some(name) = duplicate(inputs.iter().map(|(name, _)| name.as_str())) {
+    let names = inputs
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .chain(shared_inputs.iter().map(|s| s.name.as_str()));
+    if let Some(name) = duplicate(names) {
         return Err(CodecError::DuplicateInput {
             input: name.to_string(),
         });
@@ -335,6 +375,7 @@ pub fn decode_request(body: Bytes, header_len: Option<usize>) -> Result<InferReq
     Ok(InferRequest {
         id,
         inputs,
+        shared_inputs,
         outputs,
         binary_data_output,
     })
@@ -372,11 +413,69 @@ fn duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
         .map(|pair| pair[0])
 }
 
+/// A decoded input: its tensor, or where in shared memory it is.
+enum Input {
+    Tensor(String, Tensor),
+    Shared(SharedInput),
+}
+
+/// The shared memory parameters of an input or output, if it names a region.
+fn shm_ref(parameters: &Map<String, Value>, at: impl Fn() -> String) -> Result<Option<ShmRef>, CodecError> {
+    let uint = |key: &'static str| match parameters.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| invalid(at(), key, "a non-negative integer", v)),
+    };
+    let region = match parameters.get("shared_memory_region") {
+        None => {
+            if let Some(key) = ["shared_memory_offset", "shared_memory_byte_size"]
+                .into_iter()
+                .find(|k| parameters.contains_key(*k))
+            {
+                return Err(CodecError::InvalidField {
+                    at: at(),
+                    field: key_name(key),
+                    expected: "given only with 'shared_memory_region'",
+                    got: "no 'shared_memory_region'".into(),
+                });
+            }
+            return Ok(None);
+        }
+        Some(Value::String(region)) => region.clone(),
+        Some(other) => return Err(invalid(at(), "shared_memory_region", "a string", other)),
+    };
+    let byte_size = uint("shared_memory_byte_size")?.ok_or_else(|| CodecError::MissingField {
+        at: at(),
+        field: "parameters.shared_memory_byte_size",
+    })?;
+    Ok(Some(ShmRef {
+        region,
+        offset: uint("shared_memory_offset")?.unwrap_or(0),
+        byte_size,
+    }))
+}
+
+fn key_name(key: &str) -> &'static str {
+    match key {
+        "shared_memory_offset" => "shared_memory_offset",
+        _ => "shared_memory_byte_size",
+    }
+}
+
+/// Shared memory parameter names, accepted on inputs and outputs.
+const SHM_PARAMETERS: [&str; 3] = [
+    "shared_memory_region",
+    "shared_memory_offset",
+    "shared_memory_byte_size",
+];
+
 fn decode_input(
     index: usize,
     input: json::RawInput<'_>,
     parts: &mut binary::Parts,
-) -> Result<(String, Tensor), CodecError> {
+) -> Result<Input, CodecError> {
     let name = match input.name {
         Some(Value::String(name)) => name,
         Some(other) => return Err(invalid(format!("input #{index}"), "name", "a string", &other)),
@@ -414,7 +513,27 @@ fn decode_input(
     let count = element_count(&shape).map_err(|e| tensor_error(&name, e))?;
 
     let parameters = object(input.parameters, at, "parameters")?;
-    only_known(&parameters, at, &["binary_data_size"])?;
+    only_known(
+        &parameters,
+        at,
+        &[
+            "binary_data_size",
+            SHM_PARAMETERS[0],
+            SHM_PARAMETERS[1],
+            SHM_PARAMETERS[2],
+        ],
+    )?;
+    if let Some(shared) = shm_ref(&parameters, at)? {
+        if input.data.is_some() || parameters.contains_key("binary_data_size") {
+            return Err(CodecError::ConflictingData { input: name });
+        }
+        return Ok(Input::Shared(SharedInput {
+            name,
+            dtype,
+            shape,
+            at: shared,
+        }));
+    }
     let binary_size = match parameters.get("binary_data_size") {
         None => None,
         Some(value) => Some(value.as_u64().ok_or_else(|| {
@@ -467,7 +586,7 @@ fn decode_input(
             Tensor::new(dtype, shape, typed.buf.into()).map_err(|e| tensor_error(&name, e))?
         }
     };
-    Ok((name, tensor))
+    Ok(Input::Tensor(name, tensor))
 }
 
 /// Refuses parameters outside `known`.
@@ -480,7 +599,11 @@ fn only_known(
         Some(name) => Err(CodecError::UnsupportedParameter {
             at: at(),
             name: name.clone(),
-            supported: known.first().copied().unwrap_or("none"),
+            supported: if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            },
         }),
         None => Ok(()),
     }
@@ -501,8 +624,15 @@ fn decode_output(index: usize, output: json::RawOutput) -> Result<RequestedOutpu
     only_known(
         &parameters,
         || format!("output '{name}'"),
-        &["binary_data", "classification"],
+        &[
+            "binary_data",
+            "classification",
+            SHM_PARAMETERS[0],
+            SHM_PARAMETERS[1],
+            SHM_PARAMETERS[2],
+        ],
     )?;
+    let shared_memory = shm_ref(&parameters, || format!("output '{name}'"))?;
     let classification = match parameters.get("classification") {
         None => None,
         Some(Value::Number(n)) if n.as_u64().is_some_and(|k| k >= 1) => {
@@ -529,10 +659,27 @@ fn decode_output(index: usize, output: json::RawOutput) -> Result<RequestedOutpu
             ))
         }
     };
+    if shared_memory.is_some() && classification.is_some() {
+        return Err(CodecError::InvalidField {
+            at: format!("output '{name}'"),
+            field: "parameters",
+            expected: "not both 'shared_memory_region' and 'classification'",
+            got: "both".into(),
+        });
+    }
+    if shared_memory.is_some() && binary == Some(true) {
+        return Err(CodecError::InvalidField {
+            at: format!("output '{name}'"),
+            field: "parameters",
+            expected: "not both 'shared_memory_region' and 'binary_data'",
+            got: "both".into(),
+        });
+    }
     Ok(RequestedOutput {
         name,
         binary,
         classification,
+        shared_memory,
     })
 }
 
@@ -549,7 +696,7 @@ pub fn encode_response(
 ) -> EncodedResponse {
     let binary: Vec<bool> = outputs
         .iter()
-        .map(|output| output.binary || binary::must_be_binary(&output.tensor))
+        .map(|output| !output.shared && (output.binary || binary::must_be_binary(&output.tensor)))
         .collect();
     let binary_len: usize = outputs
         .iter()
@@ -600,7 +747,9 @@ pub fn encode_response(
             json::write_i64(&mut buf, dim);
         }
         buf.push(b']');
-        if is_binary {
+        if output.shared {
+            buf.push(b'}');
+        } else if is_binary {
             buf.extend_from_slice(b",\"parameters\":{\"binary_data_size\":");
             json::write_i64(&mut buf, output.tensor.data().len() as i64);
             buf.extend_from_slice(b"}}");

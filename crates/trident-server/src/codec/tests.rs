@@ -57,6 +57,7 @@ fn outputs(tensors: &[(&str, Tensor)], binary: bool) -> Vec<ResponseOutput> {
             name: name.to_string(),
             tensor: tensor.clone(),
             binary,
+            shared: false,
         })
         .collect()
 }
@@ -308,16 +309,19 @@ fn mixed_outputs_append_binary_parts_in_order() {
             name: "a".into(),
             tensor: a.clone(),
             binary: true,
+            shared: false,
         },
         ResponseOutput {
             name: "b".into(),
             tensor: b.clone(),
             binary: false,
+            shared: false,
         },
         ResponseOutput {
             name: "c".into(),
             tensor: c.clone(),
             binary: true,
+            shared: false,
         },
     ];
     let response = encode_response("m", "1", Some("x"), &outs);
@@ -365,6 +369,7 @@ fn triton_binary_example_decodes_zero_copy() {
             name: "output0".into(),
             binary: Some(true),
             classification: None,
+            shared_memory: None,
         }]
     );
     assert!(request.wants_binary("output0"));
@@ -407,11 +412,13 @@ fn request_fields_and_wants_binary() {
                 name: "a".into(),
                 binary: Some(false),
                 classification: None,
+                shared_memory: None,
             },
             RequestedOutput {
                 name: "b".into(),
                 binary: None,
                 classification: Some(3),
+                shared_memory: None,
             }
         ]
     );
@@ -856,6 +863,7 @@ proptest! {
                 // All binary in half of the runs, mixed otherwise (NaN payloads and
                 // infinities only survive as binary).
                 binary: binary[i] || binary[3] || t.to_f32().is_some_and(|v| v.iter().any(|f| !f.is_finite())),
+                shared: false,
             })
             .collect();
         let response = encode_response("m", "1", Some("id"), &outs);
@@ -869,7 +877,7 @@ proptest! {
         let outs: Vec<ResponseOutput> = tensors
             .iter()
             .enumerate()
-            .map(|(i, t)| ResponseOutput { name: format!("out{i}"), tensor: t.clone(), binary: false })
+            .map(|(i, t)| ResponseOutput { name: format!("out{i}"), tensor: t.clone(), binary: false, shared: false })
             .collect();
         let response = encode_response("m", "1", None, &outs);
         prop_assert_eq!(response.header_len, None);
@@ -884,11 +892,19 @@ fn unimplemented_parameters_are_refused_not_ignored() {
     let decode = |json: &str| decode_request(bytes::Bytes::from(json.to_string()), None);
     let input = r#"{"name":"x","shape":[1],"datatype":"FP32","data":[1]"#;
     let err = decode(&format!(
-        r#"{{"inputs":[{input},"parameters":{{"shared_memory_region":"r"}}}}]}}"#
+        r#"{{"inputs":[{input},"parameters":{{"shared_memory_region":"r","shared_memory_byte_size":4}}}}]}}"#
     ))
     .unwrap_err();
     assert!(
-        matches!(&err, CodecError::UnsupportedParameter { name, .. } if name == "shared_memory_region"),
+        matches!(&err, CodecError::ConflictingData { .. }),
+        "data and a region: {err}"
+    );
+    let err = decode(&format!(
+        r#"{{"inputs":[{input},"parameters":{{"priority_boost":1}}}}]}}"#
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(&err, CodecError::UnsupportedParameter { name, .. } if name == "priority_boost"),
         "{err}"
     );
     let err = decode(&format!(
@@ -897,7 +913,16 @@ fn unimplemented_parameters_are_refused_not_ignored() {
     .unwrap_err();
     assert!(
         err.to_string()
-            .contains("output 'y': parameter 'shared_memory_region' is not supported"),
+            .contains("output 'y': missing required field 'parameters.shared_memory_byte_size'"),
+        "{err}"
+    );
+    let err = decode(&format!(
+        r#"{{"inputs":[{input}}}],"outputs":[{{"name":"y","parameters":{{"shared_memory_region":"r","shared_memory_byte_size":8,"classification":2}}}}]}}"#
+    ))
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("not both 'shared_memory_region' and 'classification'"),
         "{err}"
     );
     for bad in ["0", "-1", "1.5", "\"3\""] {
@@ -946,4 +971,37 @@ fn data_before_or_after_datatype_decodes_alike() {
         decode_text(bad),
         Err(CodecError::UnknownDatatype { .. })
     ));
+}
+
+#[test]
+fn shared_memory_inputs_and_outputs_are_named_not_read() {
+    let body = r#"{"inputs":[
+        {"name":"a","shape":[1,16],"datatype":"INT32","parameters":{"shared_memory_region":"in","shared_memory_byte_size":64}},
+        {"name":"b","shape":[1,16],"datatype":"INT32","parameters":{"shared_memory_region":"in","shared_memory_byte_size":64,"shared_memory_offset":64}}],
+      "outputs":[{"name":"c","parameters":{"shared_memory_region":"out","shared_memory_byte_size":64,"binary_data":false}}]}"#;
+    let r = decode_request(bytes::Bytes::from(body), None).unwrap();
+    assert!(r.inputs.is_empty());
+    assert_eq!(r.shared_inputs.len(), 2);
+    assert_eq!(
+        r.shared_inputs[1].at,
+        ShmRef {
+            region: "in".into(),
+            offset: 64,
+            byte_size: 64
+        }
+    );
+    assert_eq!(r.shared_inputs[1].shape, vec![1, 16]);
+    assert_eq!(
+        r.outputs[0].shared_memory,
+        Some(ShmRef {
+            region: "out".into(),
+            offset: 0,
+            byte_size: 64
+        })
+    );
+    let dup = r#"{"inputs":[
+        {"name":"a","shape":[1],"datatype":"INT32","data":[1]},
+        {"name":"a","shape":[1],"datatype":"INT32","parameters":{"shared_memory_region":"in","shared_memory_byte_size":4}}]}"#;
+    let err = decode_request(bytes::Bytes::from(dup), None).unwrap_err();
+    assert!(matches!(err, CodecError::DuplicateInput { .. }), "{err}");
 }

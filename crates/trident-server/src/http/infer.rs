@@ -1,57 +1,63 @@
 //! `POST v2/models/{m}[/versions/{v}]/infer`: decode (JSON or binary), run, encode.
 
-use super::{ModelPath, Repo};
+use super::ModelPath;
 use crate::codec::{self, ResponseOutput, INFERENCE_HEADER_CONTENT_LENGTH};
+use crate::front::{self, App, Decoded};
 use crate::ApiError;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use std::time::Instant;
-use trident_serve::{InferRequest, OutputRequest};
+use trident_serve::OutputRequest;
 
 pub(super) async fn infer(
-    State(repo): Repo,
+    State(app): State<App>,
     Path(p): Path<ModelPath>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let model = repo.get(&p.model, p.version.as_deref())?;
-    refuse_content_encoding(&headers)?;
-    let header_len = crate::guard::numeric_header(
-        &headers,
-        INFERENCE_HEADER_CONTENT_LENGTH,
-        INFERENCE_HEADER_CONTENT_LENGTH,
-    )?;
-    let mut request = match codec::decode_request(body, header_len) {
-        Ok(r) => r,
-        Err(e) => {
-            model.stats().record_failure(received.elapsed());
-            return Err(e.into());
-        }
-    };
-    let outputs = request
-        .outputs
-        .iter()
-        .map(|o| OutputRequest {
-            name: o.name.clone(),
-            classification: o.classification,
+    let answer = front::infer(&app, &p.model, p.version.as_deref(), received, |_| {
+        refuse_content_encoding(&headers)?;
+        let header_len = crate::guard::numeric_header(
+            &headers,
+            INFERENCE_HEADER_CONTENT_LENGTH,
+            INFERENCE_HEADER_CONTENT_LENGTH,
+        )?;
+        let mut request = codec::decode_request(body, header_len)?;
+        let outputs = request
+            .outputs
+            .iter()
+            .map(|o| OutputRequest {
+                name: o.name.clone(),
+                classification: o.classification,
+            })
+            .collect();
+        let shared_outputs = request
+            .outputs
+            .iter()
+            .filter_map(|o| Some((o.name.clone(), o.shared_memory.clone()?)))
+            .collect();
+        Ok(Decoded {
+            inputs: std::mem::take(&mut request.inputs),
+            shared_inputs: std::mem::take(&mut request.shared_inputs),
+            outputs,
+            shared_outputs,
+            rest: request,
         })
-        .collect();
-    let serve_request = InferRequest {
-        inputs: std::mem::take(&mut request.inputs),
-        outputs,
-        received,
-    };
-    let response = model.infer(serve_request).await?;
-    let outputs: Vec<ResponseOutput> = response
+    })
+    .await?;
+    let request = answer.rest;
+    let model = answer.model;
+    let outputs: Vec<ResponseOutput> = answer
         .outputs
         .into_iter()
-        .map(|(name, tensor)| ResponseOutput {
+        .map(|(name, tensor, shared)| ResponseOutput {
             binary: request.wants_binary(&name),
             name,
             tensor,
+            shared,
         })
         .collect();
     let version = model.version().to_string();

@@ -3,6 +3,7 @@
 mod infer;
 mod models;
 mod repository;
+mod shm;
 
 use crate::ServerConfig;
 use axum::extract::{DefaultBodyLimit, State};
@@ -14,15 +15,6 @@ use serde::Deserialize;
 use std::sync::Arc;
 use trident_serve::Repository;
 
-/// The extensions Trident implements, advertised in server metadata.
-pub(crate) const EXTENSIONS: &[&str] = &[
-    "binary_tensor_data",
-    "classification",
-    "model_configuration",
-    "model_repository",
-    "statistics",
-];
-
 type Repo = State<Arc<Repository>>;
 
 /// `{model}` and optional `{version}` path segments.
@@ -32,7 +24,7 @@ pub(crate) struct ModelPath {
     version: Option<String>,
 }
 
-pub(crate) fn router(repository: Arc<Repository>, config: &ServerConfig) -> Router {
+pub(crate) fn router(app: crate::front::App, config: &ServerConfig) -> Router {
     let model = "/v2/models/{model}";
     let version = "/v2/models/{model}/versions/{version}";
     Router::new()
@@ -53,17 +45,77 @@ pub(crate) fn router(repository: Arc<Repository>, config: &ServerConfig) -> Rout
         .route("/v2/repository/index", post(repository::index))
         .route("/v2/repository/models/{model}/load", post(repository::load))
         .route("/v2/repository/models/{model}/unload", post(repository::unload))
+        .route("/v2/systemsharedmemory/status", get(shm::status))
+        .route("/v2/systemsharedmemory/region/{region}/status", get(shm::status))
+        .route("/v2/systemsharedmemory/register", post(shm::register))
+        .route(
+            "/v2/systemsharedmemory/region/{region}/register",
+            post(shm::register),
+        )
+        .route("/v2/systemsharedmemory/unregister", post(shm::unregister))
+        .route(
+            "/v2/systemsharedmemory/region/{region}/unregister",
+            post(shm::unregister),
+        )
+        .route("/v2/cudasharedmemory/status", get(shm::cuda_status))
+        .route(
+            "/v2/cudasharedmemory/region/{region}/status",
+            get(shm::cuda_status),
+        )
+        .route("/v2/cudasharedmemory/register", post(shm::cuda_register))
+        .route(
+            "/v2/cudasharedmemory/region/{region}/register",
+            post(shm::cuda_register),
+        )
+        .route("/v2/cudasharedmemory/unregister", post(shm::cuda_unregister))
+        .route(
+            "/v2/cudasharedmemory/region/{region}/unregister",
+            post(shm::cuda_unregister),
+        )
+        .route("/v2/logging", get(logging).post(set_logging))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .with_state(repository)
+        .with_state(app)
 }
 
 async fn server_metadata() -> impl IntoResponse {
     Json(serde_json::json!({
-        "name": "trident",
+        "name": crate::front::SERVER_NAME,
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": EXTENSIONS,
+        "extensions": crate::front::EXTENSIONS,
     }))
+}
+
+/// Triton's log settings extension: the settings in force; changes are refused by name.
+async fn logging() -> Json<serde_json::Value> {
+    let settings = crate::front::log_settings()
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                crate::front::Setting::Bool(b) => serde_json::Value::from(b),
+                crate::front::Setting::Uint(u) => serde_json::Value::from(u),
+                crate::front::Setting::Text(s) => serde_json::Value::from(s),
+            };
+            (k.to_string(), v)
+        })
+        .collect::<serde_json::Map<_, _>>();
+    Json(serde_json::Value::Object(settings))
+}
+
+async fn set_logging(body: axum::body::Bytes) -> Result<Json<serde_json::Value>, crate::ApiError> {
+    let settings: serde_json::Map<String, serde_json::Value> = if body.iter().all(u8::is_ascii_whitespace) {
+        serde_json::Map::new()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| crate::ApiError::bad_request(format!("invalid log settings JSON: {e}")))?
+    };
+    if let Some(key) = settings.keys().min() {
+        return Err(crate::ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("changing log setting '{key}' at run time is not supported by Trident (set RUST_LOG at start)"),
+        ));
+    }
+    Ok(logging().await)
 }
 
 async fn live() -> StatusCode {

@@ -9,29 +9,19 @@ use serde_json::{json, Value};
 use trident_serve::ServeError;
 
 pub(super) async fn metadata(State(repo): Repo, Path(p): Path<ModelPath>) -> Result<Json<Value>, ApiError> {
-    let model = repo.get(&p.model, p.version.as_deref())?;
-    let versions: Vec<String> = match &p.version {
-        Some(v) => vec![v.clone()],
-        None => repo.ready_versions(&p.model).iter().map(i64::to_string).collect(),
-    };
-    let tensors = |specs: &[trident_serve::IoSpec]| -> Vec<Value> {
+    let m = crate::front::metadata(&repo, &p.model, p.version.as_deref())?;
+    let tensors = |specs: &[crate::front::TensorMeta]| -> Vec<Value> {
         specs
             .iter()
-            .map(|s| json!({"name": s.name, "datatype": s.dtype.as_str(), "shape": s.client_shape(model.batching())}))
+            .map(|s| json!({"name": s.name, "datatype": s.datatype.as_str(), "shape": s.shape}))
             .collect()
     };
-    let config = model.config();
-    let platform = if config.platform.is_empty() {
-        &config.backend
-    } else {
-        &config.platform
-    };
     Ok(Json(json!({
-        "name": model.name(),
-        "versions": versions,
-        "platform": platform,
-        "inputs": tensors(model.inputs()),
-        "outputs": tensors(model.outputs()),
+        "name": m.name,
+        "versions": m.versions,
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
     })))
 }
 

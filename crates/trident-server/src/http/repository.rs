@@ -44,10 +44,7 @@ pub(super) async fn load(
             "load parameter '{key}' is not supported yet (Trident loads models from the repository as they are)"
         )));
     }
-    // Loading parses and optimises model files: blocking work, off the async threads.
-    tokio::task::spawn_blocking(move || repo.load(&model))
-        .await
-        .map_err(|e| ApiError::bad_request(format!("load task failed: {e}")))??;
+    crate::front::blocking("load", move || repo.load(&model)).await?;
     Ok(Json(Value::Object(Map::new())))
 }
 
@@ -64,8 +61,6 @@ pub(super) async fn unload(
             "unload parameter '{key}' is not supported"
         )));
     }
-    tokio::task::spawn_blocking(move || repo.unload(&model))
-        .await
-        .map_err(|e| ApiError::bad_request(format!("unload task failed: {e}")))??;
+    crate::front::blocking("unload", move || repo.unload(&model)).await?;
     Ok(Json(Value::Object(Map::new())))
 }

@@ -1,0 +1,208 @@
+//! What the HTTP and gRPC front ends answer before either encodes it: one inference
+//! path, one model metadata, one list of extensions. Each protocol module only decodes
+//! its wire format into these and encodes the results back.
+
+use crate::codec::{SharedInput, ShmRef};
+use crate::shm::SharedMemory;
+use crate::ApiError;
+use std::sync::Arc;
+use std::time::Instant;
+use trident_core::{DataType, Tensor};
+use trident_serve::{InferRequest, ModelVersion, OutputRequest, Repository};
+
+/// What both front ends serve: the repository and the shared memory registry.
+#[derive(Clone)]
+pub(crate) struct App {
+    pub repo: Arc<Repository>,
+    pub shm: Arc<SharedMemory>,
+}
+
+impl axum::extract::FromRef<App> for Arc<Repository> {
+    fn from_ref(app: &App) -> Self {
+        app.repo.clone()
+    }
+}
+
+/// The extensions Trident implements, advertised in server metadata (HTTP and gRPC).
+pub(crate) const EXTENSIONS: &[&str] = &[
+    "classification",
+    "model_repository",
+    "model_configuration",
+    "system_shared_memory",
+    // Listed by Triton's CPU builds too: the routes answer (no regions; registering is
+    // refused by name).
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "statistics",
+];
+
+/// Server name reported by server metadata: Triton's, since clients check it (NVIDIA's
+/// own examples fail on any other name); the version is Trident's.
+pub(crate) const SERVER_NAME: &str = "triton";
+
+/// A request decoded from either wire format.
+pub(crate) struct Decoded<R> {
+    /// Named input tensors.
+    pub inputs: Vec<(String, Tensor)>,
+    /// Inputs in shared memory.
+    pub shared_inputs: Vec<SharedInput>,
+    /// Requested outputs (empty: all).
+    pub outputs: Vec<OutputRequest>,
+    /// Outputs to write to shared memory instead of the response.
+    pub shared_outputs: Vec<(String, ShmRef)>,
+    /// What the protocol keeps for encoding the response (id, binary flags, ...).
+    pub rest: R,
+}
+
+/// A response ready to encode.
+pub(crate) struct Answer<R> {
+    pub model: Arc<ModelVersion>,
+    pub rest: R,
+    /// Named outputs, each with whether it went to shared memory (then the response
+    /// carries only its name, type and shape).
+    pub outputs: Vec<(String, Tensor, bool)>,
+}
+
+/// One inference, whatever the protocol: find the model version, decode the request
+/// and read its shared memory inputs (a failure there counts as a failed request of
+/// that model, as a validation failure does), validate, queue and run it, then write
+/// the outputs asked for in shared memory.
+pub(crate) async fn infer<R>(
+    app: &App,
+    model: &str,
+    version: Option<&str>,
+    received: Instant,
+    decode: impl FnOnce(&ModelVersion) -> Result<Decoded<R>, ApiError>,
+) -> Result<Answer<R>, ApiError> {
+    let model = app.repo.get(model, version)?;
+    let fail = |e: ApiError| {
+        model.stats().record_failure(received.elapsed());
+        e
+    };
+    let mut decoded = decode(&model).map_err(fail)?;
+    // The regions stay registered until the outputs are written.
+    let refs: Vec<&ShmRef> = decoded
+        .shared_inputs
+        .iter()
+        .map(|s| &s.at)
+        .chain(decoded.shared_outputs.iter().map(|(_, r)| r))
+        .collect();
+    let _pinned = app.shm.pin(&refs);
+    for shared in std::mem::take(&mut decoded.shared_inputs) {
+        let bytes = app.shm.read(&shared.at).map_err(fail)?;
+        let tensor = Tensor::new(shared.dtype, shared.shape, bytes).map_err(|e| {
+            fail(ApiError::bad_request(format!(
+                "input '{}' from shared memory region '{}': {e}",
+                shared.name, shared.at.region
+            )))
+        })?;
+        decoded.inputs.push((shared.name, tensor));
+    }
+    let response = model
+        .infer(InferRequest {
+            inputs: decoded.inputs,
+            outputs: decoded.outputs,
+            received,
+        })
+        .await?;
+    let mut outputs = Vec::with_capacity(response.outputs.len());
+    for (name, tensor) in response.outputs {
+        let shared = match decoded.shared_outputs.iter().find(|(n, _)| *n == name) {
+            Some((_, at)) => {
+                app.shm.write(&name, at, tensor.data())?;
+                true
+            }
+            None => false,
+        };
+        outputs.push((name, tensor, shared));
+    }
+    Ok(Answer {
+        model,
+        rest: decoded.rest,
+        outputs,
+    })
+}
+
+/// A model version's metadata.
+pub(crate) struct Metadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    pub platform: String,
+    pub inputs: Vec<TensorMeta>,
+    pub outputs: Vec<TensorMeta>,
+}
+
+/// One input or output as clients see it.
+pub(crate) struct TensorMeta {
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<i64>,
+}
+
+/// Metadata of `model` (latest ready version when `version` is `None`).
+pub(crate) fn metadata(repo: &Repository, model: &str, version: Option<&str>) -> Result<Metadata, ApiError> {
+    let found = repo.get(model, version)?;
+    let versions = match version {
+        Some(v) => vec![v.to_string()],
+        None => repo.ready_versions(model).iter().map(i64::to_string).collect(),
+    };
+    let tensors = |specs: &[trident_serve::IoSpec]| {
+        specs
+            .iter()
+            .map(|s| TensorMeta {
+                name: s.name.clone(),
+                datatype: s.dtype,
+                shape: s.client_shape(found.batching()),
+            })
+            .collect()
+    };
+    let config = found.config();
+    let platform = if config.platform.is_empty() {
+        &config.backend
+    } else {
+        &config.platform
+    };
+    Ok(Metadata {
+        name: found.name().to_string(),
+        versions,
+        platform: platform.clone(),
+        inputs: tensors(found.inputs()),
+        outputs: tensors(found.outputs()),
+    })
+}
+
+/// Loading parses and optimises model files: blocking work, run off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    work: impl FnOnce() -> Result<T, trident_serve::ServeError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("{what} task failed: {e}")))?
+        .map_err(ApiError::from)
+}
+
+/// A log setting's value (Triton's log settings extension).
+pub(crate) enum Setting {
+    Bool(bool),
+    Uint(u32),
+    Text(String),
+}
+
+/// The log settings in force, under Triton's names. Trident logs with `tracing` to
+/// standard error, filtered by `RUST_LOG` at start; they cannot be changed at run time.
+pub(crate) fn log_settings() -> Vec<(&'static str, Setting)> {
+    use tracing::level_filters::LevelFilter;
+    let level = LevelFilter::current();
+    vec![
+        ("log_file", Setting::Text(String::new())),
+        ("log_info", Setting::Bool(level >= LevelFilter::INFO)),
+        ("log_warning", Setting::Bool(level >= LevelFilter::WARN)),
+        ("log_error", Setting::Bool(level >= LevelFilter::ERROR)),
+        (
+            "log_verbose_level",
+            Setting::Uint(u32::from(level >= LevelFilter::DEBUG)),
+        ),
+        ("log_format", Setting::Text("default".to_string())),
+    ]
+}

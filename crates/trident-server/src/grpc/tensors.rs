@@ -1,0 +1,374 @@
+//! `ModelInferRequest` to tensors and tensors to `ModelInferResponse`.
+//!
+//! Input data comes either from `raw_input_contents` (one entry per input, in input
+//! order, row-major bytes as the binary tensor extension lays them out; BYTES elements
+//! are a 4-byte little-endian length then the bytes) or from each input's typed
+//! `contents`, never both in one request (Triton's rule). FP16 and BF16 have no typed
+//! field, so they travel raw. Outputs always go back as `raw_output_contents`, which is
+//! what tritonclient's `as_numpy` reads.
+
+use crate::codec::{SharedInput, ShmRef};
+use crate::front::Decoded;
+use crate::ApiError;
+use bytes::Bytes;
+use std::collections::HashMap;
+use trident_core::config::pb::{
+    self, infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
+    InferTensorContents,
+};
+use trident_core::tensor::element_count;
+use trident_core::{DataType, Tensor};
+use trident_serve::OutputRequest;
+
+/// Inputs (in the message, or in shared memory) and requested outputs of a request;
+/// `rest` (the id) is left for the caller.
+pub(super) fn decode(request: &mut pb::ModelInferRequest, model: &str) -> Result<Decoded<String>, ApiError> {
+    refuse_parameters("request", &request.parameters, &[])?;
+    let raw_count = request.raw_input_contents.len();
+    let mut raw = std::mem::take(&mut request.raw_input_contents).into_iter();
+    let mut inputs = Vec::with_capacity(request.inputs.len());
+    let mut shared_inputs = Vec::new();
+    for input in std::mem::take(&mut request.inputs) {
+        let at = format!("input '{}'", input.name);
+        refuse_parameters(&at, &input.parameters, &SHM_PARAMETERS)?;
+        let dtype = datatype(&at, &input.datatype)?;
+        check_shape(&at, &input.shape)?;
+        if let Some(shared) = shm_ref(&input.name, &input.parameters)? {
+            if input.contents.is_some() {
+                return Err(ApiError::bad_request(format!(
+                    "unexpected 'content' provided when using shared memory for input tensor '{}' for model '{model}'",
+                    input.name
+                )));
+            }
+            shared_inputs.push(SharedInput {
+                name: input.name,
+                dtype,
+                shape: input.shape,
+                at: shared,
+            });
+            continue;
+        }
+        let data = match input.contents {
+            Some(_) if raw_count > 0 => {
+                return Err(ApiError::bad_request(format!(
+                    "contents field must not be specified when using raw_input_contents for '{}' for model '{model}'",
+                    input.name
+                )))
+            }
+            Some(contents) => {
+                let count = element_count(&input.shape).map_err(|e| ApiError::bad_request(format!("{at}: {e}")))?;
+                typed(&at, dtype, count, contents)?
+            }
+            None => raw.next().ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "unable to find data for input tensor '{}' for model '{model}' in request.",
+                    input.name
+                ))
+            })?,
+        };
+        let tensor =
+            Tensor::new(dtype, input.shape, data).map_err(|e| ApiError::bad_request(format!("{at}: {e}")))?;
+        inputs.push((input.name, tensor));
+    }
+    if raw.len() > 0 {
+        return Err(ApiError::bad_request(format!(
+            "{raw_count} raw_input_contents for model '{model}', but only {} inputs take their data from them",
+            raw_count - raw.len()
+        )));
+    }
+    let names = inputs
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .chain(shared_inputs.iter().map(|s| s.name.as_str()));
+    if let Some(name) = duplicate(names) {
+        return Err(ApiError::bad_request(format!(
+            "input '{name}' already exists in request"
+        )));
+    }
+    let mut outputs = Vec::with_capacity(request.outputs.len());
+    let mut shared_outputs = Vec::new();
+    for o in &request.outputs {
+        let at = format!("output '{}'", o.name);
+        let known = [
+            "classification",
+            SHM_PARAMETERS[0],
+            SHM_PARAMETERS[1],
+            SHM_PARAMETERS[2],
+        ];
+        refuse_parameters(&at, &o.parameters, &known)?;
+        let classification = match o.parameters.get("classification").and_then(|p| p.parameter_choice.as_ref()) {
+            None => None,
+            Some(ParameterChoice::Int64Param(k)) if *k >= 1 => Some(*k as usize),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "{at}: parameter 'classification' must be a positive int64_param (the number of classes), got {other:?}"
+                )))
+            }
+        };
+        if let Some(shared) = shm_ref(&o.name, &o.parameters)? {
+            if classification.is_some() {
+                return Err(ApiError::bad_request(format!(
+                    "{at}: Output can't set both 'shared_memory_region' and 'classification'"
+                )));
+            }
+            shared_outputs.push((o.name.clone(), shared));
+        }
+        outputs.push(OutputRequest {
+            name: o.name.clone(),
+            classification,
+        });
+    }
+    if let Some(name) = duplicate(outputs.iter().map(|o| o.name.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "output '{name}' is requested more than once, expected unique output names"
+        )));
+    }
+    Ok(Decoded {
+        inputs,
+        shared_inputs,
+        outputs,
+        shared_outputs,
+        rest: String::new(),
+    })
+}
+
+const SHM_PARAMETERS: [&str; 3] = [
+    "shared_memory_region",
+    "shared_memory_offset",
+    "shared_memory_byte_size",
+];
+
+/// The shared memory parameters of a tensor, with Triton's texts for wrong types.
+fn shm_ref(tensor: &str, parameters: &HashMap<String, InferParameter>) -> Result<Option<ShmRef>, ApiError> {
+    let get = |key: &str| parameters.get(key).and_then(|p| p.parameter_choice.as_ref());
+    let int = |key: &str| match get(key) {
+        None => Ok(None),
+        Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Ok(Some(*v as u64)),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "invalid value type for '{key}' parameter for tensor '{tensor}', expected int64_param."
+        ))),
+    };
+    let region = match get("shared_memory_region") {
+        None => {
+            for key in ["shared_memory_offset", "shared_memory_byte_size"] {
+                if get(key).is_some() {
+                    return Err(ApiError::bad_request(format!(
+                        "'{key}' can not be specified without 'shared_memory_region' parameter for tensor '{tensor}'"
+                    )));
+                }
+            }
+            return Ok(None);
+        }
+        Some(ParameterChoice::StringParam(r)) => r.clone(),
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "invalid value type for 'shared_memory_region' parameter for tensor '{tensor}', expected string_param."
+            )))
+        }
+    };
+    let byte_size = int("shared_memory_byte_size")?.ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "'shared_memory_byte_size' must be given with 'shared_memory_region' for tensor '{tensor}'"
+        ))
+    })?;
+    Ok(Some(ShmRef {
+        region,
+        offset: int("shared_memory_offset")?.unwrap_or(0),
+        byte_size,
+    }))
+}
+
+fn datatype(at: &str, datatype: &str) -> Result<DataType, ApiError> {
+    datatype.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "{at}: unknown datatype '{datatype}', expected one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64, BF16, BYTES"
+        ))
+    })
+}
+
+fn check_shape(at: &str, shape: &[i64]) -> Result<(), ApiError> {
+    match shape.iter().find(|&&d| d < 0) {
+        Some(d) => Err(ApiError::bad_request(format!(
+            "{at}: shape {shape:?} has a negative dimension ({d}), expected all dimensions >= 0"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The bytes of typed contents, checked against the datatype and element count.
+fn typed(at: &str, dtype: DataType, count: usize, c: InferTensorContents) -> Result<Bytes, ApiError> {
+    let filled: Vec<&str> = [
+        ("bool_contents", !c.bool_contents.is_empty()),
+        ("int_contents", !c.int_contents.is_empty()),
+        ("int64_contents", !c.int64_contents.is_empty()),
+        ("uint_contents", !c.uint_contents.is_empty()),
+        ("uint64_contents", !c.uint64_contents.is_empty()),
+        ("fp32_contents", !c.fp32_contents.is_empty()),
+        ("fp64_contents", !c.fp64_contents.is_empty()),
+        ("bytes_contents", !c.bytes_contents.is_empty()),
+    ]
+    .into_iter()
+    .filter_map(|(field, set)| set.then_some(field))
+    .collect();
+    let field = match dtype {
+        DataType::Bool => "bool_contents",
+        DataType::I8 | DataType::I16 | DataType::I32 => "int_contents",
+        DataType::I64 => "int64_contents",
+        DataType::U8 | DataType::U16 | DataType::U32 => "uint_contents",
+        DataType::U64 => "uint64_contents",
+        DataType::F32 => "fp32_contents",
+        DataType::F64 => "fp64_contents",
+        DataType::Bytes => "bytes_contents",
+        DataType::F16 | DataType::Bf16 => {
+            return Err(ApiError::bad_request(format!(
+                "{at}: {dtype} has no typed contents field; send it in raw_input_contents"
+            )))
+        }
+    };
+    if let Some(other) = filled.iter().find(|&&f| f != field) {
+        return Err(ApiError::bad_request(format!(
+            "{at}: {dtype} data must be in '{field}', got '{other}'"
+        )));
+    }
+    let got = match dtype {
+        DataType::Bool => c.bool_contents.len(),
+        DataType::I8 | DataType::I16 | DataType::I32 => c.int_contents.len(),
+        DataType::I64 => c.int64_contents.len(),
+        DataType::U8 | DataType::U16 | DataType::U32 => c.uint_contents.len(),
+        DataType::U64 => c.uint64_contents.len(),
+        DataType::F32 => c.fp32_contents.len(),
+        DataType::F64 => c.fp64_contents.len(),
+        _ => c.bytes_contents.len(),
+    };
+    if got != count {
+        return Err(ApiError::bad_request(format!(
+            "{at}: shape needs {count} elements, got {got} in '{field}'"
+        )));
+    }
+    let out_of_range = |i: usize, v: i64| {
+        ApiError::bad_request(format!(
+            "{at}: element {i} of '{field}' is {v}, outside the range of {dtype}"
+        ))
+    };
+    let mut buf = Vec::with_capacity(count * dtype.size().unwrap_or(0));
+    match dtype {
+        DataType::Bool => buf.extend(c.bool_contents.iter().map(|&b| u8::from(b))),
+        DataType::I8 => {
+            for (i, &v) in c.int_contents.iter().enumerate() {
+                buf.push(i8::try_from(v).map_err(|_| out_of_range(i, v.into()))? as u8);
+            }
+        }
+        DataType::I16 => {
+            for (i, &v) in c.int_contents.iter().enumerate() {
+                let v = i16::try_from(v).map_err(|_| out_of_range(i, v.into()))?;
+                buf.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        DataType::I32 => c
+            .int_contents
+            .iter()
+            .for_each(|v| buf.extend_from_slice(&v.to_le_bytes())),
+        DataType::I64 => c
+            .int64_contents
+            .iter()
+            .for_each(|v| buf.extend_from_slice(&v.to_le_bytes())),
+        DataType::U8 => {
+            for (i, &v) in c.uint_contents.iter().enumerate() {
+                buf.push(u8::try_from(v).map_err(|_| out_of_range(i, v.into()))?);
+            }
+        }
+        DataType::U16 => {
+            for (i, &v) in c.uint_contents.iter().enumerate() {
+                let v = u16::try_from(v).map_err(|_| out_of_range(i, v.into()))?;
+                buf.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        DataType::U32 => c
+            .uint_contents
+            .iter()
+            .for_each(|v| buf.extend_from_slice(&v.to_le_bytes())),
+        DataType::U64 => c
+            .uint64_contents
+            .iter()
+            .for_each(|v| buf.extend_from_slice(&v.to_le_bytes())),
+        DataType::F32 => c
+            .fp32_contents
+            .iter()
+            .for_each(|v| buf.extend_from_slice(&v.to_le_bytes())),
+        DataType::F64 => c
+            .fp64_contents
+            .iter()
+            .for_each(|v| buf.extend_from_slice(&v.to_le_bytes())),
+        DataType::Bytes => {
+            return Ok(trident_core::tensor::encode_bytes_elements(
+                c.bytes_contents.iter(),
+            ));
+        }
+        DataType::F16 | DataType::Bf16 => unreachable!("refused above"),
+    }
+    Ok(buf.into())
+}
+
+/// The response: every output as raw contents, in output order.
+pub(super) fn encode(
+    model: &str,
+    version: i64,
+    id: String,
+    outputs: Vec<(String, Tensor, bool)>,
+) -> pb::ModelInferResponse {
+    let mut tensors = Vec::with_capacity(outputs.len());
+    let mut raw = Vec::with_capacity(outputs.len());
+    for (name, tensor, shared) in outputs {
+        tensors.push(InferOutputTensor {
+            name,
+            datatype: tensor.dtype().as_str().to_string(),
+            shape: tensor.shape().to_vec(),
+            parameters: HashMap::new(),
+            contents: None,
+        });
+        // One entry per output, empty for one written to shared memory (as Triton).
+        raw.push(if shared {
+            Bytes::new()
+        } else {
+            tensor.data().clone()
+        });
+    }
+    pb::ModelInferResponse {
+        model_name: model.to_string(),
+        model_version: version.to_string(),
+        id,
+        parameters: HashMap::new(),
+        outputs: tensors,
+        raw_output_contents: raw,
+    }
+}
+
+/// Refuses parameters outside `known` by name, rather than ignoring them.
+fn refuse_parameters(
+    at: &str,
+    parameters: &HashMap<String, InferParameter>,
+    known: &[&str],
+) -> Result<(), ApiError> {
+    let mut unknown: Vec<&String> = parameters
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .collect();
+    unknown.sort();
+    match unknown.first() {
+        None => Ok(()),
+        Some(name) => Err(ApiError::bad_request(format!(
+            "{at}: parameter '{name}' is not supported by Trident (supported here: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ))),
+    }
+}
+
+fn duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut sorted: Vec<&str> = names.collect();
+    sorted.sort_unstable();
+    sorted.windows(2).find(|p| p[0] == p[1]).map(|p| p[0])
+}

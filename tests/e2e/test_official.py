@@ -1,0 +1,184 @@
+"""NVIDIA's official Python client examples (tests/e2e/official, copied unchanged from
+triton-inference-server/client r24.10), run against `trident serve` exactly as Triton's
+own QA runs them (qa/L0_http, qa/L0_grpc): the example must exit 0 and, where it
+prints one, print its PASS line.
+
+The model repository is tests/e2e/official/models: Triton's example models rebuilt as
+ONNX (make_models.py, MODELS.md). Examples that need what Trident does not have yet are
+marked xfail(strict=True) with the reason, so they fail loudly once they pass.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TridentServer
+
+OFFICIAL = Path(__file__).resolve().parent / "official"
+MODELS = OFFICIAL / "models"
+TIMEOUT_S = 120
+
+# Needs a GPU and cuda-python: not runnable on a CPU machine.
+CUDA = pytest.mark.skip(reason="CUDA shared memory needs a GPU and cuda-python")
+SEQUENCE = pytest.mark.xfail(strict=True, reason="sequence batching is not implemented yet (issue 19)")
+DECOUPLED = pytest.mark.xfail(strict=True, reason="decoupled models (repeat backend) are not implemented")
+CONFIG_OVERRIDE = pytest.mark.xfail(strict=True, reason="load with a config override is not implemented yet")
+
+
+def _repository(tmp: Path, extra_dirs: int = 0) -> Path:
+    repo = tmp / "models"
+    shutil.copytree(MODELS, repo)
+    for i in range(extra_dirs):
+        # Stand-ins for model directories Triton's QA repository has and this one
+        # lacks (simple_string_dyna_sequence needs Triton's C++ test backend), so the
+        # model-control examples see the index size they assert.
+        shutil.copytree(MODELS / "simple", repo / f"simple_copy{i}")
+        cfg = repo / f"simple_copy{i}" / "config.pbtxt"
+        cfg.write_text(cfg.read_text().replace('name: "simple"', f'name: "simple_copy{i}"'))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def official(tmp_path_factory):
+    srv = TridentServer(
+        _repository(tmp_path_factory.mktemp("official")),
+        extra_args=["--grpc-infer-response-compression-level", "high"],
+    )
+    try:
+        srv.wait_started()
+    except BaseException:
+        srv.stop()
+        raise
+    yield srv
+    assert srv.stop() == 0, srv.log(last=60)
+
+
+def run_example(script: str, args: list[str], expect_pass: str | None) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(OFFICIAL / script), *args],
+        cwd=OFFICIAL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{script} {args} exited {proc.returncode}:\n{out[-4000:]}"
+    if expect_pass is not None:
+        passes = [line for line in proc.stdout.splitlines() if "PASS" in line]
+        assert passes == [expect_pass], f"{script}: expected exactly {expect_pass!r}, got {passes}:\n{out[-4000:]}"
+
+
+HTTP_EXAMPLES = [
+    ("simple_http_health_metadata.py", [], None),
+    ("simple_http_infer_client.py", [], None),
+    ("simple_http_aio_infer_client.py", [], "PASS: infer"),
+    ("simple_http_async_infer_client.py", [], None),
+    ("simple_http_string_infer_client.py", [], "PASS: string"),
+    ("simple_http_shm_client.py", [], "PASS: system shared memory"),
+    ("simple_http_shm_string_client.py", [], "PASS: system shared memory"),
+    ("reuse_infer_objects_client.py", ["-i", "HTTP"], None),
+    pytest.param("simple_http_sequence_sync_infer_client.py", [], "PASS: Sequence", marks=SEQUENCE),
+    pytest.param("simple_http_cudashm_client.py", [], "PASS: cuda shared memory", marks=CUDA),
+]
+
+GRPC_EXAMPLES = [
+    ("simple_grpc_health_metadata.py", [], None),
+    ("simple_grpc_infer_client.py", [], "PASS: infer"),
+    ("simple_grpc_infer_client.py", ["-C", "deflate"], "PASS: infer"),
+    ("simple_grpc_infer_client.py", ["-C", "gzip"], "PASS: infer"),
+    ("simple_grpc_aio_infer_client.py", [], "PASS: grpc aio infer"),
+    ("simple_grpc_async_infer_client.py", [], "PASS: Async infer"),
+    ("simple_grpc_keepalive_client.py", [], "PASS: KeepAlive"),
+    ("simple_grpc_custom_args_client.py", [], "PASS: CustomArgs"),
+    ("simple_grpc_string_infer_client.py", [], "PASS: string"),
+    ("simple_grpc_shm_client.py", [], "PASS: system shared memory"),
+    ("simple_grpc_shm_string_client.py", [], "PASS: system shared memory"),
+    ("grpc_client.py", [], "PASS"),
+    ("grpc_explicit_byte_content_client.py", [], "PASS: explicit string"),
+    ("grpc_explicit_int_content_client.py", [], "PASS: explicit int"),
+    ("grpc_explicit_int8_content_client.py", [], "PASS: explicit int8"),
+    ("reuse_infer_objects_client.py", ["-i", "gRPC"], None),
+    pytest.param("simple_grpc_sequence_sync_infer_client.py", [], "PASS: Sequence", marks=SEQUENCE),
+    pytest.param("simple_grpc_sequence_stream_infer_client.py", [], "PASS: Sequence", marks=SEQUENCE),
+    pytest.param(
+        "simple_grpc_aio_sequence_stream_infer_client.py", [], "PASS: grpc aio sequence stream", marks=SEQUENCE
+    ),
+    pytest.param("simple_grpc_cudashm_client.py", [], "PASS: cudashm", marks=CUDA),
+    pytest.param("simple_grpc_custom_repeat.py", [], "PASS: Decoupled API", marks=DECOUPLED),
+]
+
+
+@pytest.mark.parametrize("script,args,expect", HTTP_EXAMPLES)
+def test_http_example(official, script, args, expect):
+    run_example(script, ["-u", official.url, *args], expect)
+
+
+@pytest.mark.parametrize("script,args,expect", GRPC_EXAMPLES)
+def test_grpc_example(official, script, args, expect):
+    run_example(script, ["-u", official.grpc_url, *args], expect)
+
+
+IMAGE = ["-m", "inception_graphdef", "-s", "INCEPTION", "-c", "1", "-b", "1", "vulture.jpeg"]
+
+
+@pytest.mark.parametrize(
+    "script,args",
+    [
+        ("grpc_image_client.py", []),
+        ("grpc_image_client.py", ["-a"]),
+        ("grpc_image_client.py", ["--streaming"]),
+        ("image_client.py", ["-i", "grpc"]),
+        ("image_client.py", ["-i", "grpc", "-a"]),
+        ("image_client.py", ["-i", "grpc", "--streaming"]),
+    ],
+)
+def test_image_client_classifies_through_labels(official, script, args):
+    """Triton's QA check: exactly one VULTURE line (classification extension + labels)."""
+    pytest.importorskip("PIL", reason="the image examples need Pillow")
+    proc = subprocess.run(
+        [sys.executable, str(OFFICIAL / script), "-u", official.grpc_url, *args, *IMAGE],
+        cwd=OFFICIAL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert proc.stdout.count("VULTURE") == 1, out[-4000:]
+
+
+def test_http_image_client(official):
+    pytest.importorskip("PIL", reason="the image examples need Pillow")
+    pytest.importorskip("attrdict", reason="image_client.py's HTTP path imports attrdict")
+    proc = subprocess.run(
+        [sys.executable, str(OFFICIAL / "image_client.py"), "-u", official.url, *IMAGE],
+        cwd=OFFICIAL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0 and proc.stdout.count("VULTURE") == 1, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "script,dirs,protocol",
+    [
+        pytest.param("simple_http_model_control.py", 7, "http", marks=CONFIG_OVERRIDE),
+        pytest.param("simple_grpc_model_control.py", 8, "grpc", marks=CONFIG_OVERRIDE),
+    ],
+)
+def test_model_control_example(tmp_path, script, dirs, protocol):
+    repo = _repository(tmp_path, extra_dirs=dirs - len(list(MODELS.iterdir())))
+    srv = TridentServer(repo, load=None, extra_args=["--model-control-mode", "explicit"])
+    try:
+        srv.wait_started()
+        url = srv.url if protocol == "http" else srv.grpc_url
+        run_example(script, ["-u", url], "PASS: model control")
+        assert "Invalid config override" in srv.log(), "Triton's QA greps the server log for this"
+    finally:
+        assert srv.stop() == 0, srv.log(last=60)
