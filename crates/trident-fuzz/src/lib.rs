@@ -27,6 +27,7 @@ pub fn codec(body: &[u8], header_len: Option<usize>) {
                 name: name.clone(),
                 tensor: tensor.clone(),
                 binary,
+                shared: false,
             })
             .collect();
         let back = round_trip(&codec::encode_response("m", "1", request.id.as_deref(), &outputs));

@@ -125,6 +125,7 @@ impl Ensemble {
                         .map(|(m, _)| OutputRequest::named(m.clone()))
                         .collect(),
                     received: Instant::now(),
+                    sequence: None,
                 };
                 // Boxed: an ensemble step may itself be an ensemble.
                 let step: Pin<Box<dyn Future<Output = StepResult> + Send>> =

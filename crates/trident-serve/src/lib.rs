@@ -13,9 +13,10 @@ mod error;
 pub mod model;
 pub mod repository;
 mod scheduler;
+pub mod sequence;
 pub mod stats;
 pub mod warmup;
 
 pub use error::ServeError;
 pub use model::{InferRequest, InferResponse, IoSpec, ModelVersion, OutputRequest};
-pub use repository::{ControlMode, OnnxEngine, Repository, RepositoryOptions};
+pub use repository::{ControlMode, LoadOverride, OnnxEngine, Repository, RepositoryOptions};

@@ -5,7 +5,8 @@
 use crate::backend::Model;
 use crate::batcher::BatchPolicy;
 use crate::cache::ResponseCache;
-use crate::scheduler::{self, Job, Scheduler};
+use crate::scheduler::{self, Executed, Job, Scheduler};
+use crate::sequence::Sequencer;
 use crate::stats::ModelStats;
 use crate::ServeError;
 use std::sync::Arc;
@@ -22,6 +23,8 @@ pub struct InferRequest {
     pub outputs: Vec<OutputRequest>,
     /// When the server received the request (start of the request duration).
     pub received: Instant,
+    /// The sequence it belongs to (models with `sequence_batching`).
+    pub sequence: Option<crate::sequence::SequenceFlags>,
 }
 
 /// One requested output.
@@ -112,6 +115,8 @@ pub struct ModelVersion {
     labels: Vec<Option<Arc<[String]>>>,
     /// The server's response cache, when this model enables it.
     cache: Option<Arc<ResponseCache>>,
+    /// The sequence batcher, for models with `sequence_batching`.
+    sequencer: Option<Sequencer>,
 }
 
 /// What executes a version's requests.
@@ -165,6 +170,14 @@ impl ModelVersion {
                 .unwrap_or(DEFAULT_MAX_QUEUE),
             _ => DEFAULT_MAX_QUEUE,
         };
+        let sequencer = Sequencer::from_config(&d.config).map_err(|reason| ServeError::NotReady {
+            model: d.name.clone(),
+            reason,
+        })?;
+        if sequencer.is_some() && d.cache.is_some() {
+            tracing::warn!(model = %d.name, "response_cache does not apply to sequence models (their outputs depend on the sequence): not cached");
+        }
+        let cache = if sequencer.is_some() { None } else { d.cache };
         let label = format!("{}:{}", d.name, d.version);
         let scheduler = scheduler::start(
             &label,
@@ -192,7 +205,8 @@ impl ModelVersion {
                 model: d.model,
             },
             labels: d.labels,
-            cache: d.cache,
+            cache,
+            sequencer,
         })
     }
 
@@ -218,6 +232,7 @@ impl ModelVersion {
             runner: Runner::Ensemble(ensemble),
             labels,
             cache,
+            sequencer: None,
         }
     }
 
@@ -277,6 +292,15 @@ impl ModelVersion {
         request: InferRequest,
     ) -> Result<(InferResponse, std::time::Duration), ServeError> {
         let wanted = self.requested_outputs(&request.outputs)?;
+        if let Some(sequencer) = &self.sequencer {
+            return self.infer_sequence(sequencer, request, &wanted).await;
+        }
+        if let Some(flags) = &request.sequence {
+            return Err(ServeError::InvalidRequest(format!(
+                "model '{}' has no sequence_batching: sequence {} (sequence_id, sequence_start, sequence_end) would have no effect",
+                self.name, flags.id
+            )));
+        }
         let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
         let Some(cache) = &self.cache else {
             return self.execute(inputs, rows, signature, &wanted).await;
@@ -298,22 +322,56 @@ impl ModelVersion {
         Ok((response, compute))
     }
 
-    /// Runs validated inputs on the backend's instances or the ensemble's steps.
-    async fn execute(
+    /// One request of a sequence: its controls and state join the inputs, the
+    /// sequence's requests run one at a time, its state outputs are kept.
+    async fn infer_sequence(
+        &self,
+        sequencer: &Sequencer,
+        request: InferRequest,
+        wanted: &[(usize, Option<usize>)],
+    ) -> Result<(InferResponse, Duration), ServeError> {
+        let (mut inputs, rows, mut signature) = self.prepare_inputs(request.inputs)?;
+        if rows != 1 {
+            return Err(ServeError::InvalidRequest(format!(
+                "inference request to model '{}' must specify batch-size 1 due to requirements of sequence batcher",
+                self.name
+            )));
+        }
+        let slot = sequencer.enter(request.sequence.as_ref())?;
+        let flags = request.sequence.expect("enter checked the sequence");
+        let mut active = slot.lock().await;
+        let result = async {
+            let extra = sequencer.extra_inputs(&flags, &active)?;
+            for (i, (_, t)) in extra.iter().enumerate() {
+                signature.push(-3 - i as i64);
+                signature.extend_from_slice(&t.shape()[usize::from(self.batching())..]);
+                signature.push(-2);
+            }
+            inputs.extend(extra);
+            let executed = self.run_backend(inputs, rows, signature).await?;
+            let outputs = sequencer.keep_state(&mut active, executed.outputs)?;
+            Ok((
+                self.select_outputs(outputs, wanted, rows)?,
+                executed.compute_infer,
+            ))
+        }
+        .await;
+        drop(active);
+        sequencer.leave(&flags, &slot);
+        result
+    }
+
+    /// Queues validated inputs on the backend's instances and awaits their outputs.
+    async fn run_backend(
         &self,
         inputs: Vec<(String, Tensor)>,
         rows: usize,
         signature: Vec<i64>,
-        wanted: &[(usize, Option<usize>)],
-    ) -> Result<(InferResponse, Duration), ServeError> {
-        let scheduler = match &self.runner {
-            Runner::Backend { scheduler, .. } => scheduler,
-            Runner::Ensemble(e) => {
-                let t0 = Instant::now();
-                let outputs = e.run(inputs).await?;
-                let response = self.select_outputs(outputs, wanted, rows)?;
-                return Ok((response, t0.elapsed()));
-            }
+    ) -> Result<Executed, ServeError> {
+        let Runner::Backend { scheduler, .. } = &self.runner else {
+            return Err(ServeError::Backend(
+                "an ensemble has no instances of its own".into(),
+            ));
         };
         self.stats
             .try_add_pending(self.max_queue)
@@ -331,7 +389,24 @@ impl ModelVersion {
             enqueued: Instant::now(),
             reply,
         });
-        let executed = rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))??;
+        rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))?
+    }
+
+    /// Runs validated inputs on the backend's instances or the ensemble's steps.
+    async fn execute(
+        &self,
+        inputs: Vec<(String, Tensor)>,
+        rows: usize,
+        signature: Vec<i64>,
+        wanted: &[(usize, Option<usize>)],
+    ) -> Result<(InferResponse, Duration), ServeError> {
+        if let Runner::Ensemble(e) = &self.runner {
+            let t0 = Instant::now();
+            let outputs = e.run(inputs).await?;
+            let response = self.select_outputs(outputs, wanted, rows)?;
+            return Ok((response, t0.elapsed()));
+        }
+        let executed = self.run_backend(inputs, rows, signature).await?;
         let response = self.select_outputs(executed.outputs, wanted, rows)?;
         Ok((response, executed.compute_infer))
     }
@@ -588,7 +663,26 @@ fn names_of(specs: &[IoSpec]) -> String {
 
 fn batch_policy(config: &ModelConfig) -> BatchPolicy {
     let max_batch_size = config.max_batch_size.max(1) as usize;
+    use pb::model_sequence_batching::StrategyChoice;
     match &config.scheduling_choice {
+        // Requests of different sequences batch together, up to max_batch_size rows,
+        // waiting at most the strategy's max_queue_delay_microseconds.
+        Some(pb::model_config::SchedulingChoice::SequenceBatching(sb)) => {
+            let (preferred, delay) = match &sb.strategy_choice {
+                Some(StrategyChoice::Oldest(o)) => (
+                    o.preferred_batch_size.iter().map(|&p| p as usize).collect(),
+                    o.max_queue_delay_microseconds,
+                ),
+                Some(StrategyChoice::Direct(d)) => (vec![], d.max_queue_delay_microseconds),
+                None => (vec![], 0),
+            };
+            BatchPolicy {
+                enabled: config.max_batch_size > 0,
+                max_batch_size,
+                preferred,
+                max_delay: std::time::Duration::from_micros(delay),
+            }
+        }
         Some(pb::model_config::SchedulingChoice::DynamicBatching(db)) => BatchPolicy {
             enabled: true,
             max_batch_size,

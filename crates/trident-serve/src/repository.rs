@@ -79,11 +79,25 @@ struct ModelState {
     fingerprint: Vec<(PathBuf, SystemTime, u64)>,
 }
 
+/// A load request's overrides: Triton's `config` (the whole configuration, as JSON)
+/// and `file:<path>` (model files) load parameters.
+#[derive(Debug, Default, Clone)]
+pub struct LoadOverride {
+    /// JSON of a `ModelConfig` that replaces `config.pbtxt`.
+    pub config: Option<String>,
+    /// Files of the model directory, by path relative to it (`1/model.onnx`): the
+    /// model is then loaded from a fresh directory holding only these files.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
 /// The repository manager.
 pub struct Repository {
     options: RepositoryOptions,
     /// Shared with ensembles (weakly), which look their composing models up per request.
     models: Arc<RwLock<BTreeMap<String, ModelState>>>,
+    /// Fresh directories of models loaded from `file:` overrides, deleted when the
+    /// model is unloaded or loaded again.
+    override_dirs: std::sync::Mutex<BTreeMap<String, tempfile::TempDir>>,
 }
 
 impl Repository {
@@ -92,6 +106,7 @@ impl Repository {
         Repository {
             options,
             models: Arc::new(RwLock::new(BTreeMap::new())),
+            override_dirs: Default::default(),
         }
     }
 
@@ -149,11 +164,95 @@ impl Repository {
         }
     }
 
+    /// Loads a model with Triton's load overrides (`explicit` mode only). A `config`
+    /// replaces `config.pbtxt` for this load (the next plain load reads the file
+    /// again); `files` are written into a fresh directory, and only there, from which
+    /// the model then loads. A failed load leaves what was serving in place.
+    pub fn load_with(&self, name: &str, overrides: LoadOverride) -> Result<(), ServeError> {
+        if overrides.config.is_none() && overrides.files.is_empty() {
+            return self.load(name);
+        }
+        self.require_explicit("load")?;
+        let failed = |reason: String| {
+            tracing::error!("Poll failed for model directory '{name}': {reason}");
+            ServeError::LoadFailed {
+                model: name.to_string(),
+                reason: format!("failed to poll from model repository: {reason}"),
+            }
+        };
+        let Some(text) = &overrides.config else {
+            return Err(failed(
+                "Load parameter 'config' must be specified for model file override".into(),
+            ));
+        };
+        let parsed = config::parse_config_json(text, Path::new("config override"))
+            .map_err(|e| failed(format!("Invalid config override: {e}")))?;
+        if !parsed.config.name.is_empty() && parsed.config.name != name {
+            return Err(failed(format!(
+                "Invalid config override: name '{}' is not the model's name '{name}'",
+                parsed.config.name
+            )));
+        }
+        let fresh = match overrides.files.is_empty() {
+            true => None,
+            false => Some(write_model_files(name, &overrides.files).map_err(failed)?),
+        };
+        let dir = match &fresh {
+            Some(d) => d.path().to_path_buf(),
+            None => self.options.root.join(self.existing_dir(name)?),
+        };
+        match self.load_model_at(name, &dir, Some(parsed)) {
+            Some(reason) => Err(ServeError::LoadFailed {
+                model: name.to_string(),
+                reason,
+            }),
+            None => {
+                let mut dirs = self.override_dirs.lock().expect("lock");
+                match fresh {
+                    Some(d) => dirs.insert(name.to_string(), d),
+                    None => dirs.remove(name),
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// [`Self::unload`], and with `dependents` (Triton's `unload_dependents`) also the
+    /// composing models of an ensemble that no other loaded ensemble uses, in turn.
+    pub fn unload_with(&self, name: &str, dependents: bool) -> Result<(), ServeError> {
+        let steps = match dependents {
+            true => self
+                .get(name, None)
+                .ok()
+                .filter(|m| m.config().platform == "ensemble")
+                .map(|m| composing(m.config()))
+                .unwrap_or_default(),
+            false => Vec::new(),
+        };
+        self.unload(name)?;
+        for step in steps {
+            let still_used = self
+                .models
+                .read()
+                .expect("lock")
+                .values()
+                .flat_map(ready_slots)
+                .any(|v| v.config().platform == "ensemble" && composing(v.config()).contains(&step));
+            if still_used {
+                tracing::info!(model = %step, ensemble = %name, "kept: another loaded ensemble uses it");
+            } else {
+                self.unload_with(&step, true)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Unloads a model (`explicit` mode only). In-flight requests finish first: each
     /// holds its version alive until it has replied.
     pub fn unload(&self, name: &str) -> Result<(), ServeError> {
         self.require_explicit("unload")?;
         let removed = self.models.write().expect("lock").remove(name);
+        self.override_dirs.lock().expect("lock").remove(name);
         match removed {
             Some(_) => tracing::info!(model = %name, "unloaded"),
             // As Triton: unloading what is not loaded succeeds (there is nothing to do).
@@ -333,9 +432,18 @@ impl Repository {
     /// fails leaves what was serving in place: a version that was ready stays ready
     /// until a replacement has loaded, and the failure is logged and returned.
     fn load_model(&self, name: &str) -> Option<String> {
-        let dir = self.options.root.join(name);
-        let fingerprint = fingerprint(&dir);
-        let loaded = load_versions(&dir, name, &self.options, &self.lookup_handle());
+        let failure = self.load_model_at(name, &self.options.root.join(name), None);
+        if failure.is_none() {
+            // Loaded from the repository again: a `file:` override's directory goes.
+            self.override_dirs.lock().expect("lock").remove(name);
+        }
+        failure
+    }
+
+    /// [`Self::load_model`] from `dir`, with the configuration given or read there.
+    fn load_model_at(&self, name: &str, dir: &Path, config: Option<config::ParsedConfig>) -> Option<String> {
+        let fingerprint = fingerprint(dir);
+        let loaded = load_versions(dir, name, config, &self.options, &self.lookup_handle());
         let mut models = self.models.write().expect("lock");
         let previous = models.remove(name).map(|m| m.versions).unwrap_or_default();
         let (state, failure) = match loaded {
@@ -468,6 +576,48 @@ fn lookup(
     }
 }
 
+/// Writes `file:` override contents into a fresh directory. Each path must be
+/// relative and stay inside it (no `..`, no root, no empty or over-long component).
+fn write_model_files(name: &str, files: &[(String, Vec<u8>)]) -> Result<tempfile::TempDir, String> {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!(
+            "trident-{}-",
+            name.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        ))
+        .tempdir()
+        .map_err(|e| format!("cannot create a directory for the model files: {e}"))?;
+    for (relative, data) in files {
+        let path = Path::new(relative);
+        let bad = |why: &str| format!("Invalid file parameter 'file:{relative}': {why}");
+        let mut components = 0;
+        for c in path.components() {
+            match c {
+                std::path::Component::Normal(part) if part.len() <= 255 => components += 1,
+                std::path::Component::Normal(_) => {
+                    return Err(bad("a path component is longer than 255 bytes"))
+                }
+                _ => {
+                    return Err(bad(
+                        "the path must stay within model directory (relative, no '..')",
+                    ))
+                }
+            }
+        }
+        if components == 0 {
+            return Err(bad("empty path"));
+        }
+        let target = dir.path().join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| bad(&e.to_string()))?;
+        }
+        if target.is_dir() {
+            return Err(bad("directory has been created as a file"));
+        }
+        std::fs::write(&target, data).map_err(|e| bad(&e.to_string()))?;
+    }
+    Ok(dir)
+}
+
 /// A version string as Triton reads it (`std::stol`, then > 0), with its error texts.
 pub fn parse_version(v: &str) -> Result<i64, ServeError> {
     let number: i64 = v.trim().parse().map_err(|_| {
@@ -512,12 +662,18 @@ fn ready_slots(m: &ModelState) -> impl Iterator<Item = Arc<ModelVersion>> + '_ {
 fn load_versions(
     dir: &Path,
     name: &str,
+    given: Option<config::ParsedConfig>,
     options: &RepositoryOptions,
     lookup: &Lookup,
 ) -> Result<BTreeMap<i64, Slot>, String> {
     let cores = options.cores;
     let config_path = dir.join("config.pbtxt");
-    let mut config = if config_path.exists() {
+    let mut config = if let Some(parsed) = given {
+        for warning in &parsed.warnings {
+            tracing::warn!(model = %name, "config override: {warning}");
+        }
+        parsed.config
+    } else if config_path.exists() {
         let parsed = config::read_config(&config_path).map_err(|e| e.to_string())?;
         for warning in &parsed.warnings {
             tracing::warn!(model = %name, "{}: {warning}", config_path.display());

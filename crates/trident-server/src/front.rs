@@ -26,6 +26,7 @@ impl axum::extract::FromRef<App> for Arc<Repository> {
 /// The extensions Trident implements, advertised in server metadata (HTTP and gRPC).
 pub(crate) const EXTENSIONS: &[&str] = &[
     "classification",
+    "sequence",
     "model_repository",
     "model_configuration",
     "system_shared_memory",
@@ -50,6 +51,8 @@ pub(crate) struct Decoded<R> {
     pub outputs: Vec<OutputRequest>,
     /// Outputs to write to shared memory instead of the response.
     pub shared_outputs: Vec<(String, ShmRef)>,
+    /// The sequence the request belongs to.
+    pub sequence: Option<trident_serve::sequence::SequenceFlags>,
     /// What the protocol keeps for encoding the response (id, binary flags, ...).
     pub rest: R,
 }
@@ -103,6 +106,7 @@ pub(crate) async fn infer<R>(
             inputs: decoded.inputs,
             outputs: decoded.outputs,
             received,
+            sequence: decoded.sequence,
         })
         .await?;
     let mut outputs = Vec::with_capacity(response.outputs.len());
@@ -205,4 +209,80 @@ pub(crate) fn log_settings() -> Vec<(&'static str, Setting)> {
         ),
         ("log_format", Setting::Text("default".to_string())),
     ]
+}
+
+/// A load or unload parameter's value, as either protocol carries it (HTTP: `file:`
+/// contents already base64-decoded).
+pub(crate) enum ParamValue {
+    Text(String),
+    Bytes(Vec<u8>),
+    Bool(bool),
+    /// Another type, named for the error.
+    Other(&'static str),
+}
+
+impl ParamValue {
+    fn kind(&self) -> &'static str {
+        match self {
+            ParamValue::Text(_) => "a string",
+            ParamValue::Bytes(_) => "bytes",
+            ParamValue::Bool(_) => "a bool",
+            ParamValue::Other(kind) => kind,
+        }
+    }
+}
+
+/// Triton's load parameters: `config` (JSON text) and `file:<path>` (bytes).
+pub(crate) fn load_override(
+    params: impl IntoIterator<Item = (String, ParamValue)>,
+) -> Result<trident_serve::LoadOverride, ApiError> {
+    let mut out = trident_serve::LoadOverride::default();
+    for (key, value) in params {
+        match (key.as_str(), value) {
+            ("config", ParamValue::Text(text)) => out.config = Some(text),
+            ("config", other) => return Err(ApiError::bad_request(format!(
+                "invalid value type for load parameter 'config', expected string_param (JSON text), got {}.",
+                other.kind()
+            ))),
+            (k, ParamValue::Bytes(data)) if k.starts_with("file:") => {
+                out.files.push((k["file:".len()..].to_string(), data));
+            }
+            (k, other) if k.starts_with("file:") => {
+                return Err(ApiError::bad_request(format!(
+                    "invalid value type for load parameter '{k}', expected bytes_param, got {}.",
+                    other.kind()
+                )))
+            }
+            (k, _) => {
+                return Err(ApiError::bad_request(format!(
+                    "unrecognized load parameter '{k}' (Trident's load parameters: config, file:<path>)"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Triton's unload parameter `unload_dependents` (a bool; default false).
+pub(crate) fn unload_dependents(
+    params: impl IntoIterator<Item = (String, ParamValue)>,
+) -> Result<bool, ApiError> {
+    let mut dependents = false;
+    for (key, value) in params {
+        match (key.as_str(), value) {
+            ("unload_dependents", ParamValue::Bool(b)) => dependents = b,
+            ("unload_dependents", other) => {
+                return Err(ApiError::bad_request(format!(
+                    "invalid value type for 'unload_dependents' parameter, expected bool_param, got {}.",
+                    other.kind()
+                )))
+            }
+            (k, _) => {
+                return Err(ApiError::bad_request(format!(
+                    "unrecognized unload parameter '{k}' (Trident's unload parameter: unload_dependents)"
+                )))
+            }
+        }
+    }
+    Ok(dependents)
 }

@@ -165,6 +165,67 @@ instance_group [ { kind: KIND_CPU } ]
     save(name, g, config)
 
 
+def string_dyna_sequence() -> None:
+    """Triton's `dyna_sequence` C++ test backend as ONNX with implicit state: an INT32
+    accumulator per sequence (START: INPUT; else state + INPUT), plus int(CORRID) on
+    END, where CORRID is a string. READY 0 leaves the state alone and outputs 0."""
+    i32 = TensorProto.INT32
+    nodes = [
+        helper.make_node("Cast", ["CORRID"], ["corrid"], to=i32),
+        helper.make_node("Sub", ["one", "START"], ["not_start"]),
+        helper.make_node("Mul", ["ACC_IN", "not_start"], ["base"]),
+        helper.make_node("Add", ["base", "INPUT"], ["acc"]),
+        helper.make_node("Mul", ["END", "corrid"], ["end_term"]),
+        helper.make_node("Add", ["acc", "end_term"], ["new"]),
+        helper.make_node("Mul", ["READY", "new"], ["OUTPUT"]),
+        helper.make_node("Sub", ["one", "READY"], ["not_ready"]),
+        helper.make_node("Mul", ["not_ready", "ACC_IN"], ["kept"]),
+        helper.make_node("Add", ["OUTPUT", "kept"], ["ACC_OUT"]),
+    ]
+    inputs = [
+        io("INPUT", i32, ["N", 1]),
+        io("START", i32, ["N", 1]),
+        io("END", i32, ["N", 1]),
+        io("READY", i32, ["N", 1]),
+        io("CORRID", TensorProto.STRING, ["N", 1]),
+        io("ACC_IN", i32, ["N", 1]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "simple_string_dyna_sequence",
+        inputs,
+        [io("OUTPUT", i32, ["N", 1]), io("ACC_OUT", i32, ["N", 1])],
+        initializer=[numpy_helper.from_array(np.array([[1]], np.int32), "one")],
+    )
+    save("simple_string_dyna_sequence", g, """
+name: "simple_string_dyna_sequence"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+sequence_batching {
+  max_sequence_idle_microseconds: 10000000
+  oldest { max_queue_delay_microseconds: 10000 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+  ]
+  state [
+    {
+      input_name: "ACC_IN"
+      output_name: "ACC_OUT"
+      data_type: TYPE_INT32
+      dims: [ 1 ]
+      initial_state { name: "zero" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }
+    }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+""")
+
+
 def inception_stand_in() -> None:
     """inception_graphdef's interface; every row's output is one-hot at index 24
     (VULTURE in inception_labels.txt), whatever the image: the examples check the
@@ -216,6 +277,7 @@ def main() -> None:
     simple_identity()
     sequence(dyna=False)
     sequence(dyna=True)
+    string_dyna_sequence()
     inception_stand_in()
     print(f"wrote {sorted(p.name for p in OUT.iterdir())} to {OUT}")
 

@@ -119,6 +119,24 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ParsedConfig, ConfigError
     Ok(ParsedConfig { config, warnings })
 }
 
+/// Parses a configuration given as JSON (protobuf's JSON mapping, as Triton's load
+/// `config` parameter): field names as in the proto or lowerCamelCase, enums by name,
+/// integers as numbers or strings; unknown fields are errors. `what` names it in errors.
+pub fn parse_config_json(text: &str, what: &Path) -> Result<ParsedConfig, ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        file: what.to_path_buf(),
+        message,
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let message = DynamicMessage::deserialize(descriptor(), &mut de).map_err(|e| invalid(e.to_string()))?;
+    de.end().map_err(|e| invalid(e.to_string()))?;
+    let warnings = unsupported_fields(&message);
+    let config = message
+        .transcode_to::<ModelConfig>()
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(ParsedConfig { config, warnings })
+}
+
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;

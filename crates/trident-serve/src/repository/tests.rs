@@ -229,6 +229,7 @@ fn ensembles_run_their_dag_and_refuse_bad_plans_by_name() {
             inputs: vec![("A".into(), t(&a)), ("B".into(), t(&b))],
             outputs: vec![],
             received: std::time::Instant::now(),
+            sequence: None,
         }))
         .unwrap();
     let (name, out) = &response.outputs[0];
@@ -245,6 +246,7 @@ fn ensembles_run_their_dag_and_refuse_bad_plans_by_name() {
             inputs: vec![("A".into(), t(&a))],
             outputs: vec![],
             received: std::time::Instant::now(),
+            sequence: None,
         }))
         .unwrap_err();
     assert!(

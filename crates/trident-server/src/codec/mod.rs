@@ -44,6 +44,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 use trident_core::tensor::element_count;
 use trident_core::{DataType, Tensor, TensorError};
+use trident_serve::sequence::{CorrelationId, SequenceFlags};
 
 /// The HTTP header giving the JSON header's length when binary data follows it (in
 /// lower case, as `http::HeaderName` wants it).
@@ -88,6 +89,8 @@ pub struct InferRequest {
     pub outputs: Vec<RequestedOutput>,
     /// The request-level `binary_data_output` parameter: the default for outputs.
     pub binary_data_output: bool,
+    /// `sequence_id`, `sequence_start`, `sequence_end` (stateful models).
+    pub sequence: Option<SequenceFlags>,
 }
 
 /// One `$request_output`.
@@ -325,7 +328,41 @@ pub fn decode_request(body: Bytes, header_len: Option<usize>) -> Result<InferReq
     // Request-level parameters Trident would otherwise ignore (`priority`, `timeout`,
     // `sequence_id`, ...) are refused, like unknown input and output parameters.
     let parameters = object(raw.parameters, || "request".into(), "parameters")?;
-    only_known(&parameters, || "request".into(), &["binary_data_output"])?;
+    only_known(
+        &parameters,
+        || "request".into(),
+        &[
+            "binary_data_output",
+            "sequence_id",
+            "sequence_start",
+            "sequence_end",
+        ],
+    )?;
+    let flag = |key: &'static str| match parameters.get(key) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(invalid("request".into(), key, "a boolean", other)),
+    };
+    let sequence_id = match parameters.get("sequence_id") {
+        None => None,
+        Some(Value::String(s)) => Some(CorrelationId::Str(s.clone())),
+        Some(v) => Some(CorrelationId::U64(v.as_u64().ok_or_else(|| {
+            invalid(
+                "request".into(),
+                "parameters.sequence_id",
+                "an unsigned integer or a string",
+                v,
+            )
+        })?)),
+    };
+    let sequence = SequenceFlags::new(sequence_id, flag("sequence_start")?, flag("sequence_end")?).map_err(
+        |message| CodecError::InvalidField {
+            at: "request".into(),
+            field: "parameters.sequence_id",
+            expected: "a sequence",
+            got: message,
+        },
+    )?;
     let binary_data_output = match parameters.get("binary_data_output") {
         None => false,
         Some(Value::Bool(b)) => *b,
@@ -378,6 +415,7 @@ pub fn decode_request(body: Bytes, header_len: Option<usize>) -> Result<InferReq
         shared_inputs,
         outputs,
         binary_data_output,
+        sequence,
     })
 }
 

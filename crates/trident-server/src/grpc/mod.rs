@@ -16,11 +16,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status, Streaming};
 use trident_core::config::pb;
+use trident_serve::sequence::CorrelationId;
 use trident_serve::Repository;
 
 #[allow(missing_docs, clippy::all)]
@@ -269,6 +270,9 @@ impl GrpcInferenceService for Service {
         let app = self.app.clone();
         tokio::spawn(async move {
             let in_flight = Arc::new(Semaphore::new(STREAM_IN_FLIGHT));
+            // Requests of one sequence run in stream order: each waits for the one before
+            // it (of the same model and correlation ID) to finish.
+            let mut chains: HashMap<(String, CorrelationId), oneshot::Receiver<()>> = HashMap::new();
             loop {
                 let message = match incoming.message().await {
                     Ok(Some(m)) => m,
@@ -281,8 +285,25 @@ impl GrpcInferenceService for Service {
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     break;
                 };
+                let (done, after) = match tensors::sequence(&message.parameters) {
+                    Ok(Some(flags)) => {
+                        let (done, next) = oneshot::channel();
+                        let key = (message.model_name.clone(), flags.id.clone());
+                        let after = if flags.end {
+                            chains.remove(&key)
+                        } else {
+                            chains.insert(key, next)
+                        };
+                        (Some(done), after)
+                    }
+                    _ => (None, None),
+                };
                 let (tx, app) = (tx.clone(), app.clone());
                 tokio::spawn(async move {
+                    if let Some(previous) = after {
+                        // Finished or gone (its sender dropped): either way it is done.
+                        let _ = previous.await;
+                    }
                     let (id, model, version) = (
                         message.id.clone(),
                         message.model_name.clone(),
@@ -303,6 +324,9 @@ impl GrpcInferenceService for Service {
                             }),
                         },
                     };
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
                     let _ = tx.send(Ok(answer)).await;
                     drop(permit);
                 });
@@ -367,14 +391,9 @@ impl GrpcInferenceService for Service {
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let r = request.into_inner();
         one_repository(&r.repository_name)?;
-        if let Some(key) = r.parameters.keys().min() {
-            return Err(ApiError::bad_request(format!(
-                "load parameter '{key}' is not supported yet (Trident loads models from the repository as they are)"
-            ))
-            .into());
-        }
+        let overrides = front::load_override(r.parameters.into_iter().map(repository_param))?;
         let repo = self.repo.clone();
-        front::blocking("load", move || repo.load(&r.model_name)).await?;
+        front::blocking("load", move || repo.load_with(&r.model_name, overrides)).await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -384,11 +403,9 @@ impl GrpcInferenceService for Service {
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let r = request.into_inner();
         one_repository(&r.repository_name)?;
-        if let Some(key) = r.parameters.keys().filter(|k| *k != "unload_dependents").min() {
-            return Err(ApiError::bad_request(format!("unload parameter '{key}' is not supported")).into());
-        }
+        let dependents = front::unload_dependents(r.parameters.into_iter().map(repository_param))?;
         let repo = self.repo.clone();
-        front::blocking("unload", move || repo.unload(&r.model_name)).await?;
+        front::blocking("unload", move || repo.unload_with(&r.model_name, dependents)).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 
@@ -503,6 +520,19 @@ impl GrpcInferenceService for Service {
             .collect();
         Ok(Response::new(pb::LogSettingsResponse { settings }))
     }
+}
+
+/// A `ModelRepositoryParameter` as the shared load/unload parameter type.
+fn repository_param((key, p): (String, pb::ModelRepositoryParameter)) -> (String, front::ParamValue) {
+    use pb::model_repository_parameter::ParameterChoice as C;
+    let value = match p.parameter_choice {
+        Some(C::StringParam(s)) => front::ParamValue::Text(s),
+        Some(C::BytesParam(b)) => front::ParamValue::Bytes(b.to_vec()),
+        Some(C::BoolParam(b)) => front::ParamValue::Bool(b),
+        Some(C::Int64Param(_)) => front::ParamValue::Other("int64_param"),
+        None => front::ParamValue::Other("no value"),
+    };
+    (key, value)
 }
 
 /// Trident serves one repository, addressed with an empty `repository_name`.

@@ -18,12 +18,18 @@ use trident_core::config::pb::{
 };
 use trident_core::tensor::element_count;
 use trident_core::{DataType, Tensor};
+use trident_serve::sequence::{CorrelationId, SequenceFlags};
 use trident_serve::OutputRequest;
 
 /// Inputs (in the message, or in shared memory) and requested outputs of a request;
 /// `rest` (the id) is left for the caller.
 pub(super) fn decode(request: &mut pb::ModelInferRequest, model: &str) -> Result<Decoded<String>, ApiError> {
-    refuse_parameters("request", &request.parameters, &[])?;
+    refuse_parameters(
+        "request",
+        &request.parameters,
+        &["sequence_id", "sequence_start", "sequence_end"],
+    )?;
+    let sequence = sequence(&request.parameters)?;
     let raw_count = request.raw_input_contents.len();
     let mut raw = std::mem::take(&mut request.raw_input_contents).into_iter();
     let mut inputs = Vec::with_capacity(request.inputs.len());
@@ -128,8 +134,36 @@ pub(super) fn decode(request: &mut pb::ModelInferRequest, model: &str) -> Result
         shared_inputs,
         outputs,
         shared_outputs,
+        sequence,
         rest: String::new(),
     })
+}
+
+/// `sequence_id` (int64, uint64 or string), `sequence_start`, `sequence_end` (bool),
+/// with Triton's texts for wrong types.
+pub(super) fn sequence(
+    parameters: &HashMap<String, InferParameter>,
+) -> Result<Option<SequenceFlags>, ApiError> {
+    let get = |key: &str| parameters.get(key).and_then(|p| p.parameter_choice.as_ref());
+    let id = match get("sequence_id") {
+        None => None,
+        Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Some(CorrelationId::U64(*v as u64)),
+        Some(ParameterChoice::Uint64Param(v)) => Some(CorrelationId::U64(*v)),
+        Some(ParameterChoice::StringParam(s)) => Some(CorrelationId::Str(s.clone())),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid value type for 'sequence_id' parameter, expected int64_param or string_param.",
+            ))
+        }
+    };
+    let flag = |key: &str| match get(key) {
+        None => Ok(false),
+        Some(ParameterChoice::BoolParam(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "invalid value type for '{key}' parameter, expected bool_param."
+        ))),
+    };
+    SequenceFlags::new(id, flag("sequence_start")?, flag("sequence_end")?).map_err(ApiError::bad_request)
 }
 
 const SHM_PARAMETERS: [&str; 3] = [

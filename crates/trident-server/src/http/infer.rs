@@ -44,6 +44,7 @@ pub(super) async fn infer(
             shared_inputs: std::mem::take(&mut request.shared_inputs),
             outputs,
             shared_outputs,
+            sequence: request.sequence.take(),
             rest: request,
         })
     })
