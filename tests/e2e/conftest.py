@@ -70,7 +70,17 @@ class TridentServer:
 
     _all: list["TridentServer"] = []
 
-    def __init__(self, repository: Path, extra_args: list[str] = (), load: str | None = "*"):
+    def __init__(
+        self,
+        repository: Path,
+        extra_args: list[str] = (),
+        load: str | None = "*",
+        https: bool = False,
+        ca: Path | None = None,
+    ):
+        # With https, raw requests go over TLS trusting `ca` (the server's HTTP port
+        # serves HTTPS only).
+        self.https, self.ca = https, ca
         binary = trident_bin()
         if not binary.exists():
             raise RuntimeError(
@@ -274,9 +284,13 @@ class TridentServer:
             body = json.dumps(body)
         if isinstance(body, str):
             body = body.encode()
-        conn = http.client.HTTPConnection(
-            "127.0.0.1", port or self.http_port, timeout=timeout
-        )
+        if self.https and port in (None, self.http_port):
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(self.ca) if self.ca else None)
+            conn = http.client.HTTPSConnection("localhost", self.http_port, timeout=timeout, context=context)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", port or self.http_port, timeout=timeout)
         try:
             hdrs = {"Content-Type": "application/json"} if body is not None else {}
             hdrs.update(headers or {})
@@ -347,7 +361,7 @@ def start_server(tmp_path_factory):
     exit asserted) at the end of that test."""
     started: list[TridentServer] = []
 
-    def start(extra_args: list[str], load: str | None = "*", models: list[str] | None = None):
+    def start(extra_args: list[str], load: str | None = "*", models: list[str] | None = None, **kwargs):
         root = tmp_path_factory.mktemp("trident-extra")
         repo = root / "models"
         if models is None:
@@ -355,7 +369,7 @@ def start_server(tmp_path_factory):
         else:
             for m in models:
                 shutil.copytree(FIXTURE_MODELS / m, repo / m)
-        srv = TridentServer(repo, extra_args=extra_args, load=load)
+        srv = TridentServer(repo, extra_args=extra_args, load=load, **kwargs)
         started.append(srv)
         srv.wait_started()
         return srv

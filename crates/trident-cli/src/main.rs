@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve a Triton model repository over KServe v2 HTTP, with Prometheus metrics.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Train a model from a TOML configuration (checkpoints, metrics, TensorBoard, plots).
     Train(learn::TrainArgs),
     /// Distill: a frozen teacher checkpoint teaches the configured student (`[distill]`).
@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Train(args) => learn::train(args, false),
         Command::Distill(args) => learn::train(args, true),
         Command::Eval(args) => learn::eval(args),

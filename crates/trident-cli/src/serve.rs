@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use trident_serve::{ControlMode, OnnxEngine, Repository, RepositoryOptions};
-use trident_server::{GrpcConfig, ServerConfig};
+use trident_server::{GrpcConfig, ServerConfig, TlsFiles};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -45,6 +45,36 @@ pub struct ServeArgs {
     /// connection (Triton's default, 20 s).
     #[arg(long, default_value_t = 20_000)]
     grpc_keepalive_timeout: u64,
+    /// Serve gRPC over TLS (Triton's flag); needs --grpc-server-cert and --grpc-server-key.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    grpc_use_ssl: bool,
+    /// Also require client certificates signed by --grpc-root-cert (mutual TLS).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    grpc_use_ssl_mutual: bool,
+    /// PEM certificate chain of the gRPC service.
+    #[arg(long)]
+    grpc_server_cert: Option<PathBuf>,
+    /// PEM private key of the gRPC service.
+    #[arg(long)]
+    grpc_server_key: Option<PathBuf>,
+    /// PEM CA certificate that client certificates must chain to (mutual TLS).
+    #[arg(long)]
+    grpc_root_cert: Option<PathBuf>,
+    /// Serve HTTP as HTTPS (Triton has no HTTP TLS; flags named like its gRPC ones).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    http_use_ssl: bool,
+    /// Also require client certificates signed by --http-root-cert (mutual TLS).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    http_use_ssl_mutual: bool,
+    /// PEM certificate chain of the HTTP service.
+    #[arg(long)]
+    http_server_cert: Option<PathBuf>,
+    /// PEM private key of the HTTP service.
+    #[arg(long)]
+    http_server_key: Option<PathBuf>,
+    /// PEM CA certificate that HTTP client certificates must chain to (mutual TLS).
+    #[arg(long)]
+    http_root_cert: Option<PathBuf>,
     /// Prometheus metrics port (`GET /metrics`).
     #[arg(long, default_value_t = 8002)]
     metrics_port: u16,
@@ -101,6 +131,14 @@ fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
         "--http-max-connections must be at least 1"
     );
     Ok(ServerConfig {
+        tls: tls_files(
+            "http",
+            args.http_use_ssl,
+            args.http_use_ssl_mutual,
+            &args.http_server_cert,
+            &args.http_server_key,
+            &args.http_root_cert,
+        )?,
         max_body_bytes: args.http_max_body_bytes,
         header_timeout: duration("http-header-timeout-secs", args.http_header_timeout_secs)?,
         body_timeout: duration("http-body-timeout-secs", args.http_body_timeout_secs)?,
@@ -108,6 +146,38 @@ fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
         max_connections: args.http_max_connections,
         drain_timeout: duration("exit-timeout-secs", args.exit_timeout_secs)?,
     })
+}
+
+/// The TLS files of one service from its `--{proto}-use-ssl*` flags; a certificate
+/// given without `--{proto}-use-ssl`, or TLS without its files, is an error (never
+/// silently plain).
+fn tls_files(
+    proto: &str,
+    use_ssl: bool,
+    mutual: bool,
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    root: &Option<PathBuf>,
+) -> anyhow::Result<Option<TlsFiles>> {
+    if !use_ssl {
+        anyhow::ensure!(
+            !mutual && cert.is_none() && key.is_none() && root.is_none(),
+            "--{proto}-server-cert/-key/-root-cert and --{proto}-use-ssl-mutual need --{proto}-use-ssl true"
+        );
+        return Ok(None);
+    }
+    let (Some(cert), Some(key)) = (cert, key) else {
+        anyhow::bail!("--{proto}-use-ssl needs --{proto}-server-cert and --{proto}-server-key");
+    };
+    anyhow::ensure!(
+        mutual == root.is_some(),
+        "--{proto}-use-ssl-mutual and --{proto}-root-cert go together (the CA that client certificates must chain to)"
+    );
+    Ok(Some(TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: root.clone(),
+    }))
 }
 
 fn secs(d: Duration) -> f64 {
@@ -141,6 +211,14 @@ fn grpc_config(args: &ServeArgs) -> anyhow::Result<GrpcConfig> {
         "--grpc-keepalive-time and --grpc-keepalive-timeout must be positive milliseconds"
     );
     Ok(GrpcConfig {
+        tls: tls_files(
+            "grpc",
+            args.grpc_use_ssl,
+            args.grpc_use_ssl_mutual,
+            &args.grpc_server_cert,
+            &args.grpc_server_key,
+            &args.grpc_root_cert,
+        )?,
         max_message_bytes: args.grpc_max_message_bytes,
         compress_responses: args.grpc_infer_response_compression_level != Compression::None,
         keepalive_time: Some(Duration::from_millis(args.grpc_keepalive_time)),
@@ -230,7 +308,8 @@ async fn serve(
     grpc_config: GrpcConfig,
 ) -> anyhow::Result<()> {
     let http = bind(&args.http_address, args.http_port).await?;
-    tracing::info!("HTTP service listening on {}", http.local_addr()?);
+    let tls = if config.tls.is_some() { " (TLS)" } else { "" };
+    tracing::info!("HTTP service listening on {}{tls}", http.local_addr()?);
     let metrics = match args.allow_metrics {
         true => {
             let listener = bind(&args.http_address, args.metrics_port).await?;
@@ -242,7 +321,8 @@ async fn serve(
     let grpc = match args.allow_grpc {
         true => {
             let listener = bind(&args.grpc_address, args.grpc_port).await?;
-            tracing::info!("gRPC service listening on {}", listener.local_addr()?);
+            let tls = if grpc_config.tls.is_some() { " (TLS)" } else { "" };
+            tracing::info!("gRPC service listening on {}{tls}", listener.local_addr()?);
             Some(listener)
         }
         false => None,

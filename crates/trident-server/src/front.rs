@@ -240,10 +240,12 @@ pub(crate) fn load_override(
     for (key, value) in params {
         match (key.as_str(), value) {
             ("config", ParamValue::Text(text)) => out.config = Some(text),
-            ("config", other) => return Err(ApiError::bad_request(format!(
+            ("config", other) => {
+                return Err(ApiError::bad_request(format!(
                 "invalid value type for load parameter 'config', expected string_param (JSON text), got {}.",
                 other.kind()
-            ))),
+            )))
+            }
             (k, ParamValue::Bytes(data)) if k.starts_with("file:") => {
                 out.files.push((k["file:".len()..].to_string(), data));
             }

@@ -14,9 +14,11 @@ mod http;
 mod listen;
 mod metrics;
 mod shm;
+mod tls;
 
 pub use error::ApiError;
 pub use grpc::GrpcConfig;
+pub use tls::TlsFiles;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,6 +44,8 @@ pub struct ServerConfig {
     /// On shutdown, how long in-flight requests may take before their connections are
     /// dropped.
     pub drain_timeout: Duration,
+    /// HTTPS for the HTTP service (`--http-use-ssl`); `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +62,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             // Triton's --exit-timeout-secs default.
             drain_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -84,6 +89,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let Listeners { http, grpc, metrics } = listeners;
+    let https = config.tls.as_ref().map(TlsFiles::acceptor).transpose()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -100,6 +106,7 @@ pub async fn run(
         limits.clone(),
         config.clone(),
         "HTTP",
+        https,
         stop_rx.clone(),
     );
     let grpc = async {
@@ -127,6 +134,7 @@ pub async fn run(
                     limits,
                     config.clone(),
                     "metrics",
+                    None,
                     stop_rx.clone(),
                 )
                 .await

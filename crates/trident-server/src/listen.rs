@@ -46,6 +46,7 @@ pub(crate) async fn serve(
     limits: Limits,
     config: ServerConfig,
     what: &'static str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<()> {
     let permits = Arc::new(Semaphore::new(config.max_connections));
@@ -93,8 +94,19 @@ pub(crate) async fn serve(
             },
             stop: stop.clone(),
         };
+        let tls = tls.clone();
         tokio::spawn(async move {
-            connection.run(stream).await;
+            match tls {
+                None => connection.run(stream).await,
+                // The handshake gets the header timeout, as a request head would.
+                Some(acceptor) => {
+                    match tokio::time::timeout(config_header(&connection), acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => connection.run(stream).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
             drop(permit);
         });
     }
@@ -155,8 +167,29 @@ struct Connection {
     stop: watch::Receiver<bool>,
 }
 
+fn config_header(c: &Connection) -> Duration {
+    c.timeouts.header
+}
+
+/// A connection's byte stream: plain TCP, or TLS over TCP.
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Writes what fits now without waiting, best effort (a last word before closing).
+    fn try_write_now(&mut self, buf: &[u8]);
+}
+
+impl Stream for TcpStream {
+    fn try_write_now(&mut self, buf: &[u8]) {
+        let _ = self.try_write(buf);
+    }
+}
+
+impl Stream for tokio_rustls::server::TlsStream<TcpStream> {
+    /// Encrypted bytes cannot be written synchronously: the connection just closes.
+    fn try_write_now(&mut self, _: &[u8]) {}
+}
+
 impl Connection {
-    async fn run(mut self, stream: TcpStream) {
+    async fn run<S: Stream>(mut self, stream: S) {
         let state = Arc::new(ConnState::new());
         let io = Guarded::new(stream, state.clone(), self.timeouts);
         let (router, limits) = (self.router, self.limits);
@@ -304,8 +337,8 @@ impl http_body::Body for Tracked {
 ///
 /// Deadlines are plain instants, checked only when a read would block: a request whose
 /// head arrives in one read (nearly all of them) costs no timer at all.
-struct Guarded {
-    io: TcpStream,
+struct Guarded<S> {
+    io: S,
     state: Arc<ConnState>,
     timeouts: Timeouts,
     /// What the connection is waiting for, by when, and the request count at that moment
@@ -332,8 +365,8 @@ enum Wait {
     Idle,
 }
 
-impl Guarded {
-    fn new(io: TcpStream, state: Arc<ConnState>, timeouts: Timeouts) -> Self {
+impl<S: Stream> Guarded<S> {
+    fn new(io: S, state: Arc<ConnState>, timeouts: Timeouts) -> Self {
         Guarded {
             io,
             state,
@@ -418,7 +451,7 @@ fn hyper_error(head: &[u8]) -> Option<(u16, &'static str, &'static str)> {
         .then_some(answer)
 }
 
-impl AsyncRead for Guarded {
+impl<S: Stream> AsyncRead for Guarded<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let (started, answering) = this.state.progress();
@@ -460,7 +493,8 @@ impl AsyncRead for Guarded {
                             this.timeouts.header
                         );
                         // Best effort: the client is told why before the connection closes.
-                        let _ = this.io.try_write(&json_response(408, "Request Timeout", &body));
+                        this.io
+                            .try_write_now(&json_response(408, "Request Timeout", &body));
                         Poll::Ready(Err(io::Error::new(
                             io::ErrorKind::TimedOut,
                             "request header timeout",
@@ -473,7 +507,7 @@ impl AsyncRead for Guarded {
     }
 }
 
-impl AsyncWrite for Guarded {
+impl<S: Stream> AsyncWrite for Guarded<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.intercept(buf) {

@@ -44,6 +44,8 @@ pub struct GrpcConfig {
     pub keepalive_time: Option<Duration>,
     /// How long to wait for a ping's acknowledgement (`--grpc-keepalive-timeout`).
     pub keepalive_timeout: Option<Duration>,
+    /// TLS (`--grpc-use-ssl`, and `--grpc-use-ssl-mutual` with a client CA).
+    pub tls: Option<crate::TlsFiles>,
 }
 
 impl Default for GrpcConfig {
@@ -54,6 +56,7 @@ impl Default for GrpcConfig {
             // Triton's defaults: a ping every 2 hours, 20 s to answer it.
             keepalive_time: Some(Duration::from_secs(7200)),
             keepalive_timeout: Some(Duration::from_secs(20)),
+            tls: None,
         }
     }
 }
@@ -98,7 +101,17 @@ pub(crate) async fn serve(
         .await;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let stopping = stopped(stop.clone());
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(files) = &config.tls {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let pem = files.pem()?;
+        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(pem.cert, pem.key));
+        if let Some(ca) = pem.client_ca {
+            tls = tls.client_ca_root(Certificate::from_pem(ca));
+        }
+        builder = builder.tls_config(tls).map_err(std::io::Error::other)?;
+    }
+    let server = builder
         .http2_keepalive_interval(config.keepalive_time)
         .http2_keepalive_timeout(config.keepalive_timeout)
         .add_service(health)
