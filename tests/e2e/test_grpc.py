@@ -395,3 +395,55 @@ def test_http_load_file_parameters_are_base64(start_server):
     assert status == 200
     status, _, data = srv.request("POST", "/v2/repository/models/raw_simple/load", {"parameters": {"priority": "1"}})
     assert status == 400 and b"unrecognized load parameter 'priority'" in data
+
+
+# -- SageMaker ---------------------------------------------------------------------------
+
+
+def test_sagemaker_ping_and_invocations(start_server, monkeypatch):
+    """SageMaker's Triton contract: /ping, /invocations with JSON or binary+json bodies
+    (framed by the content type's json-header-size, as SageMaker drops custom headers)."""
+    monkeypatch.setenv("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", "simple")
+    monkeypatch.setenv("SAGEMAKER_BIND_TO_PORT", "0")
+    srv = start_server(
+        ["--allow-sagemaker", "true", "--allow-grpc", "false", "--allow-metrics", "false"],
+        load=None,
+        models=["simple", "mlp"],
+    )
+    assert "SageMaker mode" in srv.log()
+    status, _, _ = srv.request("GET", "/ping")
+    assert status == 200
+    a = list(range(16))
+    body = {
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": a},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
+        ]
+    }
+    status, headers, data = srv.request("POST", "/invocations", body)
+    assert status == 200, data
+    import json
+
+    out = {o["name"]: o["data"] for o in json.loads(data)["outputs"]}
+    assert out["OUTPUT0"] == [x + 1 for x in a]
+    # Binary inputs and outputs.
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+                {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "parameters": {"binary_data_size": 64}},
+            ],
+            "outputs": [{"name": "OUTPUT1", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    raw = np.arange(16, dtype=np.int32).tobytes() + np.full(16, 2, np.int32).tobytes()
+    ctype = f"application/vnd.sagemaker-triton.binary+json;json-header-size={len(header)}"
+    status, headers, data = srv.request("POST", "/invocations", header + raw, headers={"Content-Type": ctype})
+    assert status == 200, data
+    assert headers["content-type"].startswith("application/vnd.sagemaker-triton.binary+json;json-header-size=")
+    n = int(headers["content-type"].split("json-header-size=")[1])
+    assert json.loads(data[:n])["outputs"][0]["name"] == "OUTPUT1"
+    np.testing.assert_array_equal(np.frombuffer(data[n:], np.int32), np.arange(16) - 2)
+    # Only the default model is loaded (explicit mode), as Triton's SageMaker server does.
+    status, _, _ = srv.request("GET", "/v2/models/mlp/ready")
+    assert status != 200

@@ -70,6 +70,8 @@ def run_example(script: str, args: list[str], expect_pass: str | None) -> None:
 HTTP_EXAMPLES = [
     ("simple_http_health_metadata.py", [], None),
     ("simple_http_infer_client.py", [], None),
+    ("simple_http_infer_client.py", ["--request-compression-algorithm", "gzip", "--response-compression-algorithm", "gzip"], None),
+    ("simple_http_infer_client.py", ["--request-compression-algorithm", "deflate", "--response-compression-algorithm", "deflate"], None),
     ("simple_http_aio_infer_client.py", [], "PASS: infer"),
     ("simple_http_async_infer_client.py", [], None),
     ("simple_http_string_infer_client.py", [], "PASS: string"),

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use trident_serve::{ControlMode, OnnxEngine, Repository, RepositoryOptions};
@@ -12,8 +12,19 @@ use trident_server::{GrpcConfig, ServerConfig, TlsFiles};
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Model repository directory (`<model>/config.pbtxt`, `<model>/<version>/model.onnx`).
+    /// Required, except in SageMaker's container, where `/opt/ml/model` is used.
     #[arg(long, alias = "model-store", env = "TRIDENT_MODEL_REPOSITORY")]
-    model_repository: PathBuf,
+    model_repository: Option<PathBuf>,
+    /// SageMaker's Triton contract: `GET /ping` and `POST /invocations` for the model
+    /// named by SAGEMAKER_TRITON_DEFAULT_MODEL_NAME (or the repository's only model), on
+    /// --sagemaker-port or $SAGEMAKER_BIND_TO_PORT; gRPC and metrics off. On by itself
+    /// when no --model-repository is given and SAGEMAKER_BIND_TO_PORT is set or
+    /// /opt/ml/model exists (`docker run IMAGE serve`).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    allow_sagemaker: bool,
+    /// Port of the SageMaker endpoints (SAGEMAKER_BIND_TO_PORT wins when set).
+    #[arg(long, default_value_t = 8080)]
+    sagemaker_port: u16,
     /// Address the HTTP and metrics services bind.
     #[arg(long, default_value = "0.0.0.0")]
     http_address: String,
@@ -131,6 +142,7 @@ fn server_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
         "--http-max-connections must be at least 1"
     );
     Ok(ServerConfig {
+        sagemaker_model: None,
         tls: tls_files(
             "http",
             args.http_use_ssl,
@@ -240,8 +252,67 @@ enum Mode {
     Poll,
 }
 
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = server_config(&args)?;
+/// Where SageMaker puts the model archive's contents.
+const SAGEMAKER_MODEL_DIR: &str = "/opt/ml/model";
+
+/// Applies SageMaker mode to the flags: repository, port, explicit loading of the
+/// default model, gRPC and metrics off. Returns the default model when in that mode.
+fn sagemaker(args: &mut ServeArgs) -> anyhow::Result<Option<String>> {
+    let bind_port = std::env::var("SAGEMAKER_BIND_TO_PORT").ok();
+    if args.model_repository.is_none() {
+        anyhow::ensure!(
+            bind_port.is_some() || Path::new(SAGEMAKER_MODEL_DIR).is_dir(),
+            "--model-repository is required (outside SageMaker's container, which provides {SAGEMAKER_MODEL_DIR})"
+        );
+        args.allow_sagemaker = true;
+        args.model_repository = Some(SAGEMAKER_MODEL_DIR.into());
+    }
+    if !args.allow_sagemaker {
+        return Ok(None);
+    }
+    let root = args.model_repository.clone().expect("set above");
+    anyhow::ensure!(
+        !root.join("config.pbtxt").exists(),
+        "{}: SageMaker's model.tar.gz must hold model folders at its top, not a config.pbtxt (build it with `trident package --archive`)",
+        root.display()
+    );
+    let model = match std::env::var("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME") {
+        Ok(name) => name,
+        Err(_) => {
+            let dirs: Vec<String> = std::fs::read_dir(&root)
+                .with_context(|| format!("cannot read {}", root.display()))?
+                .filter_map(Result::ok)
+                .filter(|e| e.path().is_dir())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| !n.starts_with('.'))
+                .collect();
+            match dirs.as_slice() {
+                [one] => one.clone(),
+                _ => anyhow::bail!(
+                    "SageMaker mode: set SAGEMAKER_TRITON_DEFAULT_MODEL_NAME to one of {dirs:?} (the repository has {} models)",
+                    dirs.len()
+                ),
+            }
+        }
+    };
+    args.http_port = match bind_port {
+        Some(p) => p
+            .parse()
+            .with_context(|| format!("SAGEMAKER_BIND_TO_PORT '{p}' is not a port"))?,
+        None => args.sagemaker_port,
+    };
+    args.allow_grpc = false;
+    args.allow_metrics = false;
+    args.model_control_mode = Mode::Explicit;
+    args.load_model = vec![model.clone()];
+    tracing::info!(model = %model, "SageMaker mode: /ping and /invocations on port {}", args.http_port);
+    Ok(Some(model))
+}
+
+pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    let sagemaker_model = sagemaker(&mut args)?;
+    let mut config = server_config(&args)?;
+    config.sagemaker_model = sagemaker_model;
     let grpc = grpc_config(&args)?;
     let cores = args
         .cores
@@ -257,7 +328,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.repository_poll_secs.is_some() && !matches!(mode, ControlMode::Poll) {
         anyhow::bail!("--repository-poll-secs needs --model-control-mode poll");
     }
-    let root = args.model_repository.clone();
+    let root = args
+        .model_repository
+        .clone()
+        .expect("required or set by SageMaker mode");
     anyhow::ensure!(
         root.is_dir(),
         "--model-repository {} is not a directory",

@@ -15,6 +15,10 @@ use trident_serve::{InferRequest, ModelVersion, OutputRequest, Repository};
 pub(crate) struct App {
     pub repo: Arc<Repository>,
     pub shm: Arc<SharedMemory>,
+    /// SageMaker mode: the model `/invocations` runs and `/ping` reports.
+    pub sagemaker_model: Option<String>,
+    /// Largest request body, also once decompressed.
+    pub max_body_bytes: usize,
 }
 
 impl axum::extract::FromRef<App> for Arc<Repository> {

@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// HTTPS for the HTTP service (`--http-use-ssl`); `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
+    /// SageMaker mode: `GET /ping` and `POST /invocations` serve this model.
+    pub sagemaker_model: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +65,7 @@ impl Default for ServerConfig {
             // Triton's --exit-timeout-secs default.
             drain_timeout: Duration::from_secs(30),
             tls: None,
+            sagemaker_model: None,
         }
     }
 }
@@ -99,6 +102,8 @@ pub async fn run(
     let app = front::App {
         repo: repository.clone(),
         shm: Arc::new(shm::SharedMemory::default()),
+        sagemaker_model: config.sagemaker_model.clone(),
+        max_body_bytes: config.max_body_bytes,
     };
     let api = listen::serve(
         http,

@@ -1,4 +1,5 @@
-//! `POST v2/models/{m}[/versions/{v}]/infer`: decode (JSON or binary), run, encode.
+//! `POST v2/models/{m}[/versions/{v}]/infer` and SageMaker's `POST /invocations`:
+//! decompress, decode (JSON or binary), run, encode, compress.
 
 use super::ModelPath;
 use crate::codec::{self, ResponseOutput, INFERENCE_HEADER_CONTENT_LENGTH};
@@ -6,7 +7,7 @@ use crate::front::{self, App, Decoded};
 use crate::ApiError;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::time::Instant;
 use trident_serve::OutputRequest;
@@ -17,14 +18,94 @@ pub(super) async fn infer(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    run(
+        &app,
+        &p.model,
+        p.version.as_deref(),
+        &headers,
+        body,
+        Framing::Kserve,
+    )
+    .await
+}
+
+/// SageMaker's `POST /invocations`: the KServe v2 body for the default model; binary
+/// data framed by the content type's `json-header-size` (SageMaker drops custom
+/// headers such as `Inference-Header-Content-Length`).
+pub(super) async fn invocations(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let model = app.sagemaker_model.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no such endpoint: /invocations (not in SageMaker mode)",
+        )
+    })?;
+    run(&app, &model, None, &headers, body, Framing::SageMaker).await
+}
+
+/// How the JSON header's length travels when binary tensor data follows it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// The `Inference-Header-Content-Length` header.
+    Kserve,
+    /// `Content-Type: application/vnd.sagemaker-triton.binary+json;json-header-size=N`.
+    SageMaker,
+}
+
+/// SageMaker's content type for binary+JSON bodies (requests and responses).
+const SAGEMAKER_BINARY: &str = "application/vnd.sagemaker-triton.binary+json";
+
+fn sagemaker_header_len(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request("Content-Type is not ASCII"))?;
+    let mut parts = value.split(';').map(str::trim);
+    if !parts
+        .next()
+        .is_some_and(|t| t.eq_ignore_ascii_case(SAGEMAKER_BINARY))
+    {
+        return Ok(None);
+    }
+    for part in parts {
+        if let Some(n) = part.strip_prefix("json-header-size=") {
+            return n.trim().parse().map(Some).map_err(|_| {
+                ApiError::bad_request(format!(
+                    "Content-Type {SAGEMAKER_BINARY}: json-header-size '{n}' is not a number"
+                ))
+            });
+        }
+    }
+    Err(ApiError::bad_request(format!(
+        "Content-Type {SAGEMAKER_BINARY} needs ;json-header-size=N (the JSON header's length)"
+    )))
+}
+
+async fn run(
+    app: &App,
+    model: &str,
+    version: Option<&str>,
+    headers: &HeaderMap,
+    body: Bytes,
+    framing: Framing,
+) -> Result<Response, ApiError> {
     let received = Instant::now();
-    let answer = front::infer(&app, &p.model, p.version.as_deref(), received, |_| {
-        refuse_content_encoding(&headers)?;
-        let header_len = crate::guard::numeric_header(
-            &headers,
-            INFERENCE_HEADER_CONTENT_LENGTH,
-            INFERENCE_HEADER_CONTENT_LENGTH,
-        )?;
+    let accept = response_encoding(headers);
+    let answer = front::infer(app, model, version, received, |_| {
+        let body = decompress(headers, body, app.max_body_bytes)?;
+        let header_len = match framing {
+            Framing::Kserve => crate::guard::numeric_header(
+                headers,
+                INFERENCE_HEADER_CONTENT_LENGTH,
+                INFERENCE_HEADER_CONTENT_LENGTH,
+            )?,
+            Framing::SageMaker => sagemaker_header_len(headers)?,
+        };
         let mut request = codec::decode_request(body, header_len)?;
         let outputs = request
             .outputs
@@ -63,33 +144,98 @@ pub(super) async fn infer(
         .collect();
     let version = model.version().to_string();
     let encoded = codec::encode_response(model.name(), &version, request.id.as_deref(), &outputs);
-    let mut response = encoded.body.into_response();
+    let (body, encoding) = compress(encoded.body, accept)?;
+    let mut response = body.into_response();
     let h = response.headers_mut();
-    match encoded.header_len {
-        Some(len) => {
+    if let Some(encoding) = encoding {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static(encoding));
+    }
+    match (encoded.header_len, framing) {
+        (Some(len), Framing::Kserve) => {
             h.insert(INFERENCE_HEADER_CONTENT_LENGTH, HeaderValue::from(len));
             h.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),
             );
         }
-        None => {
+        (Some(len), Framing::SageMaker) => {
+            let value = format!("{SAGEMAKER_BINARY};json-header-size={len}");
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(&value).expect("ASCII"),
+            );
+        }
+        (None, _) => {
             h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
     }
     Ok(response)
 }
 
-/// tritonclient can gzip/deflate request bodies; Trident does not decompress yet, so
-/// such a body is refused by name rather than failing as "invalid JSON".
-fn refuse_content_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
-    match headers
-        .get(header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("?").trim())
-    {
-        None | Some("") | Some("identity") => Ok(()),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "Content-Encoding '{other}' is not supported: send the request body uncompressed"
-        ))),
+/// The request body, decompressed when `Content-Encoding` is gzip or deflate (zlib, as
+/// HTTP means it), at most `limit` bytes once decompressed.
+fn decompress(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
+    use std::io::Read;
+    let encoding = match headers.get(header::CONTENT_ENCODING) {
+        None => return Ok(body),
+        Some(v) => v.to_str().unwrap_or("?").trim().to_ascii_lowercase(),
+    };
+    let reader: Box<dyn Read> = match encoding.as_str() {
+        "" | "identity" => return Ok(body),
+        "gzip" => Box::new(flate2::read::GzDecoder::new(&body[..])),
+        "deflate" => Box::new(flate2::read::ZlibDecoder::new(&body[..])),
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "Content-Encoding '{other}' is not supported: use gzip, deflate or identity"
+            )))
+        }
+    };
+    let mut out = Vec::new();
+    reader
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| ApiError::bad_request(format!("request body is not valid {encoding} data: {e}")))?;
+    if out.len() > limit {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the decompressed request body exceeds {limit} bytes (--http-max-body-bytes)"),
+        ));
     }
+    Ok(out.into())
+}
+
+/// The response encoding the client accepts (gzip preferred over deflate).
+fn response_encoding(headers: &HeaderMap) -> Option<&'static str> {
+    let accepted = headers
+        .get(header::ACCEPT_ENCODING)?
+        .to_str()
+        .ok()?
+        .to_ascii_lowercase();
+    let offers: Vec<&str> = accepted
+        .split(',')
+        .map(|p| p.trim())
+        .filter(|p| !p.ends_with(";q=0"))
+        .map(|p| p.split(';').next().unwrap_or("").trim())
+        .collect();
+    ["gzip", "deflate"].into_iter().find(|e| offers.contains(e))
+}
+
+fn compress(body: Bytes, encoding: Option<&'static str>) -> Result<(Bytes, Option<&'static str>), ApiError> {
+    use std::io::Write;
+    let Some(encoding) = encoding else {
+        return Ok((body, None));
+    };
+    let level = flate2::Compression::default();
+    let out = match encoding {
+        "gzip" => {
+            let mut e = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 2), level);
+            e.write_all(&body).and_then(|_| e.finish())
+        }
+        _ => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::with_capacity(body.len() / 2), level);
+            e.write_all(&body).and_then(|_| e.finish())
+        }
+    }
+    .map_err(|e| ApiError::internal(format!("compressing the response failed: {e}")))?;
+    Ok((out.into(), Some(encoding)))
 }

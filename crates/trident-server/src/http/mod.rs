@@ -73,6 +73,8 @@ pub(crate) fn router(app: crate::front::App, config: &ServerConfig) -> Router {
             post(shm::cuda_unregister),
         )
         .route("/v2/logging", get(logging).post(set_logging))
+        .route("/ping", get(ping))
+        .route("/invocations", post(infer::invocations))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(app)
@@ -116,6 +118,20 @@ async fn set_logging(body: axum::body::Bytes) -> Result<Json<serde_json::Value>,
         ));
     }
     Ok(logging().await)
+}
+
+/// SageMaker's health check: 200 once the default model is ready.
+async fn ping(State(app): State<crate::front::App>) -> Result<StatusCode, crate::ApiError> {
+    let model = app.sagemaker_model.as_deref().ok_or_else(|| {
+        crate::ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no such endpoint: /ping (not in SageMaker mode)",
+        )
+    })?;
+    Ok(match app.repo.get(model, None) {
+        Ok(_) => StatusCode::OK,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+    })
 }
 
 async fn live() -> StatusCode {
