@@ -88,21 +88,20 @@ class TridentServer:
                 "`cargo build -p trident-cli` or set TRIDENT_BIN"
             )
         self.repository = repository
+        # Defaults the caller's extra_args may replace (a flag is given once).
+        defaults = {
+            "--http-address": "127.0.0.1",
+            "--http-port": "0",
+            "--metrics-port": "0",
+            "--grpc-address": "127.0.0.1",
+            "--grpc-port": "0",
+        }
         self.args = [
             str(binary),
             "serve",
             "--model-repository",
             str(repository),
-            "--http-address",
-            "127.0.0.1",
-            "--http-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--grpc-address",
-            "127.0.0.1",
-            "--grpc-port",
-            "0",
+            *[x for flag, value in defaults.items() if flag not in extra_args for x in (flag, value)],
             # load=None: the caller picks the control mode in extra_args.
             *(["--model-control-mode", "explicit", "--load-model", load] if load is not None else []),
             *extra_args,

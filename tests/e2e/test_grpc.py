@@ -447,3 +447,38 @@ def test_sagemaker_ping_and_invocations(start_server, monkeypatch):
     # Only the default model is loaded (explicit mode), as Triton's SageMaker server does.
     status, _, _ = srv.request("GET", "/v2/models/mlp/ready")
     assert status != 200
+
+
+# -- single-port mode --------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_single_port_serves_rest_and_grpc_on_one_port(start_server):
+    port = _free_port()
+    srv = start_server(
+        ["--http-port", str(port), "--grpc-port", str(port), "--allow-metrics", "false"],
+        models=["simple"],
+    )
+    assert srv.http_port == port and srv.grpc_port == port, srv.log()
+    a, b, inputs = simple_inputs(2)
+    g = srv.grpc_client()
+    np.testing.assert_array_equal(g.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
+    results: queue.Queue = queue.Queue()
+    g.start_stream(callback=lambda result, error: results.put((result, error)))
+    g.async_stream_infer("simple", inputs, request_id="s1")
+    r, e = results.get(timeout=30)
+    g.stop_stream()
+    assert e is None and r.get_response().id == "s1"
+    g.close()
+    h = srv.client()
+    _, _, hinputs = simple_inputs(2, client=httpclient)
+    np.testing.assert_array_equal(h.infer("simple", hinputs).as_numpy("OUTPUT1"), a - b)
+    assert h.is_server_ready()
+    h.close()

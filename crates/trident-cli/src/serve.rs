@@ -37,7 +37,9 @@ pub struct ServeArgs {
     /// Address the gRPC service binds.
     #[arg(long, default_value = "0.0.0.0")]
     grpc_address: String,
-    /// gRPC port (0 picks a free one; the log says which).
+    /// gRPC port (0 picks a free one; the log says which). The same port as
+    /// --http-port serves REST and gRPC on that one port (single-port mode, for
+    /// KServe's one-port containers).
     #[arg(long, default_value_t = 8001)]
     grpc_port: u16,
     /// Largest gRPC message received or sent, in bytes (tritonclient's and Triton's
@@ -222,7 +224,20 @@ fn grpc_config(args: &ServeArgs) -> anyhow::Result<GrpcConfig> {
         args.grpc_keepalive_time > 0 && args.grpc_keepalive_timeout > 0,
         "--grpc-keepalive-time and --grpc-keepalive-timeout must be positive milliseconds"
     );
+    let same_port = args.allow_grpc && args.grpc_port != 0 && args.grpc_port == args.http_port;
+    if same_port {
+        anyhow::ensure!(
+            args.grpc_address == args.http_address,
+            "single-port mode (--grpc-port = --http-port {}) needs --grpc-address equal to --http-address",
+            args.http_port
+        );
+        anyhow::ensure!(
+            !args.grpc_use_ssl && !args.http_use_ssl,
+            "single-port mode does not support TLS yet: use separate --http-port and --grpc-port with --*-use-ssl"
+        );
+    }
     Ok(GrpcConfig {
+        same_port,
         tls: tls_files(
             "grpc",
             args.grpc_use_ssl,
@@ -384,6 +399,12 @@ async fn serve(
     let http = bind(&args.http_address, args.http_port).await?;
     let tls = if config.tls.is_some() { " (TLS)" } else { "" };
     tracing::info!("HTTP service listening on {}{tls}", http.local_addr()?);
+    if grpc_config.same_port {
+        tracing::info!(
+            "gRPC service listening on {} (single-port mode: REST and gRPC)",
+            http.local_addr()?
+        );
+    }
     let metrics = match args.allow_metrics {
         true => {
             let listener = bind(&args.http_address, args.metrics_port).await?;
@@ -392,7 +413,7 @@ async fn serve(
         }
         false => None,
     };
-    let grpc = match args.allow_grpc {
+    let grpc = match args.allow_grpc && !grpc_config.same_port {
         true => {
             let listener = bind(&args.grpc_address, args.grpc_port).await?;
             let tls = if grpc_config.tls.is_some() { " (TLS)" } else { "" };

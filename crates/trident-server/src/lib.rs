@@ -105,13 +105,21 @@ pub async fn run(
         sagemaker_model: config.sagemaker_model.clone(),
         max_body_bytes: config.max_body_bytes,
     };
+    // Single-port mode: gRPC on the HTTP listener, its routes as an axum router.
+    let single_port = match grpc_config.same_port {
+        true => Some(grpc::router(app.clone(), &grpc_config).await),
+        false => None,
+    };
     let api = listen::serve(
         http,
         http::router(app.clone(), &config),
         limits.clone(),
         config.clone(),
         "HTTP",
-        https,
+        listen::Extras {
+            tls: https,
+            grpc: single_port,
+        },
         stop_rx.clone(),
     );
     let grpc = async {
@@ -139,7 +147,7 @@ pub async fn run(
                     limits,
                     config.clone(),
                     "metrics",
-                    None,
+                    listen::Extras::default(),
                     stop_rx.clone(),
                 )
                 .await

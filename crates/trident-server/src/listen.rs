@@ -39,6 +39,15 @@ use tokio::time::Sleep;
 /// Connections over the cap being answered at once, at most.
 const REFUSALS_IN_FLIGHT: usize = 64;
 
+/// What a listener serves besides plain HTTP/1.
+#[derive(Default)]
+pub(crate) struct Extras {
+    /// HTTPS: the handshake before HTTP.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Single-port mode: HTTP/2 connections, gRPC calls to this router.
+    pub grpc: Option<Router>,
+}
+
 /// Serves `router` on `listener` until `stop` turns true, then drains.
 pub(crate) async fn serve(
     listener: TcpListener,
@@ -46,9 +55,10 @@ pub(crate) async fn serve(
     limits: Limits,
     config: ServerConfig,
     what: &'static str,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    extras: Extras,
     mut stop: watch::Receiver<bool>,
 ) -> io::Result<()> {
+    let Extras { tls, grpc } = extras;
     let permits = Arc::new(Semaphore::new(config.max_connections));
     // Refusals are answered by tasks that live up to two seconds; past this many at once
     // (a flood), a connection over the cap is simply closed.
@@ -95,8 +105,14 @@ pub(crate) async fn serve(
             stop: stop.clone(),
         };
         let tls = tls.clone();
+        let grpc = grpc.clone();
         tokio::spawn(async move {
             match tls {
+                // Single-port mode: a connection that opens with HTTP/2's preface is gRPC
+                // (h2c with prior knowledge, as gRPC clients connect).
+                None if grpc.is_some() && is_http2(&stream).await => {
+                    connection.run_http2(stream, grpc.expect("checked")).await
+                }
                 None => connection.run(stream).await,
                 // The handshake gets the header timeout, as a request head would.
                 Some(acceptor) => {
@@ -219,6 +235,65 @@ impl Connection {
         };
         if let Err(e) = result {
             tracing::debug!("connection closed: {e}");
+        }
+    }
+}
+
+/// HTTP/2's connection preface.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the connection's first bytes are HTTP/2's preface (waits for them up to a
+/// second; HTTP/1 clients send a request line, which differs in its first byte).
+async fn is_http2(stream: &TcpStream) -> bool {
+    let mut buf = [0u8; 24];
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match stream.peek(&mut buf).await {
+            Ok(n) if n >= H2_PREFACE.len() => return buf == H2_PREFACE,
+            Ok(n) if n > 0 && buf[..n] != H2_PREFACE[..n] => return false,
+            Ok(0) | Err(_) => return false,
+            Ok(_) if Instant::now() > deadline => return false,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+    }
+}
+
+impl Connection {
+    /// An HTTP/2 connection in single-port mode: gRPC calls go to `grpc` (tonic's own
+    /// limits and keepalive apply), anything else through the guard to the REST routes.
+    /// No HTTP/1 read deadlines: an HTTP/2 connection idles between calls by design.
+    async fn run_http2(mut self, stream: TcpStream, grpc: Router) {
+        let (router, limits) = (self.router, self.limits);
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let is_grpc = request
+                .headers()
+                .get(axum::http::header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+            let (mut grpc, router, limits) = (grpc.clone(), router.clone(), limits.clone());
+            async move {
+                let request = request.map(axum::body::Body::new);
+                let response = if is_grpc {
+                    use tower_service::Service;
+                    let Ok(response) = grpc.call(request).await;
+                    response
+                } else {
+                    guard::handle(router, limits, request).await
+                };
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        let builder = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        tokio::pin!(conn);
+        let result = tokio::select! {
+            result = conn.as_mut() => result,
+            () = stopped(&mut self.stop) => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!("HTTP/2 connection closed: {e}");
         }
     }
 }

@@ -46,6 +46,9 @@ pub struct GrpcConfig {
     pub keepalive_timeout: Option<Duration>,
     /// TLS (`--grpc-use-ssl`, and `--grpc-use-ssl-mutual` with a client CA).
     pub tls: Option<crate::TlsFiles>,
+    /// Single-port mode: gRPC is served on the HTTP listener (HTTP/2 connections),
+    /// not a listener of its own.
+    pub same_port: bool,
 }
 
 impl Default for GrpcConfig {
@@ -57,6 +60,7 @@ impl Default for GrpcConfig {
             keepalive_time: Some(Duration::from_secs(7200)),
             keepalive_timeout: Some(Duration::from_secs(20)),
             tls: None,
+            same_port: false,
         }
     }
 }
@@ -71,15 +75,8 @@ struct Service {
     repo: Arc<Repository>,
 }
 
-/// Serves gRPC on `listener` until `stop` turns true, then lets in-flight calls finish
-/// for up to `drain`.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    app: App,
-    config: GrpcConfig,
-    drain: Duration,
-    stop: watch::Receiver<bool>,
-) -> std::io::Result<()> {
+/// The inference service with its limits and compression.
+fn service(app: App, config: &GrpcConfig) -> GrpcInferenceServiceServer<Service> {
     let mut service = GrpcInferenceServiceServer::new(Service {
         repo: app.repo.clone(),
         app,
@@ -91,14 +88,42 @@ pub(crate) async fn serve(
     if config.compress_responses {
         service = service.send_compressed(CompressionEncoding::Gzip);
     }
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
+    service
+}
+
+/// grpc.health.v1 reporting the server and the inference service as serving.
+async fn health(
+) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
         .set_serving::<GrpcInferenceServiceServer<Service>>()
         .await;
     // The empty service name is the server as a whole (grpc_health_probe's default).
-    health_reporter
+    reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    health
+}
+
+/// Both gRPC services as an axum router, for single-port mode.
+pub(crate) async fn router(app: App, config: &GrpcConfig) -> axum::Router {
+    tonic::service::Routes::new(health().await)
+        .add_service(service(app, config))
+        .prepare()
+        .into_axum_router()
+}
+
+/// Serves gRPC on `listener` until `stop` turns true, then lets in-flight calls finish
+/// for up to `drain`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: App,
+    config: GrpcConfig,
+    drain: Duration,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let service = service(app, &config);
+    let health = health().await;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let stopping = stopped(stop.clone());
     let mut builder = tonic::transport::Server::builder();
