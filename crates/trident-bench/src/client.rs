@@ -1,13 +1,33 @@
-//! A KServe v2 HTTP client: model metadata and configuration, inference, and Triton's
-//! statistics extension, on hyper (the HTTP stack axum already brings).
+//! A KServe v2 client over HTTP or Triton's gRPC: model metadata and configuration,
+//! inference, and Triton's statistics extension, on hyper (the HTTP stack axum already
+//! brings; HTTP/2 for gRPC, with tonic's generated client on top).
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client as HttpClient};
 use hyper_util::rt::TokioExecutor;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::time::{Duration, Instant};
+use trident_core::config::pb;
+
+#[allow(missing_docs, clippy::all)]
+mod generated {
+    tonic::include_proto!("inference");
+}
+
+type GrpcClient = generated::grpc_inference_service_client::GrpcInferenceServiceClient<
+    HttpClient<HttpConnector, tonic::body::Body>,
+>;
+
+/// The protocol requests use (perf_analyzer's `-i`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Protocol {
+    /// KServe v2 HTTP/REST.
+    Http,
+    /// Triton's gRPC (`inference.GRPCInferenceService`).
+    Grpc,
+}
 
 /// A tensor a model takes or returns, from its metadata.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -138,15 +158,75 @@ pub struct Body {
     pub bytes: Bytes,
     /// `Inference-Header-Content-Length` for the binary extension (JSON header length).
     pub header_length: Option<usize>,
+    /// The same request as a gRPC message (raw input contents), for `-i grpc`.
+    pub grpc: Option<pb::ModelInferRequest>,
+}
+
+impl Body {
+    /// Adds the gRPC form of a binary-extension body: each input's bytes become its
+    /// `raw_input_contents` entry (slices of the body, not copies).
+    pub fn with_grpc(mut self, model: &str) -> Result<Self> {
+        let Some(json_len) = self.header_length else {
+            bail!("-i grpc sends raw tensors: use --encoding binary (JSON bodies are HTTP only)")
+        };
+        let header: Value =
+            serde_json::from_slice(&self.bytes[..json_len]).context("the prepared JSON header")?;
+        let mut offset = json_len;
+        let mut request = pb::ModelInferRequest {
+            model_name: model.to_string(),
+            ..Default::default()
+        };
+        for input in header["inputs"].as_array().into_iter().flatten() {
+            let size = input["parameters"]["binary_data_size"]
+                .as_u64()
+                .context("a prepared input without binary_data_size")? as usize;
+            request.inputs.push(pb::model_infer_request::InferInputTensor {
+                name: input["name"].as_str().unwrap_or_default().to_string(),
+                datatype: input["datatype"].as_str().unwrap_or_default().to_string(),
+                shape: input["shape"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_i64)
+                    .collect(),
+                ..Default::default()
+            });
+            request
+                .raw_input_contents
+                .push(self.bytes.slice(offset..offset + size));
+            offset += size;
+        }
+        for output in header["outputs"].as_array().into_iter().flatten() {
+            request
+                .outputs
+                .push(pb::model_infer_request::InferRequestedOutputTensor {
+                    name: output["name"].as_str().unwrap_or_default().to_string(),
+                    ..Default::default()
+                });
+        }
+        self.grpc = Some(request);
+        Ok(self)
+    }
 }
 
 /// A client for one server.
 #[derive(Clone)]
 pub struct Client {
     http: HttpClient<HttpConnector, Full<Bytes>>,
+    /// With `-i grpc`: tonic's client over an HTTP/2 connection pool.
+    grpc: Option<GrpcClient>,
     /// `http://host:port`, no trailing slash.
     pub base: String,
     timeout: Duration,
+}
+
+fn status_error(what: &str, e: tonic::Status) -> anyhow::Error {
+    match e.code() {
+        tonic::Code::Unavailable | tonic::Code::Unknown if e.message().contains("connect") => {
+            anyhow!("cannot reach the server: {}", e.message())
+        }
+        code => anyhow!("{what}: {code:?}: {}", e.message()),
+    }
 }
 
 impl Client {
@@ -168,8 +248,44 @@ impl Client {
         connector.set_nodelay(true);
         let http = HttpClient::builder(TokioExecutor::new())
             .pool_max_idle_per_host(usize::MAX)
+            .build(connector.clone());
+        Ok(Client {
+            http,
+            grpc: None,
+            base,
+            timeout,
+        })
+    }
+
+    /// The same, speaking Triton's gRPC to `url` (the gRPC port). One HTTP/2
+    /// connection carries concurrent requests as streams, as tritonclient and
+    /// perf_analyzer's gRPC clients do.
+    pub fn grpc(url: &str, timeout: Duration) -> Result<Self> {
+        let mut client = Client::new(url, timeout)?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let h2 = HttpClient::builder(TokioExecutor::new())
+            .http2_only(true)
             .build(connector);
-        Ok(Client { http, base, timeout })
+        let origin: hyper::Uri = client.base.parse()?;
+        client.grpc = Some(
+            GrpcClient::with_origin(h2, origin)
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+        );
+        Ok(client)
+    }
+
+    /// The protocol this client speaks.
+    pub fn protocol(&self) -> Protocol {
+        match self.grpc {
+            Some(_) => Protocol::Grpc,
+            None => Protocol::Http,
+        }
+    }
+
+    fn grpc_client(&self) -> Option<GrpcClient> {
+        self.grpc.clone()
     }
 
     async fn get_json(&self, path: &str) -> Result<Value> {
@@ -195,6 +311,37 @@ impl Client {
 
     /// Metadata and configuration of `model`; an error names an unknown or unready model.
     pub async fn model(&self, model: &str) -> Result<ModelInfo> {
+        if let Some(mut g) = self.grpc_client() {
+            let at = || format!("model `{model}` at {}", self.base);
+            let meta = tokio::time::timeout(
+                self.timeout,
+                g.model_metadata(pb::ModelMetadataRequest {
+                    name: model.to_string(),
+                    version: String::new(),
+                }),
+            )
+            .await
+            .map_err(|_| anyhow!("no answer from {} within {:?}", self.base, self.timeout))?
+            .map_err(|e| status_error("ModelMetadata", e))
+            .with_context(at)?
+            .into_inner();
+            let tensors = |t: &[pb::model_metadata_response::TensorMetadata]| -> Vec<Value> {
+                t.iter()
+                    .map(|t| json!({"name": t.name, "datatype": t.datatype, "shape": t.shape}))
+                    .collect()
+            };
+            let meta = json!({"name": meta.name, "inputs": tensors(&meta.inputs), "outputs": tensors(&meta.outputs)});
+            let config = g
+                .model_config(pb::ModelConfigRequest {
+                    name: model.to_string(),
+                    version: String::new(),
+                })
+                .await
+                .ok()
+                .and_then(|r| r.into_inner().config)
+                .map(|c| json!({"max_batch_size": c.max_batch_size}));
+            return ModelInfo::from_metadata(model, &meta, config.as_ref()).context("model metadata");
+        }
         let meta = self
             .get_json(&format!("/v2/models/{model}"))
             .await
@@ -205,7 +352,40 @@ impl Client {
 
     /// The server's cumulative statistics of `model`, summed over its versions.
     pub async fn stats(&self, model: &str) -> Result<ServerStats> {
-        let v = self.get_json(&format!("/v2/models/{model}/stats")).await?;
+        let v = match self.grpc_client() {
+            Some(mut g) => {
+                let stats = g
+                    .model_statistics(pb::ModelStatisticsRequest {
+                        name: model.to_string(),
+                        version: String::new(),
+                    })
+                    .await
+                    .map_err(|e| status_error("ModelStatistics", e))?
+                    .into_inner();
+                let d = |d: Option<pb::StatisticDuration>| {
+                    let d = d.unwrap_or_default();
+                    json!({"count": d.count, "ns": d.ns})
+                };
+                let rows: Vec<Value> = stats
+                    .model_stats
+                    .iter()
+                    .map(|m| {
+                        let i = m.inference_stats.unwrap_or_default();
+                        json!({
+                            "inference_count": m.inference_count,
+                            "execution_count": m.execution_count,
+                            "inference_stats": {
+                                "success": d(i.success), "fail": d(i.fail), "queue": d(i.queue),
+                                "compute_input": d(i.compute_input), "compute_infer": d(i.compute_infer),
+                                "compute_output": d(i.compute_output),
+                            }
+                        })
+                    })
+                    .collect();
+                json!({ "model_stats": rows })
+            }
+            None => self.get_json(&format!("/v2/models/{model}/stats")).await?,
+        };
         let mut s = ServerStats::default();
         for m in v["model_stats"].as_array().into_iter().flatten() {
             let stat = |k: &str, f: &str| m["inference_stats"][k][f].as_u64().unwrap_or(0);
@@ -225,6 +405,26 @@ impl Client {
     /// Sends one inference request; an error for anything but 200 (with the server's
     /// message), a refused connection or the timeout.
     pub async fn infer(&self, model: &str, body: &Body) -> Result<Timing> {
+        if let Some(mut g) = self.grpc_client() {
+            let begin = Instant::now();
+            let request = body
+                .grpc
+                .clone()
+                .context("a body without its gRPC form (Body::with_grpc)")?;
+            let start = Instant::now();
+            let response = tokio::time::timeout(self.timeout, g.model_infer(request))
+                .await
+                .map_err(|_| anyhow!("timed out after {:?}", self.timeout))?
+                .map_err(|e| status_error("ModelInfer", e))?;
+            drop(response);
+            // A unary call returns the whole message at once: all of it is "until
+            // headers", nothing is read after.
+            return Ok(Timing {
+                prepare: start - begin,
+                until_headers: start.elapsed(),
+                receive: Duration::ZERO,
+            });
+        }
         let begin = Instant::now();
         let uri: hyper::Uri = format!("{}/v2/models/{model}/infer", self.base).parse()?;
         let mut req = hyper::Request::post(uri);

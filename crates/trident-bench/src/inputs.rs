@@ -317,6 +317,7 @@ fn encode(model: &ModelInfo, tensors: &[(Vec<i64>, Values)], encoding: Encoding)
     Ok(Body {
         bytes: Bytes::from(bytes),
         header_length,
+        grpc: None,
     })
 }
 

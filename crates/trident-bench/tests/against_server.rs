@@ -13,6 +13,7 @@ use trident_serve::{ControlMode, OnnxEngine, Repository, RepositoryOptions};
 
 struct Server {
     url: String,
+    grpc_url: String,
     _dir: tempfile::TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -32,6 +33,8 @@ async fn start_server() -> Server {
     repo.load_startup_models().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_url = format!("{}", grpc.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(trident_server::run(
         repo,
@@ -39,7 +42,7 @@ async fn start_server() -> Server {
         Default::default(),
         trident_server::Listeners {
             http: listener,
-            grpc: None,
+            grpc: Some(grpc),
             metrics: None,
         },
         async {
@@ -48,6 +51,7 @@ async fn start_server() -> Server {
     ));
     Server {
         url,
+        grpc_url,
         _dir: dir,
         _stop: stop,
     }
@@ -64,6 +68,41 @@ async fn target(url: &str, encoding: Encoding) -> Target {
         bodies: Arc::new(bodies),
         batch: 2,
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_protocol_reads_metadata_infers_and_reads_statistics() {
+    let server = start_server().await;
+    let client = Client::grpc(&server.grpc_url, Duration::from_secs(10)).unwrap();
+    assert_eq!(client.protocol(), trident_bench::client::Protocol::Grpc);
+    let model = client.model("simple").await.unwrap();
+    assert_eq!(model.max_batch_size, 8);
+    assert_eq!(model.inputs.len(), 2);
+    let bodies: Vec<_> = prepare(&model, &Source::Random, Encoding::Binary, 2, &HashMap::new())
+        .unwrap()
+        .into_iter()
+        .map(|b| b.with_grpc("simple").unwrap())
+        .collect();
+    let t = Target {
+        client: client.clone(),
+        model: "simple".into(),
+        bodies: Arc::new(bodies),
+        batch: 2,
+    };
+    let r = run(t, Load::Concurrency(vec![2]), quick()).await;
+    assert!(r.first_error.is_none(), "{:?}", r.first_error);
+    let row = &r.rows[0];
+    assert!(row.latency.count > 0 && row.latency.errors == 0, "{row:?}");
+    let s = row.server.expect("statistics over gRPC");
+    assert!(s.requests > 0 && s.request_us < row.latency.mean_us, "{s:?}");
+    let err = client.model("no_such_model").await.unwrap_err();
+    assert!(
+        format!("{err:#}").contains("Request for unknown model"),
+        "{err:#}"
+    );
+    let json = prepare(&model, &Source::Random, Encoding::Json, 1, &HashMap::new()).unwrap();
+    let err = json[0].clone().with_grpc("simple").unwrap_err();
+    assert!(format!("{err:#}").contains("--encoding binary"), "{err:#}");
 }
 
 fn quick() -> Settings {

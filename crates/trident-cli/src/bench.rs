@@ -13,9 +13,13 @@ use trident_bench::{report, Client, Load, Settings, Target};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Server address: http://host:port or host:port.
-    #[arg(short, long, default_value = "http://127.0.0.1:8000")]
-    url: String,
+    /// Server address: http://host:port or host:port (default: 127.0.0.1:8000 for
+    /// HTTP, 127.0.0.1:8001 for gRPC).
+    #[arg(short, long)]
+    url: Option<String>,
+    /// Protocol: http (KServe v2 REST) or grpc (Triton's gRPC), as perf_analyzer's -i.
+    #[arg(short = 'i', long, value_enum, default_value_t = Proto::Http)]
+    protocol: Proto,
     /// Model to load.
     #[arg(short, long)]
     model: String,
@@ -109,6 +113,12 @@ enum Enc {
     Binary,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Proto {
+    Http,
+    Grpc,
+}
+
 fn parse_shapes(given: &[String]) -> Result<HashMap<String, Vec<i64>>> {
     given
         .iter()
@@ -188,7 +198,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let report = runtime.block_on(async {
-        let client = Client::new(&args.url, Duration::from_millis(args.request_timeout))?;
+        let timeout = Duration::from_millis(args.request_timeout);
+        let client = match (args.protocol, &args.url) {
+            (Proto::Http, url) => Client::new(url.as_deref().unwrap_or("http://127.0.0.1:8000"), timeout)?,
+            (Proto::Grpc, url) => Client::grpc(url.as_deref().unwrap_or("127.0.0.1:8001"), timeout)?,
+        };
         let model = match &args.model_metadata {
             None => client.model(&args.model).await.map_err(|e| {
                 if format!("{e:#}").contains("404") {
@@ -209,7 +223,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     .with_context(|| format!("--model-metadata {}", path.display()))?
             }
         };
-        let bodies = inputs::prepare(&model, &source, encoding, args.batch_size, &shapes)?;
+        let mut bodies = inputs::prepare(&model, &source, encoding, args.batch_size, &shapes)?;
+        if args.protocol == Proto::Grpc {
+            bodies = bodies
+                .into_iter()
+                .map(|b| b.with_grpc(&args.model))
+                .collect::<Result<_>>()?;
+        }
         // One request before the load: a model that cannot answer fails here, clearly.
         client
             .infer(&args.model, &bodies[0])
