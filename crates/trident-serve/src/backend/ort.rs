@@ -30,6 +30,9 @@ pub fn shared() -> Result<Arc<dyn Backend>, String> {
             let env = ort::init_from(&library)
                 .map_err(|e| format!("cannot load {}: {e}", library.display()))?
                 .with_name("trident")
+                // No usage telemetry: a server sends nothing anywhere unasked (ONNX
+                // Runtime 1.32 otherwise keeps a database under $HOME/.cache).
+                .with_telemetry(false)
                 .build()
                 .map_err(|e| format!("cannot create an ONNX Runtime environment: {e}"))?;
             tracing::info!("ONNX Runtime loaded from {}", library.display());
