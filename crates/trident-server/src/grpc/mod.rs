@@ -348,10 +348,22 @@ impl GrpcInferenceService for Service {
                         message.model_version.clone(),
                     );
                     let answer = match infer_one(&app, message).await {
-                        Ok(response) => pb::ModelStreamInferResponse {
-                            error_message: String::new(),
-                            infer_response: Some(response),
-                        },
+                        Ok(mut response) => {
+                            // As Triton marks every streamed response: this one completes
+                            // its request.
+                            response.parameters.insert(
+                                "triton_final_response".to_string(),
+                                pb::InferParameter {
+                                    parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(
+                                        true,
+                                    )),
+                                },
+                            );
+                            pb::ModelStreamInferResponse {
+                                error_message: String::new(),
+                                infer_response: Some(response),
+                            }
+                        }
                         Err(status) => pb::ModelStreamInferResponse {
                             error_message: status.message().to_string(),
                             infer_response: Some(pb::ModelInferResponse {

@@ -24,11 +24,8 @@ use trident_serve::OutputRequest;
 /// Inputs (in the message, or in shared memory) and requested outputs of a request;
 /// `rest` (the id) is left for the caller.
 pub(super) fn decode(request: &mut pb::ModelInferRequest, model: &str) -> Result<Decoded<String>, ApiError> {
-    refuse_parameters(
-        "request",
-        &request.parameters,
-        &["sequence_id", "sequence_start", "sequence_end"],
-    )?;
+    refuse_parameters("request", &request.parameters, &REQUEST_PARAMETERS)?;
+    final_response_flag(&request.parameters)?;
     let sequence = sequence(&request.parameters)?;
     let raw_count = request.raw_input_contents.len();
     let mut raw = std::mem::take(&mut request.raw_input_contents).into_iter();
@@ -164,6 +161,29 @@ pub(super) fn sequence(
         ))),
     };
     SequenceFlags::new(id, flag("sequence_start")?, flag("sequence_end")?).map_err(ApiError::bad_request)
+}
+
+/// Request-level parameters Trident acts on. `triton_enable_empty_final_response`
+/// (perf_analyzer and tritonclient's streams send it) asks decoupled models for an empty
+/// last response; every Trident model answers each request with one complete response,
+/// which is already the final one, so there is never an empty one to send.
+const REQUEST_PARAMETERS: [&str; 4] = [
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+    "triton_enable_empty_final_response",
+];
+
+fn final_response_flag(parameters: &HashMap<String, InferParameter>) -> Result<(), ApiError> {
+    match parameters
+        .get("triton_enable_empty_final_response")
+        .and_then(|p| p.parameter_choice.as_ref())
+    {
+        None | Some(ParameterChoice::BoolParam(_)) => Ok(()),
+        Some(_) => Err(ApiError::bad_request(
+            "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param.",
+        )),
+    }
 }
 
 const SHM_PARAMETERS: [&str; 3] = [
