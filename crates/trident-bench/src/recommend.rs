@@ -13,7 +13,7 @@
 //! setting had both more throughput within the SLO and lower p99 there). Every measured
 //! candidate is reported.
 
-use crate::client::Client;
+use crate::client::{Client, Protocol};
 use crate::inputs::{prepare, Encoding, Source};
 use crate::run::{Load, Row, Settings, Target};
 use anyhow::{bail, Context, Result};
@@ -36,6 +36,8 @@ pub struct Candidate {
     pub preferred_batch_size: Option<u32>,
     /// `instance_group` count (KIND_CPU).
     pub instances: u32,
+    /// The protocol clients use (HTTP/REST or Triton's gRPC).
+    pub protocol: Protocol,
 }
 
 impl Candidate {
@@ -47,7 +49,11 @@ impl Candidate {
             (Some(d), None) => format!("batching {d}us"),
             (None, _) => "no batching".to_string(),
         };
-        format!("{engine}{batching}, {} instance(s)", self.instances)
+        let protocol = match self.protocol {
+            Protocol::Http => "",
+            Protocol::Grpc => ", over gRPC",
+        };
+        format!("{engine}{batching}, {} instance(s){protocol}", self.instances)
     }
 }
 
@@ -89,6 +95,9 @@ pub struct Search {
     pub instances: Vec<u32>,
     /// ONNX engines to try; empty: the configured one only.
     pub engines: Vec<String>,
+    /// Protocols to try (the first for every stage, the others for the settings kept);
+    /// empty: HTTP.
+    pub protocols: Vec<Protocol>,
     /// Highest concurrency of the ladder.
     pub max_concurrency: u32,
     /// Measurement windows.
@@ -207,6 +216,8 @@ pub struct ServeProcess {
     child: Child,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
+    /// `127.0.0.1:PORT` of the gRPC service.
+    pub grpc_url: String,
 }
 
 impl Drop for ServeProcess {
@@ -228,6 +239,10 @@ impl ServeProcess {
                 "127.0.0.1",
                 "--http-port",
                 "0",
+                "--grpc-address",
+                "127.0.0.1",
+                "--grpc-port",
+                "0",
                 "--allow-metrics",
                 "false",
             ])
@@ -242,24 +257,39 @@ impl ServeProcess {
         let mut server = ServeProcess {
             child,
             url: String::new(),
+            grpc_url: String::new(),
         };
         let (tx, rx) = std::sync::mpsc::channel();
         // Reads the log to the end, so the server never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut log = Vec::new();
             for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                if let Some(addr) = line.split("gRPC service listening on ").nth(1) {
+                    let _ = tx.send(Ok((
+                        "gRPC",
+                        addr.split_whitespace().next().unwrap_or("").to_string(),
+                    )));
+                }
                 if let Some(addr) = line.split("HTTP service listening on ").nth(1) {
-                    let _ = tx.send(Ok(addr.trim().to_string()));
+                    let _ = tx.send(Ok((
+                        "HTTP",
+                        addr.split_whitespace().next().unwrap_or("").to_string(),
+                    )));
                 }
                 log.push(line);
             }
             let _ = tx.send(Err(log.join("\n")));
         });
-        server.url = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(addr)) => format!("http://{addr}"),
-            Ok(Err(log)) => bail!("trident serve exited: {log}"),
-            Err(_) => bail!("trident serve did not start within 60 s"),
-        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while server.url.is_empty() || server.grpc_url.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Ok(("HTTP", addr))) => server.url = format!("http://{addr}"),
+                Ok(Ok((_, addr))) => server.grpc_url = addr,
+                Ok(Err(log)) => bail!("trident serve exited: {log}"),
+                Err(_) => bail!("trident serve did not start within 60 s"),
+            }
+        }
         Ok(server)
     }
 
@@ -323,7 +353,10 @@ async fn measure(
     progress: &mut impl FnMut(&str),
 ) -> Result<Outcome> {
     let server = start_server(search, c, config)?;
-    let client = Client::new(&server.process.url, Duration::from_secs(30))?;
+    let client = match c.protocol {
+        Protocol::Http => Client::new(&server.process.url, Duration::from_secs(30))?,
+        Protocol::Grpc => Client::grpc(&server.process.grpc_url, Duration::from_secs(30))?,
+    };
     // Wait until the model is ready.
     let deadline = Instant::now() + Duration::from_secs(60);
     let model = loop {
@@ -333,7 +366,13 @@ async fn measure(
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    let bodies = prepare(&model, &search.source, Encoding::Binary, 1, &HashMap::new())?;
+    let mut bodies = prepare(&model, &search.source, Encoding::Binary, 1, &HashMap::new())?;
+    if c.protocol == Protocol::Grpc {
+        bodies = bodies
+            .into_iter()
+            .map(|b| b.with_grpc(&search.model))
+            .collect::<Result<_>>()?;
+    }
     let target = Target {
         client,
         model: search.model.clone(),
@@ -477,11 +516,13 @@ pub async fn search(search: &Search, mut progress: impl FnMut(&str)) -> Result<V
     } else {
         search.engines.iter().cloned().map(Some).collect()
     };
+    let first_protocol = search.protocols.first().copied().unwrap_or(Protocol::Http);
     let base = |engine: Option<String>| Candidate {
         engine,
         queue_delay_us: None,
         preferred_batch_size: None,
         instances: first,
+        protocol: first_protocol,
     };
     let mut kept = measure_all(engines.into_iter().map(base).collect(), &mut outcomes).await?;
     // (2) batching with each queue delay, for the engines kept.
@@ -522,7 +563,19 @@ pub async fn search(search: &Search, mut progress: impl FnMut(&str)) -> Result<V
             ..k.clone()
         },
     );
-    measure_all(more, &mut outcomes).await?;
+    let kept = measure_all([kept, more].concat(), &mut outcomes).await?;
+    // (5) the settings kept, over the other protocols.
+    let protocols: Vec<Protocol> = search.protocols.iter().skip(1).copied().collect();
+    let others = variants(
+        &kept,
+        |_| true,
+        &protocols,
+        |k, p| Candidate {
+            protocol: p,
+            ..k.clone()
+        },
+    );
+    measure_all(others, &mut outcomes).await?;
     Ok(outcomes)
 }
 
@@ -546,6 +599,7 @@ mod tests {
             queue_delay_us,
             preferred_batch_size: None,
             instances,
+            protocol: Protocol::Http,
         }
     }
 

@@ -300,6 +300,10 @@ pub struct RecommendArgs {
     /// Highest concurrency of the ladder 1, 2, 4, …
     #[arg(long, default_value_t = 16)]
     max_concurrency: u32,
+    /// Protocols to compare, `http,grpc`: the search runs on the first, the settings it
+    /// keeps are measured again over the others.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "http")]
+    protocols: Vec<Proto>,
     /// Input values: `random`, `zero`, or a JSON file in perf_analyzer's format.
     #[arg(long, default_value = "random")]
     input_data: String,
@@ -354,6 +358,14 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
         instances: args.instances.clone(),
         preferred_batch_sizes,
         engines: args.engines.clone(),
+        protocols: args
+            .protocols
+            .iter()
+            .map(|p| match p {
+                Proto::Http => trident_bench::client::Protocol::Http,
+                Proto::Grpc => trident_bench::client::Protocol::Grpc,
+            })
+            .collect(),
         max_concurrency: args.max_concurrency.max(1),
         settings: Settings {
             window: Duration::from_millis(args.measurement_interval.max(100)),
