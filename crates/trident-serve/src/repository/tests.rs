@@ -254,3 +254,56 @@ fn ensembles_run_their_dag_and_refuse_bad_plans_by_name() {
         "{err}"
     );
 }
+
+#[test]
+fn unload_dependents_unloads_an_ensembles_composing_models_unless_another_uses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/simple");
+    for m in ["simple", "other_step"] {
+        std::fs::create_dir_all(dir.path().join(m).join("1")).unwrap();
+        let config = std::fs::read_to_string(fixture.join("config.pbtxt"))
+            .unwrap()
+            .replace("name: \"simple\"", &format!("name: \"{m}\""));
+        std::fs::write(dir.path().join(m).join("config.pbtxt"), config).unwrap();
+        std::fs::copy(
+            fixture.join("1/model.onnx"),
+            dir.path().join(m).join("1/model.onnx"),
+        )
+        .unwrap();
+    }
+    let ab = [("A", "TYPE_INT32"), ("B", "TYPE_INT32")];
+    let step = |model: &'static str| -> StepSpec<'static> {
+        (&[("INPUT0", "A"), ("INPUT1", "B")], &[("OUTPUT0", "OUT")], model)
+    };
+    for (name, model) in [("ens_a", "simple"), ("ens_b", "simple"), ("ens_c", "other_step")] {
+        std::fs::create_dir_all(dir.path().join(name).join("1")).unwrap();
+        std::fs::write(
+            dir.path().join(name).join("config.pbtxt"),
+            ensemble(&ab, &["OUT"], &[step(model)]),
+        )
+        .unwrap();
+    }
+    let repo = Repository::new(RepositoryOptions {
+        root: dir.path().into(),
+        mode: ControlMode::Explicit,
+        startup_models: vec![],
+        cores: 2,
+        cache: None,
+        onnx_engine: OnnxEngine::Tract,
+    });
+    for e in ["ens_a", "ens_b", "ens_c"] {
+        repo.load(e).unwrap();
+    }
+    assert!(repo.get("simple", None).is_ok() && repo.get("other_step", None).is_ok());
+    // Without dependents: the composing model stays.
+    repo.unload_with("ens_c", false).unwrap();
+    assert!(repo.get("other_step", None).is_ok());
+    repo.load("ens_c").unwrap();
+    repo.unload_with("ens_c", true).unwrap();
+    assert!(repo.get("other_step", None).is_err(), "its only ensemble is gone");
+    // `simple` is still used by ens_b.
+    repo.unload_with("ens_a", true).unwrap();
+    assert!(repo.get("simple", None).is_ok(), "ens_b still uses it");
+    repo.unload_with("ens_b", true).unwrap();
+    assert!(repo.get("simple", None).is_err());
+}
