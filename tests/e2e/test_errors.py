@@ -437,7 +437,25 @@ def test_classification_extension_on_a_model_without_labels(client):
     assert client.infer("simple", _simple_inputs()).as_numpy("OUTPUT0").tolist() == [[2] * 16]
 
 
-def test_compressed_request_body_is_refused_by_name(client):
-    with pytest.raises(InferenceServerException) as err:
-        client.infer("simple", _simple_inputs(), request_compression_algorithm="gzip")
-    assert "Content-Encoding 'gzip' is not supported" in str(err.value), str(err.value)
+def test_compressed_bodies_and_unknown_encodings(server, client):
+    """gzip and deflate request bodies are decompressed (tritonclient's compression flags),
+    responses compressed when accepted; another encoding, or a body that is not what its
+    encoding says, is refused by name."""
+    for algorithm in ("gzip", "deflate"):
+        r = client.infer(
+            "simple",
+            _simple_inputs(),
+            request_compression_algorithm=algorithm,
+            response_compression_algorithm=algorithm,
+        )
+        assert r.as_numpy("OUTPUT0") is not None
+    body = b'{"inputs": []}'
+    status, _, data = server.request("POST", "/v2/models/simple/infer", body, headers={"Content-Encoding": "br"})
+    assert status == 400 and b"Content-Encoding 'br' is not supported" in data, data
+    status, _, data = server.request("POST", "/v2/models/simple/infer", body, headers={"Content-Encoding": "gzip"})
+    assert status == 400 and b"not valid gzip data" in data, data
+    import gzip
+
+    bomb = gzip.compress(b" " * (80 << 20))  # 80 MiB of spaces: over the 64 MiB body limit
+    status, _, data = server.request("POST", "/v2/models/simple/infer", bomb, headers={"Content-Encoding": "gzip"})
+    assert status == 413 and b"decompressed request body exceeds" in data, data

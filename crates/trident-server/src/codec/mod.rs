@@ -257,7 +257,7 @@ pub enum CodecError {
         got: String,
     },
     /// `data` with a different number of elements than the shape.
-    #[error("input '{input}': shape {shape:?} needs {expected} elements, got {got} in 'data'")]
+    #[error("Unable to parse 'data': Shape does not match true shape of 'data' field (input '{input}': shape {shape:?} needs {expected} elements, got {got})")]
     ElementCount {
         /// Input name.
         input: String,
