@@ -39,6 +39,12 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // ONNX Runtime writes a usage database under $HOME/.cache unless this is set (the
+    // environment option `with_telemetry(false)` does not stop it). Set here, before any
+    // thread exists, so no other thread can be reading the environment meanwhile.
+    if std::env::var_os("ORT_DISABLE_TELEMETRY").is_none() {
+        std::env::set_var("ORT_DISABLE_TELEMETRY", "1");
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TRIDENT_LOG").unwrap_or_else(|_| "info".into()),
