@@ -231,10 +231,10 @@ fn open(key: &str) -> Result<OwnedFd, ApiError> {
             format!("Unable to open shared memory region: '{key}'"),
         )
     };
-    let c_key = CString::new(key).map_err(|_| unable())?;
     if key.is_empty() {
         return Err(unable());
     }
+    let c_key = CString::new(key).map_err(|_| unable())?;
     // SAFETY: a valid NUL-terminated string; the returned descriptor is owned below.
     let fd = unsafe { libc::shm_open(c_key.as_ptr(), libc::O_RDWR, 0) };
     if fd < 0 {

@@ -31,15 +31,19 @@ fn invalid(path: &Path, what: &str, e: impl std::fmt::Display) -> std::io::Error
     )
 }
 
-fn certificates(path: &Path, what: &str) -> std::io::Result<Vec<CertificateDer<'static>>> {
-    let pem = read(path, what)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+/// The certificates in PEM bytes; none is an error.
+fn parse_certificates(pem: &[u8], path: &Path, what: &str) -> std::io::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(path, what, e))?;
     if certs.is_empty() {
         return Err(invalid(path, what, "no PEM certificate in the file"));
     }
     Ok(certs)
+}
+
+fn certificates(path: &Path, what: &str) -> std::io::Result<Vec<CertificateDer<'static>>> {
+    parse_certificates(&read(path, what)?, path, what)
 }
 
 /// The PEM bytes tonic takes.
@@ -52,22 +56,20 @@ pub(crate) struct Pem {
 impl TlsFiles {
     /// The files' PEM bytes, each checked to parse.
     pub(crate) fn pem(&self) -> std::io::Result<Pem> {
-        // Parse here too, so a bad file is named before tonic sees it.
-        certificates(&self.cert, "--grpc-server-cert")?;
+        // Each file read once and parsed here, so a bad file is named before tonic sees it.
+        let cert = read(&self.cert, "--grpc-server-cert")?;
+        parse_certificates(&cert, &self.cert, "--grpc-server-cert")?;
         let key = read(&self.key, "--grpc-server-key")?;
         PrivateKeyDer::from_pem_slice(&key).map_err(|e| invalid(&self.key, "--grpc-server-key", e))?;
-        let ca = match &self.client_ca {
+        let client_ca = match &self.client_ca {
             Some(p) => {
-                certificates(p, "--grpc-root-cert")?;
-                Some(read(p, "--grpc-root-cert")?)
+                let ca = read(p, "--grpc-root-cert")?;
+                parse_certificates(&ca, p, "--grpc-root-cert")?;
+                Some(ca)
             }
             None => None,
         };
-        Ok(Pem {
-            cert: read(&self.cert, "--grpc-server-cert")?,
-            key,
-            client_ca: ca,
-        })
+        Ok(Pem { cert, key, client_ca })
     }
 
     /// A rustls acceptor for HTTPS (HTTP/1.1 over TLS 1.2 or 1.3).

@@ -441,8 +441,8 @@ fn object(
     }
 }
 
-/// The first name that occurs twice, if any.
-fn duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+/// The first name that occurs twice, if any (both wire formats' decoders use it).
+pub(crate) fn duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
     let mut sorted: Vec<&str> = names.collect();
     sorted.sort_unstable();
     sorted
@@ -474,7 +474,7 @@ fn shm_ref(parameters: &Map<String, Value>, at: impl Fn() -> String) -> Result<O
             {
                 return Err(CodecError::InvalidField {
                     at: at(),
-                    field: key_name(key),
+                    field: key,
                     expected: "given only with 'shared_memory_region'",
                     got: "no 'shared_memory_region'".into(),
                 });
@@ -493,13 +493,6 @@ fn shm_ref(parameters: &Map<String, Value>, at: impl Fn() -> String) -> Result<O
         offset: uint("shared_memory_offset")?.unwrap_or(0),
         byte_size,
     }))
-}
-
-fn key_name(key: &str) -> &'static str {
-    match key {
-        "shared_memory_offset" => "shared_memory_offset",
-        _ => "shared_memory_byte_size",
-    }
 }
 
 /// Shared memory parameter names, accepted on inputs and outputs.

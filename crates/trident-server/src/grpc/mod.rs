@@ -22,7 +22,6 @@ use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status, Streaming};
 use trident_core::config::pb;
 use trident_serve::sequence::CorrelationId;
-use trident_serve::Repository;
 
 #[allow(missing_docs, clippy::all)]
 mod generated {
@@ -72,19 +71,15 @@ const STREAM_IN_FLIGHT: usize = 1024;
 /// The `GRPCInferenceService` implementation.
 struct Service {
     app: App,
-    repo: Arc<Repository>,
 }
 
 /// The inference service with its limits and compression.
 fn service(app: App, config: &GrpcConfig) -> GrpcInferenceServiceServer<Service> {
-    let mut service = GrpcInferenceServiceServer::new(Service {
-        repo: app.repo.clone(),
-        app,
-    })
-    .max_decoding_message_size(config.max_message_bytes)
-    .max_encoding_message_size(config.max_message_bytes)
-    .accept_compressed(CompressionEncoding::Gzip)
-    .accept_compressed(CompressionEncoding::Deflate);
+    let mut service = GrpcInferenceServiceServer::new(Service { app })
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate);
     if config.compress_responses {
         service = service.send_compressed(CompressionEncoding::Gzip);
     }
@@ -247,7 +242,7 @@ impl GrpcInferenceService for Service {
         request: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = request.into_inner();
-        let ready = self.repo.get(&r.name, version_of(&r.version)).is_ok();
+        let ready = self.app.repo.get(&r.name, version_of(&r.version)).is_ok();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -267,7 +262,7 @@ impl GrpcInferenceService for Service {
         request: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let r = request.into_inner();
-        let m = front::metadata(&self.repo, &r.name, version_of(&r.version))?;
+        let m = front::metadata(&self.app.repo, &r.name, version_of(&r.version))?;
         let tensors = |specs: Vec<front::TensorMeta>| {
             specs
                 .into_iter()
@@ -391,6 +386,7 @@ impl GrpcInferenceService for Service {
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let r = request.into_inner();
         let model = self
+            .app
             .repo
             .get(&r.name, version_of(&r.version))
             .map_err(ApiError::from)?;
@@ -406,6 +402,7 @@ impl GrpcInferenceService for Service {
         let r = request.into_inner();
         let name = (!r.name.is_empty()).then_some(r.name.as_str());
         let stats = self
+            .app
             .repo
             .stats(name, version_of(&r.version))
             .map_err(ApiError::from)?;
@@ -421,6 +418,7 @@ impl GrpcInferenceService for Service {
         let r = request.into_inner();
         one_repository(&r.repository_name)?;
         let models = self
+            .app
             .repo
             .index(r.ready)
             .map_err(ApiError::from)?
@@ -442,7 +440,7 @@ impl GrpcInferenceService for Service {
         let r = request.into_inner();
         one_repository(&r.repository_name)?;
         let overrides = front::load_override(r.parameters.into_iter().map(repository_param))?;
-        let repo = self.repo.clone();
+        let repo = self.app.repo.clone();
         front::blocking("load", move || repo.load_with(&r.model_name, overrides)).await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
@@ -454,7 +452,7 @@ impl GrpcInferenceService for Service {
         let r = request.into_inner();
         one_repository(&r.repository_name)?;
         let dependents = front::unload_dependents(r.parameters.into_iter().map(repository_param))?;
-        let repo = self.repo.clone();
+        let repo = self.app.repo.clone();
         front::blocking("unload", move || repo.unload_with(&r.model_name, dependents)).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }

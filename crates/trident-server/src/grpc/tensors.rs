@@ -7,7 +7,7 @@
 //! field, so they travel raw. Outputs always go back as `raw_output_contents`, which is
 //! what tritonclient's `as_numpy` reads.
 
-use crate::codec::{SharedInput, ShmRef};
+use crate::codec::{duplicate, SharedInput, ShmRef};
 use crate::front::Decoded;
 use crate::ApiError;
 use bytes::Bytes;
@@ -34,7 +34,7 @@ pub(super) fn decode(request: &mut pb::ModelInferRequest, model: &str) -> Result
     for input in std::mem::take(&mut request.inputs) {
         let at = format!("input '{}'", input.name);
         refuse_parameters(&at, &input.parameters, &SHM_PARAMETERS)?;
-        let dtype = datatype(&at, &input.datatype)?;
+        let dtype = datatype(&input.name, &input.datatype)?;
         check_shape(&at, &input.shape)?;
         if let Some(shared) = shm_ref(&input.name, &input.parameters)? {
             if input.contents.is_some() {
@@ -232,11 +232,13 @@ fn shm_ref(tensor: &str, parameters: &HashMap<String, InferParameter>) -> Result
     }))
 }
 
-fn datatype(at: &str, datatype: &str) -> Result<DataType, ApiError> {
+/// The datatype of input `name`, refused in the HTTP codec's words.
+fn datatype(name: &str, datatype: &str) -> Result<DataType, ApiError> {
     datatype.parse().map_err(|_| {
-        ApiError::bad_request(format!(
-            "{at}: unknown datatype '{datatype}', expected one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64, BF16, BYTES"
-        ))
+        ApiError::from(crate::codec::CodecError::UnknownDatatype {
+            input: name.to_string(),
+            datatype: datatype.to_string(),
+        })
     })
 }
 
@@ -419,10 +421,4 @@ fn refuse_parameters(
             }
         ))),
     }
-}
-
-fn duplicate<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
-    let mut sorted: Vec<&str> = names.collect();
-    sorted.sort_unstable();
-    sorted.windows(2).find(|p| p[0] == p[1]).map(|p| p[0])
 }

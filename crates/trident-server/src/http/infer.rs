@@ -96,8 +96,10 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
     let accept = response_encoding(headers);
+    // Its error, if any, is the request's: counted as the model's failure below.
+    let body = decompressed(headers, body, app.max_body_bytes).await;
     let answer = front::infer(app, model, version, received, |_| {
-        let body = decompress(headers, body, app.max_body_bytes)?;
+        let body = body?;
         let header_len = match framing {
             Framing::Kserve => crate::guard::numeric_header(
                 headers,
@@ -144,7 +146,13 @@ async fn run(
         .collect();
     let version = model.version().to_string();
     let encoded = codec::encode_response(model.name(), &version, request.id.as_deref(), &outputs);
-    let (body, encoding) = compress(encoded.body, accept)?;
+    let (body, encoding) = match accept {
+        None => (encoded.body, None),
+        // Compression is CPU work: on tokio's blocking pool, off the async threads.
+        Some(encoding) => tokio::task::spawn_blocking(move || compress(encoded.body, encoding))
+            .await
+            .map_err(|e| ApiError::internal(format!("compressing the response failed: {e}")))??,
+    };
     let mut response = body.into_response();
     let h = response.headers_mut();
     if let Some(encoding) = encoding {
@@ -173,15 +181,24 @@ async fn run(
 }
 
 /// The request body, decompressed when `Content-Encoding` is gzip or deflate (zlib, as
-/// HTTP means it), at most `limit` bytes once decompressed.
-fn decompress(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
-    use std::io::Read;
+/// HTTP means it), at most `limit` bytes once decompressed. Decompression runs on tokio's
+/// blocking pool, off the async threads.
+async fn decompressed(headers: &HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
     let encoding = match headers.get(header::CONTENT_ENCODING) {
         None => return Ok(body),
         Some(v) => v.to_str().unwrap_or("?").trim().to_ascii_lowercase(),
     };
-    let reader: Box<dyn Read> = match encoding.as_str() {
-        "" | "identity" => return Ok(body),
+    if matches!(encoding.as_str(), "" | "identity") {
+        return Ok(body);
+    }
+    tokio::task::spawn_blocking(move || decompress(&encoding, body, limit))
+        .await
+        .map_err(|e| ApiError::internal(format!("decompressing the request failed: {e}")))?
+}
+
+fn decompress(encoding: &str, body: Bytes, limit: usize) -> Result<Bytes, ApiError> {
+    use std::io::Read;
+    let reader: Box<dyn Read> = match encoding {
         "gzip" => Box::new(flate2::read::GzDecoder::new(&body[..])),
         "deflate" => Box::new(flate2::read::ZlibDecoder::new(&body[..])),
         other => {
@@ -220,11 +237,8 @@ fn response_encoding(headers: &HeaderMap) -> Option<&'static str> {
     ["gzip", "deflate"].into_iter().find(|e| offers.contains(e))
 }
 
-fn compress(body: Bytes, encoding: Option<&'static str>) -> Result<(Bytes, Option<&'static str>), ApiError> {
+fn compress(body: Bytes, encoding: &'static str) -> Result<(Bytes, Option<&'static str>), ApiError> {
     use std::io::Write;
-    let Some(encoding) = encoding else {
-        return Ok((body, None));
-    };
     let level = flate2::Compression::default();
     let out = match encoding {
         "gzip" => {
