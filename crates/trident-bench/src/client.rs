@@ -158,55 +158,9 @@ pub struct Body {
     pub bytes: Bytes,
     /// `Inference-Header-Content-Length` for the binary extension (JSON header length).
     pub header_length: Option<usize>,
-    /// The same request as a gRPC message (raw input contents), for `-i grpc`.
+    /// The same request as a gRPC message (raw input contents, slices of `bytes`), for
+    /// `-i grpc`; `None` for JSON bodies.
     pub grpc: Option<pb::ModelInferRequest>,
-}
-
-impl Body {
-    /// Adds the gRPC form of a binary-extension body: each input's bytes become its
-    /// `raw_input_contents` entry (slices of the body, not copies).
-    pub fn with_grpc(mut self, model: &str) -> Result<Self> {
-        let Some(json_len) = self.header_length else {
-            bail!("-i grpc sends raw tensors: use --encoding binary (JSON bodies are HTTP only)")
-        };
-        let header: Value =
-            serde_json::from_slice(&self.bytes[..json_len]).context("the prepared JSON header")?;
-        let mut offset = json_len;
-        let mut request = pb::ModelInferRequest {
-            model_name: model.to_string(),
-            ..Default::default()
-        };
-        for input in header["inputs"].as_array().into_iter().flatten() {
-            let size = input["parameters"]["binary_data_size"]
-                .as_u64()
-                .context("a prepared input without binary_data_size")? as usize;
-            request.inputs.push(pb::model_infer_request::InferInputTensor {
-                name: input["name"].as_str().unwrap_or_default().to_string(),
-                datatype: input["datatype"].as_str().unwrap_or_default().to_string(),
-                shape: input["shape"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_i64)
-                    .collect(),
-                ..Default::default()
-            });
-            request
-                .raw_input_contents
-                .push(self.bytes.slice(offset..offset + size));
-            offset += size;
-        }
-        for output in header["outputs"].as_array().into_iter().flatten() {
-            request
-                .outputs
-                .push(pb::model_infer_request::InferRequestedOutputTensor {
-                    name: output["name"].as_str().unwrap_or_default().to_string(),
-                    ..Default::default()
-                });
-        }
-        self.grpc = Some(request);
-        Ok(self)
-    }
 }
 
 /// A client for one server.
@@ -410,7 +364,7 @@ impl Client {
             let request = body
                 .grpc
                 .clone()
-                .context("a body without its gRPC form (Body::with_grpc)")?;
+                .context("-i grpc sends raw tensors: use --encoding binary (JSON bodies are HTTP only)")?;
             let start = Instant::now();
             let response = tokio::time::timeout(self.timeout, g.model_infer(request))
                 .await

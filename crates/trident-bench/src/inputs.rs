@@ -9,6 +9,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
+use trident_core::config::pb;
 use trident_data::rng::SplitMix64;
 
 /// Where input values come from.
@@ -287,6 +288,8 @@ fn flatten(v: &Value, datatype: &str) -> Result<Values> {
 
 fn encode(model: &ModelInfo, tensors: &[(Vec<i64>, Values)], encoding: Encoding) -> Result<Body> {
     let mut raw = Vec::new();
+    // Binary: each input's byte range in `raw`, for the gRPC form of the same request.
+    let mut ranges = Vec::new();
     let inputs: Vec<Value> = model
         .inputs
         .iter()
@@ -299,6 +302,7 @@ fn encode(model: &ModelInfo, tensors: &[(Vec<i64>, Values)], encoding: Encoding)
                 Encoding::Binary => {
                     let before = raw.len();
                     write_binary(&t.datatype, values, &mut raw)?;
+                    ranges.push(before..raw.len());
                     json!({
                         "name": t.name, "shape": shape, "datatype": t.datatype,
                         "parameters": {"binary_data_size": raw.len() - before},
@@ -314,10 +318,31 @@ fn encode(model: &ModelInfo, tensors: &[(Vec<i64>, Values)], encoding: Encoding)
     let mut bytes = serde_json::to_vec(&header)?;
     let header_length = (encoding == Encoding::Binary).then_some(bytes.len());
     bytes.extend_from_slice(&raw);
+    let bytes = Bytes::from(bytes);
+    // The gRPC request: the same tensors as raw_input_contents, slices of the body.
+    let grpc = header_length.map(|json_len| pb::ModelInferRequest {
+        model_name: model.name.clone(),
+        inputs: model
+            .inputs
+            .iter()
+            .zip(tensors)
+            .map(|(t, (shape, _))| pb::model_infer_request::InferInputTensor {
+                name: t.name.clone(),
+                datatype: t.datatype.clone(),
+                shape: shape.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        raw_input_contents: ranges
+            .iter()
+            .map(|r| bytes.slice(json_len + r.start..json_len + r.end))
+            .collect(),
+        ..Default::default()
+    });
     Ok(Body {
-        bytes: Bytes::from(bytes),
+        bytes,
         header_length,
-        grpc: None,
+        grpc,
     })
 }
 

@@ -366,13 +366,7 @@ async fn measure(
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    let mut bodies = prepare(&model, &search.source, Encoding::Binary, 1, &HashMap::new())?;
-    if c.protocol == Protocol::Grpc {
-        bodies = bodies
-            .into_iter()
-            .map(|b| b.with_grpc(&search.model))
-            .collect::<Result<_>>()?;
-    }
+    let bodies = prepare(&model, &search.source, Encoding::Binary, 1, &HashMap::new())?;
     let target = Target {
         client,
         model: search.model.clone(),

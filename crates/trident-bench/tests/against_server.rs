@@ -78,11 +78,7 @@ async fn grpc_protocol_reads_metadata_infers_and_reads_statistics() {
     let model = client.model("simple").await.unwrap();
     assert_eq!(model.max_batch_size, 8);
     assert_eq!(model.inputs.len(), 2);
-    let bodies: Vec<_> = prepare(&model, &Source::Random, Encoding::Binary, 2, &HashMap::new())
-        .unwrap()
-        .into_iter()
-        .map(|b| b.with_grpc("simple").unwrap())
-        .collect();
+    let bodies = prepare(&model, &Source::Random, Encoding::Binary, 2, &HashMap::new()).unwrap();
     let t = Target {
         client: client.clone(),
         model: "simple".into(),
@@ -101,7 +97,7 @@ async fn grpc_protocol_reads_metadata_infers_and_reads_statistics() {
         "{err:#}"
     );
     let json = prepare(&model, &Source::Random, Encoding::Json, 1, &HashMap::new()).unwrap();
-    let err = json[0].clone().with_grpc("simple").unwrap_err();
+    let err = client.infer("simple", &json[0]).await.unwrap_err();
     assert!(format!("{err:#}").contains("--encoding binary"), "{err:#}");
 }
 

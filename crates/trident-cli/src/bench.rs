@@ -198,49 +198,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let report = runtime.block_on(async {
-        let timeout = Duration::from_millis(args.request_timeout);
-        let client = match (args.protocol, &args.url) {
-            (Proto::Http, url) => Client::new(url.as_deref().unwrap_or("http://127.0.0.1:8000"), timeout)?,
-            (Proto::Grpc, url) => Client::grpc(url.as_deref().unwrap_or("127.0.0.1:8001"), timeout)?,
-        };
-        let model = match &args.model_metadata {
-            None => client.model(&args.model).await.map_err(|e| {
-                if format!("{e:#}").contains("404") {
-                    e.context(
-                        "the server has no KServe v2 metadata for this model (a server without \
-                         the metadata endpoint, such as TorchServe, needs --model-metadata FILE)",
-                    )
-                } else {
-                    e
-                }
-            })?,
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("--model-metadata {}", path.display()))?;
-                let meta: serde_json::Value = serde_json::from_str(&text)
-                    .with_context(|| format!("--model-metadata {}: not JSON", path.display()))?;
-                trident_bench::client::ModelInfo::from_metadata(&args.model, &meta, None)
-                    .with_context(|| format!("--model-metadata {}", path.display()))?
-            }
-        };
-        let mut bodies = inputs::prepare(&model, &source, encoding, args.batch_size, &shapes)?;
-        if args.protocol == Proto::Grpc {
-            bodies = bodies
-                .into_iter()
-                .map(|b| b.with_grpc(&args.model))
-                .collect::<Result<_>>()?;
-        }
-        // One request before the load: a model that cannot answer fails here, clearly.
-        client
-            .infer(&args.model, &bodies[0])
-            .await
-            .with_context(|| format!("a first request to model `{}` failed", args.model))?;
-        let target = Target {
-            client,
-            model: args.model.clone(),
-            bodies: Arc::new(bodies),
-            batch: args.batch_size,
-        };
+        let target = connect(&args, &source, encoding, &shapes).await?;
         let interrupt = async {
             let _ = tokio::signal::ctrl_c().await;
         };
@@ -426,4 +384,51 @@ pub fn recommend(args: RecommendArgs) -> Result<()> {
     report::write_atomically(&out, rewrite_config(&config, &best.candidate)?.as_bytes())?;
     println!("best: {} -> wrote {}", best.candidate.name(), out.display());
     Ok(())
+}
+
+/// The client for `--url` / `-i`, the model's metadata (from the server or
+/// `--model-metadata`), the prepared bodies, and one first request that must succeed.
+async fn connect(
+    args: &BenchArgs,
+    source: &Source,
+    encoding: Encoding,
+    shapes: &HashMap<String, Vec<i64>>,
+) -> Result<Target> {
+    let timeout = Duration::from_millis(args.request_timeout);
+    let client = match (args.protocol, &args.url) {
+        (Proto::Http, url) => Client::new(url.as_deref().unwrap_or("http://127.0.0.1:8000"), timeout)?,
+        (Proto::Grpc, url) => Client::grpc(url.as_deref().unwrap_or("127.0.0.1:8001"), timeout)?,
+    };
+    let model = match &args.model_metadata {
+        None => client.model(&args.model).await.map_err(|e| {
+            if format!("{e:#}").contains("404") {
+                e.context(
+                    "the server has no KServe v2 metadata for this model (a server without \
+                     the metadata endpoint, such as TorchServe, needs --model-metadata FILE)",
+                )
+            } else {
+                e
+            }
+        })?,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--model-metadata {}", path.display()))?;
+            let meta: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("--model-metadata {}: not JSON", path.display()))?;
+            trident_bench::client::ModelInfo::from_metadata(&args.model, &meta, None)
+                .with_context(|| format!("--model-metadata {}", path.display()))?
+        }
+    };
+    let bodies = inputs::prepare(&model, source, encoding, args.batch_size, shapes)?;
+    // One request before the load: a model that cannot answer fails here, clearly.
+    client
+        .infer(&args.model, &bodies[0])
+        .await
+        .with_context(|| format!("a first request to model `{}` failed", args.model))?;
+    Ok(Target {
+        client,
+        model: args.model.clone(),
+        bodies: Arc::new(bodies),
+        batch: args.batch_size,
+    })
 }
