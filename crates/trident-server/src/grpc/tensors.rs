@@ -253,19 +253,17 @@ fn check_shape(at: &str, shape: &[i64]) -> Result<(), ApiError> {
 
 /// The bytes of typed contents, checked against the datatype and element count.
 fn typed(at: &str, dtype: DataType, count: usize, c: InferTensorContents) -> Result<Bytes, ApiError> {
-    let filled: Vec<&str> = [
-        ("bool_contents", !c.bool_contents.is_empty()),
-        ("int_contents", !c.int_contents.is_empty()),
-        ("int64_contents", !c.int64_contents.is_empty()),
-        ("uint_contents", !c.uint_contents.is_empty()),
-        ("uint64_contents", !c.uint64_contents.is_empty()),
-        ("fp32_contents", !c.fp32_contents.is_empty()),
-        ("fp64_contents", !c.fp64_contents.is_empty()),
-        ("bytes_contents", !c.bytes_contents.is_empty()),
-    ]
-    .into_iter()
-    .filter_map(|(field, set)| set.then_some(field))
-    .collect();
+    // Each field with its element count: exactly the datatype's field may be set.
+    let lens = [
+        ("bool_contents", c.bool_contents.len()),
+        ("int_contents", c.int_contents.len()),
+        ("int64_contents", c.int64_contents.len()),
+        ("uint_contents", c.uint_contents.len()),
+        ("uint64_contents", c.uint64_contents.len()),
+        ("fp32_contents", c.fp32_contents.len()),
+        ("fp64_contents", c.fp64_contents.len()),
+        ("bytes_contents", c.bytes_contents.len()),
+    ];
     let field = match dtype {
         DataType::Bool => "bool_contents",
         DataType::I8 | DataType::I16 | DataType::I32 => "int_contents",
@@ -281,21 +279,12 @@ fn typed(at: &str, dtype: DataType, count: usize, c: InferTensorContents) -> Res
             )))
         }
     };
-    if let Some(other) = filled.iter().find(|&&f| f != field) {
+    if let Some((other, _)) = lens.iter().find(|(f, n)| *n > 0 && *f != field) {
         return Err(ApiError::bad_request(format!(
             "{at}: {dtype} data must be in '{field}', got '{other}'"
         )));
     }
-    let got = match dtype {
-        DataType::Bool => c.bool_contents.len(),
-        DataType::I8 | DataType::I16 | DataType::I32 => c.int_contents.len(),
-        DataType::I64 => c.int64_contents.len(),
-        DataType::U8 | DataType::U16 | DataType::U32 => c.uint_contents.len(),
-        DataType::U64 => c.uint64_contents.len(),
-        DataType::F32 => c.fp32_contents.len(),
-        DataType::F64 => c.fp64_contents.len(),
-        _ => c.bytes_contents.len(),
-    };
+    let got = lens.iter().find(|(f, _)| *f == field).map_or(0, |(_, n)| *n);
     if got != count {
         return Err(ApiError::bad_request(format!(
             "{at}: shape needs {count} elements, got {got} in '{field}'"
