@@ -20,9 +20,7 @@ use crate::ServeError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use trident_core::config::pb::model_sequence_batching::{
-    control::Kind, initial_state, Control, StrategyChoice,
-};
+use trident_core::config::pb::model_sequence_batching::{control::Kind, initial_state, Control};
 use trident_core::config::{self, pb, ModelConfig};
 use trident_core::{DataType, Tensor};
 
@@ -170,11 +168,6 @@ impl Sequencer {
                 dtype,
                 dims: s.dims.clone(),
             });
-        }
-        if let Some(StrategyChoice::Oldest(o)) = &sb.strategy_choice {
-            if o.max_candidate_sequences < 0 {
-                return Err("sequence_batching.oldest.max_candidate_sequences must be >= 0".into());
-            }
         }
         let idle = match sb.max_sequence_idle_microseconds {
             0 => DEFAULT_IDLE,
