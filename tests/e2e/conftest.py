@@ -190,8 +190,8 @@ class TridentServer:
         name = {"tract": "tract", "ort": "onnxruntime"}[wanted]
         with self._cond:
             engines = set(re.findall(r"loading with (\w+)", "\n".join(self.lines)))
-        # Trident's own pre-processing backends run on no ONNX engine.
-        engines -= {"tokenizer", "image"}
+        # Trident's own native backends (pre-processing, repeat) run on no ONNX engine.
+        engines -= {"tokenizer", "image", "repeat"}
         # Empty when nothing is loaded at start (explicit mode without --load-model).
         assert engines <= {name}, f"expected every model on {name}, log shows {engines}"
 

@@ -338,6 +338,128 @@ def test_sequence_id_on_a_model_without_sequence_batching_is_refused(gclient):
     assert "has no sequence_batching" in e.value.message()
 
 
+# -- decoupled models ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decoupled(tmp_path_factory):
+    """repeat_int32 (Triton's example decoupled model, on Trident's `repeat` backend, one
+    instance) beside `simple`."""
+    repo = tmp_path_factory.mktemp("decoupled") / "models"
+    repo.mkdir()
+    for m in ("repeat_int32", "simple"):
+        shutil.copytree(OFFICIAL_MODELS / m, repo / m)
+    srv = TridentServer(repo)
+    srv.wait_started()
+    yield srv
+    assert srv.stop() == 0, srv.log(last=60)
+
+
+def repeat_inputs(values, delays, wait=0):
+    arrays = [
+        ("IN", np.array(values, np.int32), "INT32"),
+        ("DELAY", np.array(delays, np.uint32), "UINT32"),
+        ("WAIT", np.array([wait], np.uint32), "UINT32"),
+    ]
+    inputs = []
+    for name, a, dt in arrays:
+        inputs.append(grpcclient.InferInput(name, list(a.shape), dt))
+        inputs[-1].set_data_from_numpy(a)
+    return inputs
+
+
+def final_flag(result):
+    return result.get_response().parameters["triton_final_response"].bool_param
+
+
+def test_decoupled_responses_stream_interleaved_with_final_flags(decoupled):
+    """Two requests on one instance (WAIT 0 frees it at once): their responses interleave
+    by time; each data response says it is not final, and the empty final response comes
+    only where the request asks for it. A plain model in the same stream is final at once."""
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(decoupled.grpc_url) as c:
+        c.start_stream(callback=lambda result, error: results.put((result, error)))
+        c.async_stream_infer("repeat_int32", repeat_inputs([1, 2, 3], [200, 200, 200]), request_id="a", enable_empty_final_response=True)
+        c.async_stream_infer("repeat_int32", repeat_inputs([10, 11], [100, 200]), request_id="b")
+        _, _, inputs = simple_inputs()
+        c.async_stream_infer("simple", inputs, request_id="plain")
+        got = [results.get(timeout=30) for _ in range(7)]
+        time.sleep(0.3)
+        assert results.empty(), "b did not ask for an empty final response"
+        c.stop_stream()
+    assert all(e is None for _, e in got), [str(e) for _, e in got if e]
+    seen = [(r.get_response().id, None if r.as_numpy("OUT") is None else int(r.as_numpy("OUT")[0]), final_flag(r)) for r, _ in got]
+    assert seen[0] == ("plain", None, True), seen
+    assert [x for x in seen if x[0] != "plain"] == [
+        ("b", 10, False),
+        ("a", 1, False),
+        ("b", 11, False),
+        ("a", 2, False),
+        ("a", 3, False),
+        ("a", None, True),
+    ], seen
+    idx = [int(r.as_numpy("IDX")[0]) for r, _ in got if r.get_response().id == "a" and r.as_numpy("IDX") is not None]
+    assert idx == [0, 1, 2]
+    plain = next(r for r, _ in got if r.get_response().id == "plain")
+    assert final_flag(plain) and plain.as_numpy("OUTPUT0") is not None
+
+
+def test_decoupled_errors_and_empty_requests_in_stream(decoupled):
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(decoupled.grpc_url) as c:
+        c.start_stream(callback=lambda result, error: results.put((result, error)))
+        c.async_stream_infer("repeat_int32", repeat_inputs([1, 2], [0]), request_id="mismatch")
+        c.async_stream_infer("repeat_int32", repeat_inputs([], [], wait=0), request_id="none", enable_empty_final_response=True)
+        got = [results.get(timeout=30) for _ in range(2)]
+        c.async_stream_infer("repeat_int32", repeat_inputs([5], [0]), request_id="after")
+        after, error = results.get(timeout=30)
+        c.stop_stream()
+    errors = [e for _, e in got if e is not None]
+    assert len(errors) == 1 and "expected IN and DELAY shape to match, got [2] and [1]" in errors[0].message()
+    (empty,) = [r for r, e in got if e is None]
+    assert empty.get_response().id == "none" and final_flag(empty) and empty.as_numpy("OUT") is None
+    assert error is None and int(after.as_numpy("OUT")[0]) == 5, "the stream keeps going"
+
+
+def test_decoupled_models_are_refused_outside_streams_with_tritons_texts(decoupled):
+    with grpcclient.InferenceServerClient(decoupled.grpc_url) as c:
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("repeat_int32", repeat_inputs([1], [0]))
+        assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert e.value.message() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
+    inputs = []
+    for name, a, dt in [("IN", np.array([1], np.int32), "INT32"), ("DELAY", np.array([0], np.uint32), "UINT32"), ("WAIT", np.array([0], np.uint32), "UINT32")]:
+        inputs.append(httpclient.InferInput(name, [1], dt))
+        inputs[-1].set_data_from_numpy(a)
+    with httpclient.InferenceServerClient(decoupled.url) as h:
+        with pytest.raises(InferenceServerException) as e:
+            h.infer("repeat_int32", inputs)
+        assert e.value.message() == "HTTP end point doesn't support models with decoupled transaction policy"
+        assert str(e.value.status()) == "501"
+        assert h.is_model_ready("repeat_int32"), "the refusal leaves the model serving"
+        cfg = h.get_model_config("repeat_int32")
+        assert cfg["model_transaction_policy"] == {"decoupled": True}
+    assert "model_transaction_policy" not in decoupled.log(), "no warning names the decoupled policy: it is implemented"
+
+
+def test_a_client_that_leaves_mid_stream_does_not_stop_the_server(decoupled):
+    """The stream closes while responses are still due: the model's response thread sees
+    it and stops; the server serves the next client."""
+    c = grpcclient.InferenceServerClient(decoupled.grpc_url)
+    c.start_stream(callback=lambda result, error: None)
+    c.async_stream_infer("repeat_int32", repeat_inputs(list(range(50)), [20] * 50))
+    time.sleep(0.2)
+    c.stop_stream(cancel_requests=True)
+    c.close()
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(decoupled.grpc_url) as c:
+        c.start_stream(callback=lambda result, error: results.put((result, error)))
+        c.async_stream_infer("repeat_int32", repeat_inputs([7, 8], [0, 0]))
+        got = [results.get(timeout=30) for _ in range(2)]
+        c.stop_stream()
+    assert [int(r.as_numpy("OUT")[0]) for r, _ in got] == [7, 8]
+
+
 # -- load overrides ----------------------------------------------------------------------
 
 

@@ -5,8 +5,8 @@ prints one, print its PASS line.
 
 The model repository is tests/e2e/official/models: Triton's example models rebuilt as
 ONNX (make_models.py, MODELS.md); simple_string_dyna_sequence, a C++ test backend in
-Triton, is an ONNX model with implicit state here. Examples that need what Trident does not have yet are
-marked xfail(strict=True) with the reason, so they fail loudly once they pass.
+Triton, is an ONNX model with implicit state here; repeat_int32 runs on Trident's native
+`repeat` backend, as on Triton's. The CUDA shared-memory examples are skipped (no GPU).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ TIMEOUT_S = 120
 
 # Needs a GPU and cuda-python: not runnable on a CPU machine.
 CUDA = pytest.mark.skip(reason="CUDA shared memory needs a GPU and cuda-python")
-DECOUPLED = pytest.mark.xfail(strict=True, reason="decoupled models (repeat backend) are not implemented")
 
 
 def _repository(tmp: Path, without: tuple[str, ...] = ()) -> Path:
     """The examples' repository; `without` drops models, as qa/L0_http's lacks
-    simple_int8 (its model-control example counts 7 models, L0_grpc's counts 8)."""
+    simple_int8 (its model-control example counts 7 models, L0_grpc's counts 8) and
+    neither has repeat_int32."""
     repo = tmp / "models"
     shutil.copytree(MODELS, repo, ignore=lambda d, names: [n for n in names if Path(d) == MODELS and n in without])
     return repo
@@ -107,7 +107,7 @@ GRPC_EXAMPLES = [
     ("simple_grpc_aio_sequence_stream_infer_client.py", [], "PASS: grpc aio sequence stream"),
     ("simple_grpc_aio_sequence_stream_infer_client.py", ["-d"], "PASS: grpc aio sequence stream"),
     pytest.param("simple_grpc_cudashm_client.py", [], "PASS: cudashm", marks=CUDA),
-    pytest.param("simple_grpc_custom_repeat.py", [], "PASS: Decoupled API", marks=DECOUPLED),
+    ("simple_grpc_custom_repeat.py", [], "PASS: Decoupled API"),
 ]
 
 
@@ -166,8 +166,8 @@ def test_http_image_client(official):
 @pytest.mark.parametrize(
     "script,without,protocol",
     [
-        ("simple_http_model_control.py", ("simple_int8",), "http"),
-        ("simple_grpc_model_control.py", (), "grpc"),
+        ("simple_http_model_control.py", ("simple_int8", "repeat_int32"), "http"),
+        ("simple_grpc_model_control.py", ("repeat_int32",), "grpc"),
     ],
 )
 def test_model_control_example(tmp_path, script, without, protocol):

@@ -61,6 +61,12 @@ impl Ensemble {
             }
             let m = lookup(&s.model, s.version.as_deref())
                 .map_err(|e| format!("{}: the composing model is not available: {e}", s.label(k)))?;
+            if m.decoupled() {
+                return Err(format!(
+                    "{}: the model is decoupled (many responses per request); ensembles of decoupled models are not implemented",
+                    s.label(k)
+                ));
+            }
             if config.max_batch_size > 0 && m.config().max_batch_size < config.max_batch_size {
                 return Err(format!(
                     "{}: its max_batch_size {} is below the ensemble's {}",

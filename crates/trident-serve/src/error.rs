@@ -51,6 +51,10 @@ pub enum ServeError {
     /// The operation is not allowed in the current model control mode.
     #[error("{0}")]
     NotAllowed(String),
+    /// The request asks for something this model or endpoint does not do (Triton's
+    /// UNSUPPORTED), e.g. a single answer from a decoupled model.
+    #[error("{0}")]
+    Unsupported(String),
     /// The backend failed while executing.
     #[error("inference failed: {0}")]
     Backend(String),

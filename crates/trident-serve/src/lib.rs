@@ -18,5 +18,5 @@ pub mod stats;
 pub mod warmup;
 
 pub use error::ServeError;
-pub use model::{InferRequest, InferResponse, IoSpec, ModelVersion, OutputRequest};
+pub use model::{InferRequest, InferResponse, IoSpec, ModelVersion, OutputRequest, Responses};
 pub use repository::{ControlMode, LoadOverride, OnnxEngine, Repository, RepositoryOptions};

@@ -3,9 +3,10 @@
 //! tensor work happens on the model's own OS threads (see `scheduler`).
 
 use crate::backend::Model;
+use crate::backend::Streamed;
 use crate::batcher::BatchPolicy;
 use crate::cache::ResponseCache;
-use crate::scheduler::{self, Executed, Job, Scheduler};
+use crate::scheduler::{self, Executed, Job, Reply, Scheduler};
 use crate::sequence::Sequencer;
 use crate::stats::ModelStats;
 use crate::ServeError;
@@ -117,6 +118,8 @@ pub struct ModelVersion {
     cache: Option<Arc<ResponseCache>>,
     /// The sequence batcher, for models with `sequence_batching`.
     sequencer: Option<Sequencer>,
+    /// `model_transaction_policy { decoupled: true }`: responses are streamed.
+    decoupled: bool,
 }
 
 /// What executes a version's requests.
@@ -160,7 +163,12 @@ impl ModelVersion {
     /// Spawns the instances and the scheduler.
     pub fn start(d: Deployment) -> Result<Self, ServeError> {
         let stats = Arc::new(ModelStats::default());
-        let policy = batch_policy(&d.config);
+        let decoupled = is_decoupled(&d.config);
+        let mut policy = batch_policy(&d.config);
+        if decoupled && policy.enabled {
+            tracing::warn!(model = %d.name, "dynamic batching of a decoupled model is not implemented: its requests run one at a time");
+            policy.enabled = false;
+        }
         let max_queue = match &d.config.scheduling_choice {
             Some(pb::model_config::SchedulingChoice::DynamicBatching(db)) => db
                 .default_queue_policy
@@ -170,14 +178,28 @@ impl ModelVersion {
                 .unwrap_or(DEFAULT_MAX_QUEUE),
             _ => DEFAULT_MAX_QUEUE,
         };
-        let sequencer = Sequencer::from_config(&d.config).map_err(|reason| ServeError::NotReady {
-            model: d.name.clone(),
-            reason,
-        })?;
+        let sequencer =
+            Sequencer::from_config(&d.config, d.instances).map_err(|reason| ServeError::NotReady {
+                model: d.name.clone(),
+                reason,
+            })?;
+        if sequencer.is_some() && decoupled {
+            return Err(ServeError::NotReady {
+                model: d.name.clone(),
+                reason: "sequence_batching of a decoupled model is not implemented".into(),
+            });
+        }
+        if decoupled && d.cache.is_some() {
+            tracing::warn!(model = %d.name, "response_cache does not apply to decoupled models (a request has many responses): not cached");
+        }
         if sequencer.is_some() && d.cache.is_some() {
             tracing::warn!(model = %d.name, "response_cache does not apply to sequence models (their outputs depend on the sequence): not cached");
         }
-        let cache = if sequencer.is_some() { None } else { d.cache };
+        let cache = if sequencer.is_some() || decoupled {
+            None
+        } else {
+            d.cache
+        };
         let label = format!("{}:{}", d.name, d.version);
         let scheduler = scheduler::start(
             &label,
@@ -207,6 +229,7 @@ impl ModelVersion {
             labels: d.labels,
             cache,
             sequencer,
+            decoupled,
         })
     }
 
@@ -233,6 +256,7 @@ impl ModelVersion {
             labels,
             cache,
             sequencer: None,
+            decoupled: false,
         }
     }
 
@@ -268,6 +292,11 @@ impl ModelVersion {
     pub fn stats(&self) -> &ModelStats {
         &self.stats
     }
+    /// Whether the model streams its responses (`model_transaction_policy { decoupled:
+    /// true }`): it answers [`ModelVersion::infer_decoupled`] only.
+    pub fn decoupled(&self) -> bool {
+        self.decoupled
+    }
 
     /// Validates, queues and runs one request.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, ServeError> {
@@ -286,11 +315,78 @@ impl ModelVersion {
         }
     }
 
+    /// Validates and queues one request of a decoupled model; its responses (any
+    /// number, each with the requested outputs) come from [`Responses::next`].
+    pub fn infer_decoupled(&self, request: InferRequest) -> Result<Responses<'_>, ServeError> {
+        let received = request.received;
+        let result = self.start_decoupled(request);
+        if result.is_err() {
+            self.stats.record_failure(received.elapsed());
+        }
+        result
+    }
+
+    fn start_decoupled(&self, request: InferRequest) -> Result<Responses<'_>, ServeError> {
+        let Runner::Backend { scheduler, .. } = &self.runner else {
+            return Err(ServeError::Unsupported(format!(
+                "model '{}' is not decoupled",
+                self.name
+            )));
+        };
+        if !self.decoupled {
+            return Err(ServeError::Unsupported(format!(
+                "model '{}' is not decoupled: it answers each request once",
+                self.name
+            )));
+        }
+        let wanted = self.requested_outputs(&request.outputs)?;
+        if let Some(flags) = &request.sequence {
+            return Err(ServeError::InvalidRequest(format!(
+                "model '{}' has no sequence_batching: sequence {} (sequence_id, sequence_start, sequence_end) would have no effect",
+                self.name, flags.id
+            )));
+        }
+        let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
+        self.stats
+            .try_add_pending(self.max_queue)
+            .map_err(|pending| ServeError::Overloaded {
+                model: self.name.clone(),
+                pending: pending.max(0) as usize,
+                limit: self.max_queue,
+            })?;
+        let pending = PendingGuard(&self.stats);
+        // A few responses may wait for a slow client; then the backend waits.
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        scheduler.submit(Job {
+            inputs,
+            rows,
+            signature,
+            enqueued: Instant::now(),
+            reply: Reply::Stream(tx),
+        });
+        Ok(Responses {
+            model: self,
+            rx,
+            wanted,
+            rows,
+            received: request.received,
+            dispatched: None,
+            finished: false,
+            _pending: pending,
+        })
+    }
+
     /// The response and the model time of the execution that produced it.
     async fn infer_inner(
         &self,
         request: InferRequest,
     ) -> Result<(InferResponse, std::time::Duration), ServeError> {
+        if self.decoupled {
+            return Err(ServeError::Unsupported(format!(
+                "model '{}' is decoupled: its responses can only be streamed (gRPC ModelStreamInfer)",
+                self.name
+            )));
+        }
         let wanted = self.requested_outputs(&request.outputs)?;
         if let Some(sequencer) = &self.sequencer {
             return self.infer_sequence(sequencer, request, &wanted).await;
@@ -340,6 +436,7 @@ impl ModelVersion {
         let slot = sequencer.enter(request.sequence.as_ref())?;
         let flags = request.sequence.expect("enter checked the sequence");
         let mut active = slot.lock().await;
+        sequencer.admit(&flags, &slot).await;
         let result = async {
             let extra = sequencer.extra_inputs(&flags, &active)?;
             for (i, (_, t)) in extra.iter().enumerate() {
@@ -387,7 +484,7 @@ impl ModelVersion {
             rows,
             signature,
             enqueued: Instant::now(),
-            reply,
+            reply: Reply::Once(reply),
         });
         rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))?
     }
@@ -641,6 +738,72 @@ impl ModelVersion {
         }
         Ok(InferResponse { outputs })
     }
+}
+
+/// The responses of one request of a decoupled model, in the order the model sends
+/// them. The request counts as a success or a failure in the statistics when they end.
+pub struct Responses<'a> {
+    model: &'a ModelVersion,
+    rx: tokio::sync::mpsc::Receiver<Streamed>,
+    wanted: Vec<(usize, Option<usize>)>,
+    rows: usize,
+    received: Instant,
+    dispatched: Option<Instant>,
+    finished: bool,
+    _pending: PendingGuard<'a>,
+}
+
+impl Responses<'_> {
+    /// The next response; `None` once the model has sent its last. An error ends the
+    /// request.
+    pub async fn next(&mut self) -> Option<Result<InferResponse, ServeError>> {
+        if self.finished {
+            return None;
+        }
+        loop {
+            let message = self.rx.recv().await;
+            let stats = &self.model.stats;
+            return match message {
+                Some(Streamed::Dispatched(at)) => {
+                    self.dispatched = Some(at);
+                    continue;
+                }
+                Some(Streamed::Response(outputs)) => {
+                    match self.model.select_outputs(outputs, &self.wanted, self.rows) {
+                        Ok(response) => Some(Ok(response)),
+                        Err(e) => Some(Err(self.end_with(e))),
+                    }
+                }
+                Some(Streamed::Failed(e)) => Some(Err(self.end_with(e))),
+                None => {
+                    self.finished = true;
+                    let elapsed = self.received.elapsed();
+                    match self.dispatched {
+                        // The model held the request from dispatch to its last response.
+                        Some(at) => stats.record_success(elapsed, at.elapsed()),
+                        // The model went away before running it (unloaded).
+                        None => stats.record_failure(elapsed),
+                    }
+                    self.dispatched
+                        .is_none()
+                        .then(|| Err(ServeError::Unloading(self.model.name.clone())))
+                }
+            };
+        }
+    }
+
+    fn end_with(&mut self, e: ServeError) -> ServeError {
+        self.finished = true;
+        self.model.stats.record_failure(self.received.elapsed());
+        e
+    }
+}
+
+fn is_decoupled(config: &ModelConfig) -> bool {
+    config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
 }
 
 /// `[batch?] + dims`, with one -1 in `dims` resolved from the element count per row.

@@ -5,7 +5,7 @@
 //! assembles the batch, executes it, splits the outputs and replies to each request
 //! through its oneshot. No tensor work ever runs on an async executor thread.
 
-use crate::backend::{BackendError, Model, ModelInstance};
+use crate::backend::{BackendError, Model, ModelInstance, ResponseSender, Streamed};
 use crate::batcher::{BatchItem, BatchPolicy, BatchQueue, Decision};
 use crate::stats::{ExecutionTimes, ModelStats};
 use crate::ServeError;
@@ -30,7 +30,32 @@ pub(crate) struct Job {
     pub rows: usize,
     pub signature: Vec<i64>,
     pub enqueued: Instant,
-    pub reply: tokio::sync::oneshot::Sender<Result<Executed, ServeError>>,
+    pub reply: Reply,
+}
+
+/// Where a job's answer goes.
+pub(crate) enum Reply {
+    /// The one answer of a model that is not decoupled.
+    Once(tokio::sync::oneshot::Sender<Result<Executed, ServeError>>),
+    /// A decoupled model's responses (such a job always runs alone).
+    Stream(tokio::sync::mpsc::Sender<Streamed>),
+}
+
+impl Reply {
+    fn is_closed(&self) -> bool {
+        match self {
+            Reply::Once(tx) => tx.is_closed(),
+            Reply::Stream(tx) => tx.is_closed(),
+        }
+    }
+
+    fn send(self, result: Result<Executed, ServeError>) {
+        match (self, result) {
+            (Reply::Once(tx), result) => drop(tx.send(result)),
+            (Reply::Stream(tx), Ok(executed)) => drop(tx.blocking_send(Streamed::Response(executed.outputs))),
+            (Reply::Stream(tx), Err(e)) => drop(tx.blocking_send(Streamed::Failed(e))),
+        }
+    }
 }
 
 impl BatchItem for Job {
@@ -181,6 +206,14 @@ fn run_batch(instance: &mut dyn ModelInstance, mut jobs: Vec<Job>, stats: &Model
     if jobs.len() == 1 {
         return run_alone(instance, jobs.pop().expect("one job"), start, stats);
     }
+    if jobs.iter().any(|j| matches!(j.reply, Reply::Stream(_))) {
+        // Decoupled models do not batch (their policy never merges); should jobs of
+        // one arrive together anyway, each still runs by itself.
+        for job in jobs {
+            run_alone(instance, job, Instant::now(), stats);
+        }
+        return;
+    }
     let rows: Vec<i64> = jobs.iter().map(|j| j.rows as i64).collect();
     match assemble(&jobs).and_then(|inputs| execute(instance, inputs, &rows, start, stats)) {
         Ok(answers) => reply(jobs, answers),
@@ -199,6 +232,9 @@ fn run_batch(instance: &mut dyn ModelInstance, mut jobs: Vec<Job>, stats: &Model
 /// Runs one job by itself; its inputs are handed to the engine (nothing would rerun it).
 fn run_alone(instance: &mut dyn ModelInstance, mut job: Job, start: Instant, stats: &ModelStats) {
     let inputs = std::mem::take(&mut job.inputs);
+    if let Reply::Stream(tx) = job.reply {
+        return run_decoupled(instance, inputs, job.rows, tx, start, stats);
+    }
     match execute(instance, inputs, &[job.rows as i64], start, stats) {
         Ok(answers) => reply(vec![job], answers),
         Err(e) => fail(vec![job], e),
@@ -216,12 +252,8 @@ fn execute(
 ) -> Result<(Vec<Outputs>, std::time::Duration), ServeError> {
     let t_input = start.elapsed();
     let t0 = Instant::now();
-    let outputs = crate::backend::guard_panics("while executing", || instance.execute(inputs)).map_err(
-        |e| match e {
-            BackendError::InvalidInput(m) => ServeError::InvalidRequest(m),
-            e => ServeError::Backend(e.to_string()),
-        },
-    )?;
+    let outputs =
+        crate::backend::guard_panics("while executing", || instance.execute(inputs)).map_err(serve_error)?;
     let t_infer = t0.elapsed();
     let t1 = Instant::now();
     let split = split_outputs(outputs, rows, rows.len())?;
@@ -235,9 +267,49 @@ fn execute(
     Ok((split, t_infer))
 }
 
+/// One request of a decoupled model: the instance sends its responses (now or from its
+/// own threads); the execution's time is until the instance is free again.
+fn run_decoupled(
+    instance: &mut dyn ModelInstance,
+    inputs: Outputs,
+    rows: usize,
+    tx: tokio::sync::mpsc::Sender<Streamed>,
+    start: Instant,
+    stats: &ModelStats,
+) {
+    let t_input = start.elapsed();
+    let t0 = Instant::now();
+    if tx.blocking_send(Streamed::Dispatched(start)).is_err() {
+        return;
+    }
+    let responses = ResponseSender::new(tx.clone());
+    match crate::backend::guard_panics("while executing", || {
+        instance.execute_decoupled(inputs, responses)
+    }) {
+        Ok(()) => {
+            let times = ExecutionTimes {
+                input: t_input,
+                infer: t0.elapsed(),
+                output: std::time::Duration::ZERO,
+            };
+            stats.record_execution(rows, 1, times);
+        }
+        Err(e) => fail_one(Reply::Stream(tx), serve_error(e)),
+    }
+}
+
+/// A backend's refusal of a request's data is the client's error; anything else is the
+/// engine's.
+fn serve_error(e: BackendError) -> ServeError {
+    match e {
+        BackendError::InvalidInput(m) => ServeError::InvalidRequest(m),
+        e => ServeError::Backend(e.to_string()),
+    }
+}
+
 fn reply(jobs: Vec<Job>, (per_job, compute_infer): (Vec<Outputs>, std::time::Duration)) {
     for (job, outputs) in jobs.into_iter().zip(per_job) {
-        let _ = job.reply.send(Ok(Executed {
+        job.reply.send(Ok(Executed {
             outputs,
             compute_infer,
         }));
@@ -245,13 +317,17 @@ fn reply(jobs: Vec<Job>, (per_job, compute_infer): (Vec<Outputs>, std::time::Dur
 }
 
 fn fail(jobs: Vec<Job>, e: ServeError) {
+    for job in jobs {
+        fail_one(job.reply, e.clone());
+    }
+}
+
+fn fail_one(reply: Reply, e: ServeError) {
     match &e {
         ServeError::InvalidRequest(m) => tracing::debug!("request refused by the model: {m}"),
         e => tracing::warn!("execution failed: {e}"),
     }
-    for job in jobs {
-        let _ = job.reply.send(Err(e.clone()));
-    }
+    reply.send(Err(e));
 }
 
 /// Concatenates the jobs' inputs along the batch dimension (the jobs keep theirs, for a
@@ -328,7 +404,7 @@ mod tests {
             rows: 1,
             signature: vec![0, 1, -2],
             enqueued: Instant::now(),
-            reply,
+            reply: Reply::Once(reply),
         };
         (job, rx)
     }

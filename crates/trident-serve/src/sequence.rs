@@ -10,11 +10,17 @@
 //! (zeros, or the configured initial state, at START); state tensors never reach the
 //! client.
 //!
-//! Requests of different sequences batch together through the model's scheduler (the
-//! Oldest strategy's behaviour). Slots are not pinned to instances as Triton's Direct
-//! strategy pins them: that matters only to backends that keep per-slot state inside
-//! the instance, and every Trident backend is stateless between executions (state lives
-//! here, per sequence).
+//! Only so many sequences are active at once, as in Triton: with the Direct strategy
+//! (the default) one per batch slot, `max_batch_size` (at least 1) times the number of
+//! instances; with Oldest, `max_candidate_sequences` (0: no limit). A sequence that
+//! STARTs while all are taken waits in an ordered backlog, its requests held, until
+//! an active sequence ENDs or is released as idle.
+//!
+//! Requests of different active sequences batch together through the model's scheduler
+//! (the Oldest strategy's behaviour). Slots are not pinned to instances as Triton's
+//! Direct strategy pins them: that matters only to backends that keep per-slot state
+//! inside the instance, and every Trident backend is stateless between executions
+//! (state lives here, per sequence).
 
 use crate::ServeError;
 use std::collections::HashMap;
@@ -109,6 +115,8 @@ pub(crate) struct Active {
 struct Entry {
     slot: Arc<tokio::sync::Mutex<Active>>,
     last_used: Instant,
+    /// Order of arrival in the backlog; `None` once the sequence is active.
+    waiting: Option<u64>,
 }
 
 /// A model's sequence batcher.
@@ -119,6 +127,12 @@ pub(crate) struct Sequencer {
     controls: Vec<ControlInput>,
     states: Vec<StateSpec>,
     active: Mutex<HashMap<CorrelationId, Entry>>,
+    /// How many sequences may be active at once (`None`: no limit).
+    capacity: Option<usize>,
+    /// Next backlog ticket.
+    tickets: std::sync::atomic::AtomicU64,
+    /// Woken when an active sequence ends or is released.
+    freed: tokio::sync::Notify,
 }
 
 /// Triton's default idle time of a sequence.
@@ -127,7 +141,7 @@ const DEFAULT_IDLE: Duration = Duration::from_secs(1);
 impl Sequencer {
     /// The sequencer a config asks for, if any; an invalid `sequence_batching` is a
     /// load error naming what is wrong.
-    pub fn from_config(config: &ModelConfig) -> Result<Option<Self>, String> {
+    pub fn from_config(config: &ModelConfig, instances: usize) -> Result<Option<Self>, String> {
         let Some(pb::model_config::SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice else {
             return Ok(None);
         };
@@ -173,6 +187,21 @@ impl Sequencer {
             0 => DEFAULT_IDLE,
             us => Duration::from_micros(us),
         };
+        use pb::model_sequence_batching::StrategyChoice;
+        let capacity = match &sb.strategy_choice {
+            Some(StrategyChoice::Oldest(o)) if o.max_candidate_sequences < 0 => {
+                return Err(format!(
+                    "sequence_batching.oldest.max_candidate_sequences must not be negative, got {}",
+                    o.max_candidate_sequences
+                ))
+            }
+            Some(StrategyChoice::Oldest(o)) => {
+                (o.max_candidate_sequences > 0).then_some(o.max_candidate_sequences as usize)
+            }
+            Some(StrategyChoice::Direct(_)) | None => {
+                Some(config.max_batch_size.max(1) as usize * instances.max(1))
+            }
+        };
         Ok(Some(Sequencer {
             model: config.name.clone(),
             batching: config.max_batch_size > 0,
@@ -180,6 +209,9 @@ impl Sequencer {
             controls,
             states,
             active: Mutex::new(HashMap::new()),
+            capacity,
+            tickets: Default::default(),
+            freed: tokio::sync::Notify::new(),
         }))
     }
 
@@ -197,15 +229,7 @@ impl Sequencer {
         })?;
         let now = Instant::now();
         let mut active = self.active.lock().expect("lock");
-        // Release idle sequences (also keeps the map from growing with abandoned IDs).
-        let idle = self.idle;
-        active.retain(|id, e| {
-            let keep = now.duration_since(e.last_used) <= idle || Arc::strong_count(&e.slot) > 1;
-            if !keep {
-                tracing::info!(model = %self.model, sequence = %id, "sequence idle for longer than max_sequence_idle_microseconds: released");
-            }
-            keep
-        });
+        self.release_idle(&mut active, now);
         if flags.start {
             if active.contains_key(&flags.id) {
                 tracing::warn!(
@@ -215,13 +239,18 @@ impl Sequencer {
                 );
             }
             let slot = Arc::new(tokio::sync::Mutex::new(Active { state: Vec::new() }));
-            active.insert(
+            let ticket = self.tickets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let replaced = active.insert(
                 flags.id.clone(),
                 Entry {
                     slot: slot.clone(),
                     last_used: now,
+                    waiting: Some(ticket),
                 },
             );
+            if replaced.is_some_and(|e| e.waiting.is_none()) {
+                self.freed.notify_waiters();
+            }
             return Ok(slot);
         }
         match active.get_mut(&flags.id) {
@@ -236,6 +265,62 @@ impl Sequencer {
         }
     }
 
+    /// Releases sequences idle for longer than the idle time and not in use (also keeps
+    /// the map from growing with abandoned IDs).
+    fn release_idle(&self, active: &mut HashMap<CorrelationId, Entry>, now: Instant) {
+        let before = active.len();
+        active.retain(|id, e| {
+            let keep = now.duration_since(e.last_used) <= self.idle || Arc::strong_count(&e.slot) > 1;
+            if !keep {
+                tracing::info!(model = %self.model, sequence = %id, "sequence idle for longer than max_sequence_idle_microseconds: released");
+            }
+            keep
+        });
+        if active.len() < before {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Waits, holding the sequence's slot, until the sequence is active: at once when a
+    /// place is free, else in backlog order as active sequences end or idle out.
+    pub async fn admit(&self, flags: &SequenceFlags, slot: &Arc<tokio::sync::Mutex<Active>>) {
+        let mut logged = false;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut active = self.active.lock().expect("lock");
+                self.release_idle(&mut active, Instant::now());
+                let Some(ticket) = (match active.get(&flags.id) {
+                    Some(e) if Arc::ptr_eq(&e.slot, slot) => e.waiting,
+                    // Replaced by a new START of the same ID: run as Triton runs a
+                    // request of a terminated sequence, without waiting.
+                    _ => None,
+                }) else {
+                    return;
+                };
+                let running = active.values().filter(|e| e.waiting.is_none()).count();
+                let first = active.values().filter_map(|e| e.waiting).min() == Some(ticket);
+                if first && self.capacity.is_none_or(|c| running < c) {
+                    let e = active.get_mut(&flags.id).expect("present");
+                    e.waiting = None;
+                    e.last_used = Instant::now();
+                    // The next in the backlog may fit too.
+                    self.freed.notify_waiters();
+                    return;
+                }
+                if !logged {
+                    logged = true;
+                    tracing::debug!(model = %self.model, sequence = %flags.id, "all {running} sequence slots are taken: the sequence waits in the backlog");
+                }
+            }
+            // Idle sequences are released only when looked at: look again within the
+            // idle time even when nothing ends.
+            let _ = tokio::time::timeout(self.idle, freed).await;
+        }
+    }
+
     /// After a request of the sequence: END releases it; otherwise its idle clock
     /// restarts.
     pub fn leave(&self, flags: &SequenceFlags, slot: &Arc<tokio::sync::Mutex<Active>>) {
@@ -245,6 +330,7 @@ impl Sequencer {
             Some(e) if Arc::ptr_eq(&e.slot, slot) => {
                 if flags.end {
                     active.remove(&flags.id);
+                    self.freed.notify_waiters();
                 } else {
                     e.last_used = Instant::now();
                 }
@@ -432,7 +518,7 @@ mod tests {
 
     #[test]
     fn controls_take_the_configured_types_and_values() {
-        let s = Sequencer::from_config(&config(DYNA)).unwrap().unwrap();
+        let s = Sequencer::from_config(&config(DYNA), 1).unwrap().unwrap();
         let slot = s.enter(Some(&flags(42, true, false))).unwrap();
         let active = slot.try_lock().unwrap();
         let extra = s.extra_inputs(&flags(42, true, false), &active).unwrap();
@@ -460,7 +546,7 @@ mod tests {
 
     #[test]
     fn state_carries_over_and_end_releases() {
-        let s = Sequencer::from_config(&config(DYNA)).unwrap().unwrap();
+        let s = Sequencer::from_config(&config(DYNA), 1).unwrap().unwrap();
         let err = s.enter(Some(&flags(7, false, false))).unwrap_err().to_string();
         assert!(
             err.contains("must specify the START flag on the first request"),
@@ -512,7 +598,7 @@ mod tests {
     #[test]
     fn invalid_configs_and_ids_are_named() {
         let bad = DYNA.replace("fp32_false_true: [ 0, 1 ]", "fp32_false_true: [ 0 ]");
-        let err = Sequencer::from_config(&config(&bad)).err().unwrap();
+        let err = Sequencer::from_config(&config(&bad), 1).err().unwrap();
         assert!(err.contains("control_input 'START'"), "{err}");
         let long = "x".repeat(MAX_STRING_ID + 1);
         assert!(SequenceFlags::new(Some(CorrelationId::Str(long)), true, false).is_err());
@@ -524,5 +610,78 @@ mod tests {
             SequenceFlags::new(None, true, false).is_err(),
             "START without an ID"
         );
+    }
+
+    /// One request of a sequence through the sequencer, as `ModelVersion` runs it.
+    async fn request(s: &Sequencer, f: SequenceFlags) {
+        let slot = s.enter(Some(&f)).unwrap();
+        let guard = slot.lock().await;
+        s.admit(&f, &slot).await;
+        drop(guard);
+        s.leave(&f, &slot);
+    }
+
+    async fn admitted_within(s: &Sequencer, f: SequenceFlags, ms: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(ms), request(s, f))
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn sequences_beyond_the_slots_wait_in_order_until_one_ends_or_idles_out() {
+        // Oldest with two candidates: a third sequence waits for one of them to end.
+        let oldest = DYNA.replace(
+            "max_sequence_idle_microseconds: 5000000",
+            "max_sequence_idle_microseconds: 300000\n oldest { max_candidate_sequences: 2 }",
+        );
+        let s = Arc::new(Sequencer::from_config(&config(&oldest), 1).unwrap().unwrap());
+        assert_eq!(s.capacity, Some(2));
+        assert!(admitted_within(&s, flags(1, true, false), 50).await);
+        assert!(admitted_within(&s, flags(2, true, false), 50).await);
+        let (s3, s4) = (s.clone(), s.clone());
+        let third = tokio::spawn(async move { request(&s3, flags(3, true, false)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let fourth = tokio::spawn(async move { request(&s4, flags(4, true, false)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !third.is_finished() && !fourth.is_finished(),
+            "both wait in the backlog"
+        );
+        // A later request of an active sequence still runs.
+        assert!(admitted_within(&s, flags(1, false, false), 50).await);
+        // Sequence 2 ends: the first in the backlog (3) becomes active, not 4.
+        assert!(admitted_within(&s, flags(2, false, true), 50).await);
+        tokio::time::timeout(Duration::from_millis(100), third)
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!fourth.is_finished());
+        // Nothing ends; sequence 1 (and 3) go idle past 300 ms and are released, which
+        // makes room for 4.
+        tokio::time::timeout(Duration::from_millis(1500), fourth)
+            .await
+            .unwrap()
+            .unwrap();
+
+        // Direct (the default): max_batch_size slots per instance.
+        let direct = DYNA.replace("max_batch_size: 8", "max_batch_size: 2");
+        let s = Sequencer::from_config(&config(&direct), 2).unwrap().unwrap();
+        assert_eq!(s.capacity, Some(4));
+        // Oldest without max_candidate_sequences: no limit; a negative one is refused.
+        let unlimited = DYNA.replace("max_sequence_idle_microseconds: 5000000", "oldest { }");
+        assert_eq!(
+            Sequencer::from_config(&config(&unlimited), 1)
+                .unwrap()
+                .unwrap()
+                .capacity,
+            None
+        );
+        let negative = DYNA.replace(
+            "max_sequence_idle_microseconds: 5000000",
+            "oldest { max_candidate_sequences: -1 }",
+        );
+        let err = Sequencer::from_config(&config(&negative), 1).err().unwrap();
+        assert!(err.contains("max_candidate_sequences"), "{err}");
     }
 }

@@ -274,7 +274,7 @@ pub struct ModelStatSnapshot {
     pub execution_count: u64,
     /// Request-level durations.
     pub inference_stats: InferenceSnapshot,
-    /// Decoupled-model responses (always empty: Trident has no decoupled models yet).
+    /// Decoupled-model statistics per response index (not kept yet: reported empty).
     pub response_stats: BTreeMap<String, serde_json::Value>,
     /// Per batch size.
     pub batch_stats: Vec<BatchSnapshot>,

@@ -52,9 +52,14 @@ impl From<ServeError> for ApiError {
             // Triton: UNAVAILABLE (its clients' tests match the status).
             ServeError::NotAllowed(_) => StatusCode::SERVICE_UNAVAILABLE,
             ServeError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            // Triton: UNSUPPORTED, answered 501 (gRPC UNIMPLEMENTED).
+            ServeError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
             ServeError::Backend(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+        if status.is_server_error()
+            && status != StatusCode::SERVICE_UNAVAILABLE
+            && status != StatusCode::NOT_IMPLEMENTED
+        {
             tracing::error!("{e}");
         }
         ApiError {

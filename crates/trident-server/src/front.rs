@@ -8,7 +8,7 @@ use crate::ApiError;
 use std::sync::Arc;
 use std::time::Instant;
 use trident_core::{DataType, Tensor};
-use trident_serve::{InferRequest, ModelVersion, OutputRequest, Repository};
+use trident_serve::{InferRequest, InferResponse, ModelVersion, OutputRequest, Repository, ServeError};
 
 /// What both front ends serve: the repository and the shared memory registry.
 #[derive(Clone)]
@@ -70,31 +70,54 @@ pub(crate) struct Answer<R> {
     pub outputs: Vec<(String, Tensor, bool)>,
 }
 
-/// One inference, whatever the protocol: find the model version, decode the request
-/// and read its shared memory inputs (a failure there counts as a failed request of
-/// that model, as a validation failure does), validate, queue and run it, then write
-/// the outputs asked for in shared memory.
-pub(crate) async fn infer<R>(
+/// Which entry point a request came through, for Triton's refusal of decoupled models
+/// outside streams.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Entry {
+    Http,
+    GrpcUnary,
+}
+
+impl Entry {
+    fn refuse_decoupled(self) -> ApiError {
+        let text = match self {
+            Entry::Http => "HTTP end point doesn't support models with decoupled transaction policy",
+            Entry::GrpcUnary => "ModelInfer RPC doesn't support models with decoupled transaction policy",
+        };
+        ApiError::from(ServeError::Unsupported(text.into()))
+    }
+}
+
+/// A request decoded and its shared memory inputs read, ready for its model.
+struct Prepared<R> {
+    model: Arc<ModelVersion>,
+    request: InferRequest,
+    shared_outputs: Vec<(String, ShmRef)>,
+    rest: R,
+    /// The regions stay registered until the outputs are written.
+    _pinned: Vec<Arc<dyn Send + Sync>>,
+}
+
+/// Decodes the request and reads its shared memory inputs (a failure there counts as a
+/// failed request of that model, as a validation failure does).
+fn prepare<R>(
     app: &App,
-    model: &str,
-    version: Option<&str>,
+    model: Arc<ModelVersion>,
     received: Instant,
     decode: impl FnOnce(&ModelVersion) -> Result<Decoded<R>, ApiError>,
-) -> Result<Answer<R>, ApiError> {
-    let model = app.repo.get(model, version)?;
+) -> Result<Prepared<R>, ApiError> {
     let fail = |e: ApiError| {
         model.stats().record_failure(received.elapsed());
         e
     };
     let mut decoded = decode(&model).map_err(fail)?;
-    // The regions stay registered until the outputs are written.
     let refs: Vec<&ShmRef> = decoded
         .shared_inputs
         .iter()
         .map(|s| &s.at)
         .chain(decoded.shared_outputs.iter().map(|(_, r)| r))
         .collect();
-    let _pinned = app.shm.pin(&refs);
+    let pinned = app.shm.pin(&refs);
     for shared in std::mem::take(&mut decoded.shared_inputs) {
         let bytes = app.shm.read(&shared.at).map_err(fail)?;
         let tensor = Tensor::new(shared.dtype, shared.shape, bytes).map_err(|e| {
@@ -105,17 +128,31 @@ pub(crate) async fn infer<R>(
         })?;
         decoded.inputs.push((shared.name, tensor));
     }
-    let response = model
-        .infer(InferRequest {
+    Ok(Prepared {
+        request: InferRequest {
             inputs: decoded.inputs,
             outputs: decoded.outputs,
             received,
             sequence: decoded.sequence,
-        })
-        .await?;
+        },
+        model,
+        shared_outputs: decoded.shared_outputs,
+        rest: decoded.rest,
+        _pinned: pinned,
+    })
+}
+
+/// Writes the outputs asked for in shared memory; the others go in the answer.
+fn answer<R>(
+    app: &App,
+    model: &Arc<ModelVersion>,
+    rest: R,
+    shared_outputs: &[(String, ShmRef)],
+    response: InferResponse,
+) -> Result<Answer<R>, ApiError> {
     let mut outputs = Vec::with_capacity(response.outputs.len());
     for (name, tensor) in response.outputs {
-        let shared = match decoded.shared_outputs.iter().find(|(n, _)| *n == name) {
+        let shared = match shared_outputs.iter().find(|(n, _)| *n == name) {
             Some((_, at)) => {
                 app.shm.write(&name, at, tensor.data())?;
                 true
@@ -125,10 +162,60 @@ pub(crate) async fn infer<R>(
         outputs.push((name, tensor, shared));
     }
     Ok(Answer {
-        model,
-        rest: decoded.rest,
+        model: model.clone(),
+        rest,
         outputs,
     })
+}
+
+/// One inference with one answer, whatever the protocol: find the model version
+/// (refusing a decoupled one as Triton does at `entry`), decode the request and read
+/// its shared memory inputs, validate, queue and run it, then write the outputs asked
+/// for in shared memory.
+pub(crate) async fn infer<R>(
+    app: &App,
+    model: &str,
+    version: Option<&str>,
+    received: Instant,
+    entry: Entry,
+    decode: impl FnOnce(&ModelVersion) -> Result<Decoded<R>, ApiError>,
+) -> Result<Answer<R>, ApiError> {
+    let model = app.repo.get(model, version)?;
+    if model.decoupled() {
+        return Err(entry.refuse_decoupled());
+    }
+    let p = prepare(app, model, received, decode)?;
+    let response = p.model.infer(p.request).await?;
+    answer(app, &p.model, p.rest, &p.shared_outputs, response)
+}
+
+/// One inference of a stream: as [`infer`], except that a decoupled model's responses
+/// (any number) are each given to `each` as they come. Returns the model version that
+/// answered. `each` returns `false` when the client has gone, which stops the request.
+pub(crate) async fn infer_streamed<R: Clone, F: std::future::Future<Output = bool>>(
+    app: &App,
+    model: &str,
+    version: Option<&str>,
+    received: Instant,
+    decode: impl FnOnce(&ModelVersion) -> Result<Decoded<R>, ApiError>,
+    mut each: impl FnMut(Answer<R>) -> F,
+) -> Result<Arc<ModelVersion>, ApiError> {
+    let model = app.repo.get(model, version)?;
+    let p = prepare(app, model, received, decode)?;
+    if !p.model.decoupled() {
+        let response = p.model.infer(p.request).await?;
+        each(answer(app, &p.model, p.rest, &p.shared_outputs, response)?).await;
+        return Ok(p.model);
+    }
+    let mut responses = p.model.infer_decoupled(p.request)?;
+    while let Some(response) = responses.next().await {
+        let answer = answer(app, &p.model, p.rest.clone(), &p.shared_outputs, response?)?;
+        if !each(answer).await {
+            break;
+        }
+    }
+    drop(responses);
+    Ok(p.model)
 }
 
 /// A model version's metadata.

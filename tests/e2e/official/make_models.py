@@ -268,6 +268,30 @@ output [
 """, {"inception_labels.txt": labels})
 
 
+def repeat_int32() -> None:
+    """Triton's src/test/models/repeat_int32, served by Trident's native `repeat`
+    backend: no model file, only the version directory (kept in git by a note)."""
+    (OUT / "repeat_int32" / "1").mkdir(parents=True, exist_ok=True)
+    (OUT / "repeat_int32" / "1" / "README").write_text(
+        "The repeat backend needs no model file; this note keeps the version directory in git.\n"
+    )
+    (OUT / "repeat_int32" / "config.pbtxt").write_text("""
+name: "repeat_int32"
+backend: "repeat"
+max_batch_size: 0
+model_transaction_policy { decoupled: True }
+input [
+  { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
+  { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] }
+]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }
+]
+""".strip() + "\n")
+
+
 def main() -> None:
     if OUT.exists():
         shutil.rmtree(OUT)
@@ -279,6 +303,7 @@ def main() -> None:
     sequence(dyna=True)
     string_dyna_sequence()
     inception_stand_in()
+    repeat_int32()
     print(f"wrote {sorted(p.name for p in OUT.iterdir())} to {OUT}")
 
 

@@ -31,6 +31,7 @@ pub const SUPPORTED_FIELDS: &[&str] = &[
     "sequence_batching.control_input",
     "sequence_batching.direct.max_queue_delay_microseconds",
     "sequence_batching.oldest.max_queue_delay_microseconds",
+    "sequence_batching.oldest.max_candidate_sequences",
     "sequence_batching.oldest.preferred_batch_size",
     "sequence_batching.state.input_name",
     "sequence_batching.state.output_name",
@@ -47,6 +48,7 @@ pub const SUPPORTED_FIELDS: &[&str] = &[
     "ensemble_scheduling.step.output_map",
     "model_warmup",
     "response_cache.enable",
+    "model_transaction_policy.decoupled",
     "parameters",
 ];
 

@@ -66,12 +66,17 @@ fn unknown_field_is_rejected_with_line_and_column() {
 fn unimplemented_triton_fields_are_named_in_warnings() {
     let parsed = parse(
         "max_batch_size: 4\nmodel_transaction_policy { decoupled: true }\n\
+         optimization { input_pinned_memory { enable: true } }\n\
          dynamic_batching { preserve_ordering: true }\n\
          parameters { key: \"x\" value: { string_value: \"1\" } }\n",
     )
     .unwrap();
     let w = parsed.warnings.join("\n");
-    assert!(w.contains("'model_transaction_policy'"), "{w}");
+    assert!(
+        !w.contains("model_transaction_policy"),
+        "decoupled is implemented: {w}"
+    );
+    assert!(w.contains("'optimization'"), "{w}");
     assert!(w.contains("'dynamic_batching.preserve_ordering'"), "{w}");
     assert!(w.contains("parameter 'x'"), "{w}");
     assert_eq!(parsed.warnings.len(), 3, "{w}");

@@ -8,6 +8,7 @@
 //! new implementation of these traits, nothing else changes.
 
 pub mod image;
+pub mod repeat;
 pub mod tokenizer;
 pub mod tract;
 
@@ -175,6 +176,63 @@ pub trait ModelInstance: Send {
     /// Runs the model on named inputs (a subset of [`ModelIo::inputs`] when some are
     /// optional) and returns every output of the model, in [`ModelIo::outputs`] order.
     fn execute(&mut self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError>;
+
+    /// Runs one request of a decoupled model (`model_transaction_policy { decoupled:
+    /// true }`): any number of responses, each sent through `responses`, possibly from
+    /// threads the instance starts and after this returns (Triton's response factory).
+    /// The request is complete when the last clone of `responses` is dropped. The
+    /// instance takes the next request once this returns. An error returned here ends
+    /// the request with that error after the responses already sent.
+    ///
+    /// By default the model's one answer is the one response.
+    fn execute_decoupled(
+        &mut self,
+        inputs: Vec<(String, Tensor)>,
+        responses: ResponseSender,
+    ) -> Result<(), BackendError> {
+        let outputs = self.execute(inputs)?;
+        responses.send(outputs);
+        Ok(())
+    }
+}
+
+/// What travels from an instance to the request a decoupled model is answering.
+#[derive(Debug)]
+pub(crate) enum Streamed {
+    /// An instance took the request at this instant.
+    Dispatched(std::time::Instant),
+    /// One response: every output of the model.
+    Response(Vec<(String, Tensor)>),
+    /// The request failed; nothing follows.
+    Failed(crate::ServeError),
+}
+
+/// Where a decoupled model sends the responses of one request. Clone it into the
+/// threads that produce them; the request completes when the last clone is dropped.
+#[derive(Debug, Clone)]
+pub struct ResponseSender {
+    tx: tokio::sync::mpsc::Sender<Streamed>,
+}
+
+impl ResponseSender {
+    pub(crate) fn new(tx: tokio::sync::mpsc::Sender<Streamed>) -> Self {
+        ResponseSender { tx }
+    }
+
+    /// Sends one response: every output of the model, in [`ModelIo::outputs`] order.
+    /// Waits while the client is a few responses behind. Returns `false` when the
+    /// client has gone (the stream was closed or cancelled): stop producing.
+    ///
+    /// Call it from an instance thread or a thread of the backend's own, never from
+    /// an async task (it blocks).
+    pub fn send(&self, outputs: Vec<(String, Tensor)>) -> bool {
+        self.tx.blocking_send(Streamed::Response(outputs)).is_ok()
+    }
+
+    /// Whether the client has gone, so that a backend can stop early.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
 }
 
 #[cfg(test)]

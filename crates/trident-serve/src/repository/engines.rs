@@ -4,6 +4,7 @@
 //! `trident.onnx_engine` (`ort` | `tract`) forces one.
 
 use crate::backend::image::ImageBackend;
+use crate::backend::repeat::RepeatBackend;
 use crate::backend::tokenizer::TokenizerBackend;
 use crate::backend::tract::TractBackend;
 use crate::backend::Backend;
@@ -37,6 +38,7 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
         match config.backend.as_str() {
             "tokenizer" => return Ok(native(&TOKENIZER, || Arc::new(TokenizerBackend))),
             "image" => return Ok(native(&IMAGE, || Arc::new(ImageBackend))),
+            "repeat" => return Ok(native(&REPEAT, || Arc::new(RepeatBackend))),
             _ => {}
         }
     }
@@ -46,7 +48,8 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
         return Err(format!(
             "platform '{}' / backend '{}' is not supported: Trident serves ONNX models \
              (platform \"onnxruntime_onnx\" or backend \"onnxruntime\"), ensembles (platform \"ensemble\") \
-             and its own pre-processing (backend \"tokenizer\" or \"image\")",
+             its own pre-processing (backend \"tokenizer\" or \"image\") and Triton's example \
+             decoupled backend (backend \"repeat\")",
             config.platform, config.backend
         ));
     }
@@ -77,6 +80,7 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
 
 static TOKENIZER: OnceLock<Arc<dyn Backend>> = OnceLock::new();
 static IMAGE: OnceLock<Arc<dyn Backend>> = OnceLock::new();
+static REPEAT: OnceLock<Arc<dyn Backend>> = OnceLock::new();
 
 fn native(cell: &'static OnceLock<Arc<dyn Backend>>, make: fn() -> Arc<dyn Backend>) -> Engine {
     Engine {
@@ -89,7 +93,7 @@ fn native(cell: &'static OnceLock<Arc<dyn Backend>>, make: fn() -> Arc<dyn Backe
 pub(super) fn default_filename(config: &ModelConfig) -> &'static str {
     match (config.platform.as_str(), config.backend.as_str()) {
         ("", "tokenizer") => "tokenizer.json",
-        ("", "image") => "",
+        ("", "image") | ("", "repeat") => "",
         _ => "model.onnx",
     }
 }

@@ -307,3 +307,125 @@ fn unload_dependents_unloads_an_ensembles_composing_models_unless_another_uses_t
     repo.unload_with("ens_b", true).unwrap();
     assert!(repo.get("simple", None).is_err());
 }
+
+const REPEAT: &str = r#"name: "repeat_int32"
+backend: "repeat"
+max_batch_size: 0
+model_transaction_policy { decoupled: True }
+input [
+  { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
+  { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] }
+]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }
+]
+"#;
+
+fn u32_tensor(dtype: trident_core::DataType, values: &[u32]) -> trident_core::Tensor {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    trident_core::Tensor::new(dtype, vec![values.len() as i64], bytes.into()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decoupled_model_streams_its_responses_and_refuses_a_single_answer() {
+    use trident_core::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("repeat_int32/1")).unwrap();
+    std::fs::write(dir.path().join("repeat_int32/config.pbtxt"), REPEAT).unwrap();
+    // An ensemble may not use it.
+    let ens = ensemble(
+        &[("A", "TYPE_INT32"), ("D", "TYPE_UINT32"), ("W", "TYPE_UINT32")],
+        &["O"],
+        &[(
+            &[("IN", "A"), ("DELAY", "D"), ("WAIT", "W")],
+            &[("OUT", "O")],
+            "repeat_int32",
+        )],
+    )
+    .replace("dims: [ 1 ]", "dims: [ -1 ]");
+    std::fs::create_dir_all(dir.path().join("streamed/1")).unwrap();
+    std::fs::write(dir.path().join("streamed/config.pbtxt"), ens).unwrap();
+    let repo = Repository::new(RepositoryOptions {
+        root: dir.path().into(),
+        mode: ControlMode::Explicit,
+        startup_models: vec![],
+        cores: 2,
+        cache: None,
+        onnx_engine: OnnxEngine::Tract,
+    });
+    repo.load("repeat_int32").unwrap();
+    let err = repo.load("streamed").unwrap_err().to_string();
+    assert!(err.contains("decoupled"), "{err}");
+    let m = repo.get("repeat_int32", None).unwrap();
+    assert!(m.decoupled());
+    let request = |values: &[u32], delays: &[u32]| InferRequest {
+        inputs: vec![
+            ("IN".into(), u32_tensor(DataType::I32, values)),
+            ("DELAY".into(), u32_tensor(DataType::U32, delays)),
+            ("WAIT".into(), u32_tensor(DataType::U32, &[0])),
+        ],
+        outputs: vec![crate::OutputRequest::named("OUT")],
+        received: std::time::Instant::now(),
+        sequence: None,
+    };
+    // One answer is refused by name.
+    let err = m.infer(request(&[1], &[0])).await.unwrap_err();
+    assert!(matches!(err, ServeError::Unsupported(_)), "{err:?}");
+
+    // Two requests on one instance: WAIT 0 releases each at once, so their responses
+    // interleave; each stream has its own values in order, only OUT as asked.
+    let (a, b) = (
+        m.infer_decoupled(request(&[10, 11, 12], &[20, 40, 40])).unwrap(),
+        m.infer_decoupled(request(&[20, 21], &[30, 40])).unwrap(),
+    );
+    let t0 = std::time::Instant::now();
+    let (ga, gb) = tokio::join!(outs(a), outs(b));
+    assert_eq!((ga, gb), (vec![10, 11, 12], vec![20, 21]));
+    // Interleaved: both done in about the longer stream's time, not the sum.
+    assert!(
+        t0.elapsed() < std::time::Duration::from_millis(170),
+        "{:?}",
+        t0.elapsed()
+    );
+    for _ in 0..2 {
+        let empty = m.infer_decoupled(request(&[], &[])).unwrap();
+        assert_eq!(
+            outs(empty).await,
+            Vec::<i32>::new(),
+            "IN of shape [0]: no responses"
+        );
+    }
+
+    // A request the backend refuses ends its stream with the error, as the client's.
+    let mut bad = m.infer_decoupled(request(&[1, 2], &[0])).unwrap();
+    let err = bad.next().await.unwrap().unwrap_err();
+    assert!(
+        matches!(&err, ServeError::InvalidRequest(t) if t.contains("expected IN and DELAY shape to match")),
+        "{err:?}"
+    );
+    assert!(bad.next().await.is_none());
+    drop(bad);
+
+    let s = m.stats().snapshot("repeat_int32", 1);
+    // Four streams succeeded (two with values, two empty); the refused single answer
+    // and the refused shapes failed.
+    assert_eq!(s.inference_stats.success.count, 4);
+    assert_eq!(s.inference_stats.fail.count, 2);
+}
+
+/// The OUT values of every response of a stream, checking that only OUT came back.
+async fn outs(mut r: crate::Responses<'_>) -> Vec<i32> {
+    let mut got = Vec::new();
+    while let Some(response) = r.next().await {
+        let response = response.unwrap();
+        assert_eq!(response.outputs.len(), 1);
+        assert_eq!(response.outputs[0].0, "OUT");
+        let t = &response.outputs[0].1;
+        assert_eq!(t.shape(), &[1]);
+        got.push(i32::from_le_bytes(t.data()[..4].try_into().unwrap()));
+    }
+    assert!(r.next().await.is_none(), "ended for good");
+    got
+}

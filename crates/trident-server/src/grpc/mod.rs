@@ -156,16 +156,26 @@ fn version_of(v: &str) -> Option<&str> {
     (!v.is_empty()).then_some(v)
 }
 
-/// One `ModelInfer`, for the unary call and for each message of a stream.
+/// The request's tensors and its id, for `front`.
+fn decode(request: &mut pb::ModelInferRequest, name: &str) -> Result<front::Decoded<String>, ApiError> {
+    let mut decoded = tensors::decode(request, name)?;
+    decoded.rest = std::mem::take(&mut request.id);
+    Ok(decoded)
+}
+
+/// One unary `ModelInfer`.
 async fn infer_one(app: &App, mut request: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Status> {
     let received = Instant::now();
     let name = std::mem::take(&mut request.model_name);
     let version = std::mem::take(&mut request.model_version);
-    let answer = front::infer(app, &name, version_of(&version), received, |_| {
-        let mut decoded = tensors::decode(&mut request, &name)?;
-        decoded.rest = std::mem::take(&mut request.id);
-        Ok(decoded)
-    })
+    let answer = front::infer(
+        app,
+        &name,
+        version_of(&version),
+        received,
+        front::Entry::GrpcUnary,
+        |_| decode(&mut request, &name),
+    )
     .await?;
     Ok(tensors::encode(
         answer.model.name(),
@@ -173,6 +183,75 @@ async fn infer_one(app: &App, mut request: pb::ModelInferRequest) -> Result<pb::
         answer.rest,
         answer.outputs,
     ))
+}
+
+type StreamSender = mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>;
+
+/// Marks a streamed response as Triton does: `triton_final_response` says whether it
+/// completes its request.
+fn with_final_flag(mut response: pb::ModelInferResponse, last: bool) -> pb::ModelStreamInferResponse {
+    response.parameters.insert(
+        "triton_final_response".to_string(),
+        pb::InferParameter {
+            parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(last)),
+        },
+    );
+    pb::ModelStreamInferResponse {
+        error_message: String::new(),
+        infer_response: Some(response),
+    }
+}
+
+/// One request of a `ModelStreamInfer` stream: its response, or a decoupled model's
+/// responses as they come (none final; an empty final one follows when the request
+/// sets `triton_enable_empty_final_response`), or its error in-stream.
+async fn stream_one(app: &App, mut request: pb::ModelInferRequest, tx: &StreamSender) {
+    let received = Instant::now();
+    let empty_final = tensors::empty_final_response(&request.parameters).unwrap_or(false);
+    let name = std::mem::take(&mut request.model_name);
+    let version = std::mem::take(&mut request.model_version);
+    let id = request.id.clone();
+    let result = front::infer_streamed(
+        app,
+        &name,
+        version_of(&version),
+        received,
+        |_| decode(&mut request, &name),
+        |answer: front::Answer<String>| {
+            let last = !answer.model.decoupled();
+            let response = tensors::encode(
+                answer.model.name(),
+                answer.model.version(),
+                answer.rest,
+                answer.outputs,
+            );
+            let tx = tx.clone();
+            async move { tx.send(Ok(with_final_flag(response, last))).await.is_ok() }
+        },
+    )
+    .await;
+    let message = match result {
+        Ok(model) if model.decoupled() && empty_final => with_final_flag(
+            pb::ModelInferResponse {
+                model_name: model.name().to_string(),
+                model_version: model.version().to_string(),
+                id,
+                ..Default::default()
+            },
+            true,
+        ),
+        Ok(_) => return,
+        Err(e) => pb::ModelStreamInferResponse {
+            error_message: Status::from(e).message().to_string(),
+            infer_response: Some(pb::ModelInferResponse {
+                model_name: name,
+                model_version: version,
+                id,
+                ..Default::default()
+            }),
+        },
+    };
+    let _ = tx.send(Ok(message)).await;
 }
 
 fn unimplemented(what: &str) -> Status {
@@ -337,42 +416,10 @@ impl GrpcInferenceService for Service {
                         // Finished or gone (its sender dropped): either way it is done.
                         let _ = previous.await;
                     }
-                    let (id, model, version) = (
-                        message.id.clone(),
-                        message.model_name.clone(),
-                        message.model_version.clone(),
-                    );
-                    let answer = match infer_one(&app, message).await {
-                        Ok(mut response) => {
-                            // As Triton marks every streamed response: this one completes
-                            // its request.
-                            response.parameters.insert(
-                                "triton_final_response".to_string(),
-                                pb::InferParameter {
-                                    parameter_choice: Some(pb::infer_parameter::ParameterChoice::BoolParam(
-                                        true,
-                                    )),
-                                },
-                            );
-                            pb::ModelStreamInferResponse {
-                                error_message: String::new(),
-                                infer_response: Some(response),
-                            }
-                        }
-                        Err(status) => pb::ModelStreamInferResponse {
-                            error_message: status.message().to_string(),
-                            infer_response: Some(pb::ModelInferResponse {
-                                model_name: model,
-                                model_version: version,
-                                id,
-                                ..Default::default()
-                            }),
-                        },
-                    };
+                    stream_one(&app, message, &tx).await;
                     if let Some(done) = done {
                         let _ = done.send(());
                     }
-                    let _ = tx.send(Ok(answer)).await;
                     drop(permit);
                 });
             }

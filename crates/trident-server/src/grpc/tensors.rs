@@ -25,7 +25,7 @@ use trident_serve::OutputRequest;
 /// `rest` (the id) is left for the caller.
 pub(super) fn decode(request: &mut pb::ModelInferRequest, model: &str) -> Result<Decoded<String>, ApiError> {
     refuse_parameters("request", &request.parameters, &REQUEST_PARAMETERS)?;
-    final_response_flag(&request.parameters)?;
+    empty_final_response(&request.parameters)?;
     let sequence = sequence(&request.parameters)?;
     let raw_count = request.raw_input_contents.len();
     let mut raw = std::mem::take(&mut request.raw_input_contents).into_iter();
@@ -164,9 +164,9 @@ pub(super) fn sequence(
 }
 
 /// Request-level parameters Trident acts on. `triton_enable_empty_final_response`
-/// (perf_analyzer and tritonclient's streams send it) asks decoupled models for an empty
-/// last response; every Trident model answers each request with one complete response,
-/// which is already the final one, so there is never an empty one to send.
+/// (perf_analyzer and tritonclient's streams send it) asks a decoupled model's stream
+/// for an empty last response marking the end of the request's responses; the one
+/// response of any other model is already the final one.
 const REQUEST_PARAMETERS: [&str; 4] = [
     "sequence_id",
     "sequence_start",
@@ -174,12 +174,14 @@ const REQUEST_PARAMETERS: [&str; 4] = [
     "triton_enable_empty_final_response",
 ];
 
-fn final_response_flag(parameters: &HashMap<String, InferParameter>) -> Result<(), ApiError> {
+/// Whether the request asks for an empty final response (`triton_enable_empty_final_response`).
+pub(super) fn empty_final_response(parameters: &HashMap<String, InferParameter>) -> Result<bool, ApiError> {
     match parameters
         .get("triton_enable_empty_final_response")
         .and_then(|p| p.parameter_choice.as_ref())
     {
-        None | Some(ParameterChoice::BoolParam(_)) => Ok(()),
+        None => Ok(false),
+        Some(ParameterChoice::BoolParam(b)) => Ok(*b),
         Some(_) => Err(ApiError::bad_request(
             "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param.",
         )),

@@ -98,7 +98,7 @@ async fn run(
     let accept = response_encoding(headers);
     // Its error, if any, is the request's: counted as the model's failure below.
     let body = decompressed(headers, body, app.max_body_bytes).await;
-    let answer = front::infer(app, model, version, received, |_| {
+    let answer = front::infer(app, model, version, received, front::Entry::Http, |_| {
         let body = body?;
         let header_len = match framing {
             Framing::Kserve => crate::guard::numeric_header(
