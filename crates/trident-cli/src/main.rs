@@ -4,6 +4,7 @@ mod bench;
 mod export;
 mod learn;
 mod package;
+mod quickstart;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +37,8 @@ enum Command {
     Bench(Box<bench::BenchArgs>),
     /// Measure candidate serving configurations of a model and write the best config.pbtxt.
     Recommend(Box<bench::RecommendArgs>),
+    /// The whole story on VADER: train, distill, evaluate, package, serve, load-test, report.
+    Quickstart(quickstart::QuickstartArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,5 +65,6 @@ fn main() -> anyhow::Result<()> {
         Command::Package(args) => package::run(args),
         Command::Bench(args) => bench::run(*args),
         Command::Recommend(args) => bench::recommend(*args),
+        Command::Quickstart(args) => quickstart::run(args),
     }
 }
