@@ -39,7 +39,7 @@ pub struct QuickstartArgs {
     /// The all-MiniLM-L6-v2 weights and tokenizer (`scripts/fetch-data.sh minilm`).
     #[arg(long, default_value = "data/minilm")]
     minilm: PathBuf,
-    /// Texts sampled from VADER for train + validation + test (default 2400; --fast 240).
+    /// Texts sampled from VADER for train + validation + test (default 4000; --fast 240).
     #[arg(long)]
     texts: Option<usize>,
     /// Price of one server per hour, USD, for the cost per 1M inferences. The default is
@@ -134,7 +134,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         vader: args.vader,
         minilm: args.minilm,
         fast: args.fast,
-        texts: args.texts.unwrap_or(if args.fast { 240 } else { 2400 }),
+        texts: args.texts.unwrap_or(if args.fast { 240 } else { 4000 }),
         price_per_hour: args.price_per_hour,
         p99_ms: args.p99_ms,
         interrupted,
@@ -303,8 +303,14 @@ impl Quickstart {
         let q = |p: &Path| format!("{:?}", p.display().to_string());
         let run = self.path(if student { "student" } else { "teacher" });
         let epochs = match (student, self.fast) {
-            (false, _) => 1,
-            (true, true) => 2,
+            (_, true) => {
+                if student {
+                    2
+                } else {
+                    1
+                }
+            }
+            (false, false) => 2,
             (true, false) => 5,
         };
         let mut c = format!(
@@ -319,12 +325,15 @@ impl Quickstart {
         if student {
             let _ = write!(
                 c,
-                "[model]\nkind = \"lstm\"\ntokenizer = {}\nembed = 128\nhidden = 128\nlayers = 1\ndropout = 0.2\n\n\
+                "[model]\nkind = \"lstm\"\ntokenizer = {}\n\
+                 # The embedding table starts from the teacher's token embeddings, PCA-projected to 128.\n\
+                 embeddings = {}\nembed = 128\nhidden = 128\nlayers = 1\ndropout = 0.2\n\n\
                  [train]\nepochs = {epochs}\nlr = 2e-3\nwarmup_steps = 10\ndecay = \"cosine\"\nmax_grad_norm = 1.0\n\
                  monitor = \"val_macro_f1\"\nlog_every = 10\n\n[train.optimizer]\nname = \"adamw\"\nweight_decay = 0.01\n\n\
                  [distill]\nteacher = {}\nmode = \"cached\"\ncache = {}\n\n\
                  [distill.loss]\nkind = \"soft\"\ntemperature = 2.0\nalpha = 0.5\n",
                 q(&self.minilm.join("tokenizer.json")),
+                q(&self.path("teacher/best")),
                 q(&self.path("teacher/best")),
                 q(&self.path("teacher-logits.bin")),
             );
@@ -497,7 +506,7 @@ impl Quickstart {
         let _ = writeln!(
             md,
             "VADER sample of {} texts (seeded; 70/10/20 train/validation/test), MiniLM teacher fine-tuned, \
-             BiLSTM student distilled from its cached logits; both packaged as text-in/label-out \
+             BiLSTM student (embeddings started from the teacher's, PCA-projected) distilled from its cached logits; both packaged as text-in/label-out \
              ensembles and served by `trident serve`.{}\n",
             self.texts,
             if self.fast {
