@@ -80,7 +80,7 @@ def test_every_stage_runs_and_the_report_has_the_figures(finished):
         assert (out / png).stat().st_size > 1000, png
         assert f"]({png})" in report, png
     assert (out / "models" / "student_onnx" / "config.recommended.pbtxt").is_file()
-    assert "| no batching, 1 instance(s), http |" in report
+    assert "| no batching, 1 instance(s) |" in report, "the candidate as trident recommend names it"
 
 
 def _cells(report: str, row: str) -> list[str]:

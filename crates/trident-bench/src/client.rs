@@ -21,7 +21,7 @@ type GrpcClient = generated::grpc_inference_service_client::GrpcInferenceService
 >;
 
 /// The protocol requests use (perf_analyzer's `-i`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Protocol {
     /// KServe v2 HTTP/REST.
     Http,

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One configuration to try.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Candidate {
     /// ONNX engine (`ort` or `tract`, the `trident.onnx_engine` parameter); `None`: as
     /// the model's configuration and the server decide.
@@ -58,7 +58,7 @@ impl Candidate {
 }
 
 /// What the search measured for one candidate.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Outcome {
     /// The configuration.
     pub candidate: Candidate,
@@ -297,6 +297,25 @@ impl ServeProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The server's peak resident memory so far (`VmHWM`), bytes.
+    pub fn peak_rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    }
+
+    /// Stops the server as an operator would (SIGTERM, a graceful shutdown) and waits
+    /// for it; an unclean exit is an error.
+    pub fn stop(mut self) -> Result<()> {
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGTERM) };
+        let status = self.child.wait().context("waiting for trident serve")?;
+        if !status.success() {
+            bail!("trident serve did not stop cleanly ({status})");
+        }
+        Ok(())
+    }
 }
 
 /// A `trident serve` process for one candidate, on its own copy of the model.
@@ -334,16 +353,10 @@ pub fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// (CPU ticks, peak RSS MiB) of a process, from /proc.
-fn process_usage(pid: u32) -> (u64, f64) {
-    let ticks = crate::run::process_cpu_ticks(&pid.to_string()).unwrap_or(0);
-    let hwm = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_string();
-            line.split_whitespace().nth(1)?.parse::<f64>().ok()
-        })
-        .unwrap_or(0.0);
-    (ticks, hwm / 1024.0)
+fn process_usage(server: &ServeProcess) -> (u64, f64) {
+    let ticks = crate::run::process_cpu_ticks(&server.pid().to_string()).unwrap_or(0);
+    let hwm = server.peak_rss_bytes().unwrap_or(0) as f64;
+    (ticks, hwm / (1024.0 * 1024.0))
 }
 
 async fn measure(
@@ -373,7 +386,7 @@ async fn measure(
         bodies: Arc::new(bodies),
         batch: 1,
     };
-    let (ticks0, t0) = (process_usage(server.process.pid()).0, Instant::now());
+    let (ticks0, t0) = (process_usage(&server.process).0, Instant::now());
     let mut levels: Vec<Row> = Vec::new();
     let mut concurrency = 1;
     while concurrency <= search.max_concurrency {
@@ -409,19 +422,15 @@ async fn measure(
         }
         concurrency *= 2;
     }
-    let (ticks1, rss) = process_usage(server.process.pid());
-    let best = levels
-        .iter()
-        .filter(|r| r.latency.p99_us as f64 <= search.p99_us && r.latency.errors == 0 && r.latency.count > 0)
-        .max_by(|a, b| a.inferences_per_s.total_cmp(&b.inferences_per_s))
-        .cloned();
+    let (ticks1, rss) = process_usage(&server.process);
+    let best = best_within(&levels, search.p99_us).cloned();
     let throughput = best.as_ref().map(|b| b.inferences_per_s).filter(|t| *t > 0.0);
     Ok(Outcome {
         candidate: c.clone(),
         cost_per_million: search
             .price_per_hour
             .zip(throughput)
-            .map(|(p, t)| p / (t * 3600.0) * 1e6),
+            .map(|(p, t)| cost_per_million(p, t)),
         instances_for_target: search
             .target_rps
             .zip(throughput)
@@ -571,6 +580,21 @@ pub async fn search(search: &Search, mut progress: impl FnMut(&str)) -> Result<V
     );
     measure_all(others, &mut outcomes).await?;
     Ok(outcomes)
+}
+
+/// The level with the highest throughput whose p99 is within `p99_us` and that had no
+/// errors.
+pub fn best_within(levels: &[Row], p99_us: f64) -> Option<&Row> {
+    levels
+        .iter()
+        .filter(|r| r.latency.p99_us as f64 <= p99_us && r.latency.errors == 0 && r.latency.count > 0)
+        .max_by(|a, b| a.inferences_per_s.total_cmp(&b.inferences_per_s))
+}
+
+/// What a million inferences cost on a server of `price_per_hour` that sustains
+/// `inferences_per_s`.
+pub fn cost_per_million(price_per_hour: f64, inferences_per_s: f64) -> f64 {
+    price_per_hour / (inferences_per_s * 3600.0) * 1e6
 }
 
 /// The outcomes ranked: best throughput within the SLO first; those that never met it last.

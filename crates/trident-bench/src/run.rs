@@ -87,7 +87,7 @@ impl Default for Settings {
 /// Average server-side times per successful request (µs), from the statistics API: the
 /// "container" latency is the request's whole time in the server; "model" is compute
 /// infer; overhead is what the server spent outside queue and compute.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ServerTimes {
     /// Requests the server completed in the interval.
     pub requests: u64,
@@ -133,7 +133,7 @@ impl ServerTimes {
 }
 
 /// One row of results: a window (phases) or a level (sweeps).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Row {
     /// Users (phases), concurrency, or request rate per second.
     pub level: f64,

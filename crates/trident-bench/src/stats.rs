@@ -10,7 +10,7 @@ pub fn new_histogram() -> Histogram<u64> {
 }
 
 /// Client-side figures of a measured interval.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Latency {
     /// Successful requests.
     pub count: u64,

