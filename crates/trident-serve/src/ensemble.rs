@@ -67,6 +67,15 @@ impl Ensemble {
                     s.label(k)
                 ));
             }
+            if matches!(
+                m.config().scheduling_choice,
+                Some(pb::model_config::SchedulingChoice::SequenceBatching(_))
+            ) {
+                return Err(format!(
+                    "{}: the model has sequence_batching; an ensemble's steps carry no sequence, so it could never run",
+                    s.label(k)
+                ));
+            }
             if config.max_batch_size > 0 && m.config().max_batch_size < config.max_batch_size {
                 return Err(format!(
                     "{}: its max_batch_size {} is below the ensemble's {}",

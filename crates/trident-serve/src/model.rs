@@ -160,8 +160,9 @@ pub struct Deployment {
 }
 
 impl ModelVersion {
-    /// Spawns the instances and the scheduler.
-    pub fn start(d: Deployment) -> Result<Self, ServeError> {
+    /// Spawns the instances and the scheduler; an error is why the version failed to
+    /// load.
+    pub fn start(d: Deployment) -> Result<Self, String> {
         let stats = Arc::new(ModelStats::default());
         let decoupled = is_decoupled(&d.config);
         let mut policy = batch_policy(&d.config);
@@ -178,16 +179,9 @@ impl ModelVersion {
                 .unwrap_or(DEFAULT_MAX_QUEUE),
             _ => DEFAULT_MAX_QUEUE,
         };
-        let sequencer =
-            Sequencer::from_config(&d.config, d.instances).map_err(|reason| ServeError::NotReady {
-                model: d.name.clone(),
-                reason,
-            })?;
+        let sequencer = Sequencer::from_config(&d.config, d.instances)?;
         if sequencer.is_some() && decoupled {
-            return Err(ServeError::NotReady {
-                model: d.name.clone(),
-                reason: "sequence_batching of a decoupled model is not implemented".into(),
-            });
+            return Err("sequence_batching of a decoupled model is not implemented".into());
         }
         if decoupled && d.cache.is_some() {
             tracing::warn!(model = %d.name, "response_cache does not apply to decoupled models (a request has many responses): not cached");
@@ -209,10 +203,7 @@ impl ModelVersion {
             stats.clone(),
             &d.warmup,
         )
-        .map_err(|e| ServeError::NotReady {
-            model: d.name.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| e.to_string())?;
         Ok(ModelVersion {
             inputs: d.config.input.iter().map(IoSpec::from_input).collect(),
             outputs: d.config.output.iter().map(IoSpec::from_output).collect(),
@@ -327,12 +318,7 @@ impl ModelVersion {
     }
 
     fn start_decoupled(&self, request: InferRequest) -> Result<Responses<'_>, ServeError> {
-        let Runner::Backend { scheduler, .. } = &self.runner else {
-            return Err(ServeError::Unsupported(format!(
-                "model '{}' is not decoupled",
-                self.name
-            )));
-        };
+        // Ensembles and sequence models are never decoupled (refused at load).
         if !self.decoupled {
             return Err(ServeError::Unsupported(format!(
                 "model '{}' is not decoupled: it answers each request once",
@@ -340,30 +326,11 @@ impl ModelVersion {
             )));
         }
         let wanted = self.requested_outputs(&request.outputs)?;
-        if let Some(flags) = &request.sequence {
-            return Err(ServeError::InvalidRequest(format!(
-                "model '{}' has no sequence_batching: sequence {} (sequence_id, sequence_start, sequence_end) would have no effect",
-                self.name, flags.id
-            )));
-        }
+        self.refuse_sequence(&request)?;
         let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
-        self.stats
-            .try_add_pending(self.max_queue)
-            .map_err(|pending| ServeError::Overloaded {
-                model: self.name.clone(),
-                pending: pending.max(0) as usize,
-                limit: self.max_queue,
-            })?;
-        let pending = PendingGuard(&self.stats);
         // A few responses may wait for a slow client; then the backend waits.
         let (tx, rx) = tokio::sync::mpsc::channel(16);
-        scheduler.submit(Job {
-            inputs,
-            rows,
-            signature,
-            enqueued: Instant::now(),
-            reply: Reply::Stream(tx),
-        });
+        let pending = self.enqueue(inputs, rows, signature, Reply::Stream(tx))?;
         Ok(Responses {
             model: self,
             rx,
@@ -391,12 +358,7 @@ impl ModelVersion {
         if let Some(sequencer) = &self.sequencer {
             return self.infer_sequence(sequencer, request, &wanted).await;
         }
-        if let Some(flags) = &request.sequence {
-            return Err(ServeError::InvalidRequest(format!(
-                "model '{}' has no sequence_batching: sequence {} (sequence_id, sequence_start, sequence_end) would have no effect",
-                self.name, flags.id
-            )));
-        }
+        self.refuse_sequence(&request)?;
         let (inputs, rows, signature) = self.prepare_inputs(request.inputs)?;
         let Some(cache) = &self.cache else {
             return self.execute(inputs, rows, signature, &wanted).await;
@@ -435,6 +397,12 @@ impl ModelVersion {
         }
         let slot = sequencer.enter(request.sequence.as_ref())?;
         let flags = request.sequence.expect("enter checked the sequence");
+        // Declared before `active`, so dropped after its lock is released.
+        let _leave = crate::sequence::Leave {
+            sequencer,
+            flags: &flags,
+            slot: &slot,
+        };
         let mut active = slot.lock().await;
         sequencer.admit(&flags, &slot).await;
         let result = async {
@@ -454,7 +422,6 @@ impl ModelVersion {
         }
         .await;
         drop(active);
-        sequencer.leave(&flags, &slot);
         result
     }
 
@@ -465,6 +432,20 @@ impl ModelVersion {
         rows: usize,
         signature: Vec<i64>,
     ) -> Result<Executed, ServeError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let _pending = self.enqueue(inputs, rows, signature, Reply::Once(reply))?;
+        rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))?
+    }
+
+    /// Queues validated inputs on the backend's instances, within `max_queue_size`; the
+    /// guard counts the request as pending until it is dropped.
+    fn enqueue(
+        &self,
+        inputs: Vec<(String, Tensor)>,
+        rows: usize,
+        signature: Vec<i64>,
+        reply: Reply,
+    ) -> Result<PendingGuard<'_>, ServeError> {
         let Runner::Backend { scheduler, .. } = &self.runner else {
             return Err(ServeError::Backend(
                 "an ensemble has no instances of its own".into(),
@@ -477,16 +458,26 @@ impl ModelVersion {
                 pending: pending.max(0) as usize,
                 limit: self.max_queue,
             })?;
-        let _pending = PendingGuard(&self.stats);
-        let (reply, rx) = tokio::sync::oneshot::channel();
+        let pending = PendingGuard(&self.stats);
         scheduler.submit(Job {
             inputs,
             rows,
             signature,
             enqueued: Instant::now(),
-            reply: Reply::Once(reply),
+            reply,
         });
-        rx.await.map_err(|_| ServeError::Unloading(self.name.clone()))?
+        Ok(pending)
+    }
+
+    /// Sequence flags on a model without `sequence_batching` would have no effect.
+    fn refuse_sequence(&self, request: &InferRequest) -> Result<(), ServeError> {
+        match &request.sequence {
+            Some(flags) => Err(ServeError::InvalidRequest(format!(
+                "model '{}' has no sequence_batching: sequence {} (sequence_id, sequence_start, sequence_end) would have no effect",
+                self.name, flags.id
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Runs validated inputs on the backend's instances or the ensemble's steps.
@@ -741,7 +732,8 @@ impl ModelVersion {
 }
 
 /// The responses of one request of a decoupled model, in the order the model sends
-/// them. The request counts as a success or a failure in the statistics when they end.
+/// them. The request counts as a success or a failure in the statistics when they end,
+/// or as a failure when they are dropped before.
 pub struct Responses<'a> {
     model: &'a ModelVersion,
     rx: tokio::sync::mpsc::Receiver<Streamed>,
@@ -796,6 +788,16 @@ impl Responses<'_> {
         self.finished = true;
         self.model.stats.record_failure(self.received.elapsed());
         e
+    }
+}
+
+/// Responses given up before their end (the client went away) count as a failed request,
+/// so that every request is counted once.
+impl Drop for Responses<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.model.stats.record_failure(self.received.elapsed());
+        }
     }
 }
 

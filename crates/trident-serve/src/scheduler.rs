@@ -50,10 +50,16 @@ impl Reply {
     }
 
     fn send(self, result: Result<Executed, ServeError>) {
-        match (self, result) {
-            (Reply::Once(tx), result) => drop(tx.send(result)),
-            (Reply::Stream(tx), Ok(executed)) => drop(tx.blocking_send(Streamed::Response(executed.outputs))),
-            (Reply::Stream(tx), Err(e)) => drop(tx.blocking_send(Streamed::Failed(e))),
+        match self {
+            Reply::Once(tx) => drop(tx.send(result)),
+            // A decoupled job runs alone (`run_alone` → `run_decoupled`), its responses
+            // through its ResponseSender: only its failure comes here.
+            Reply::Stream(tx) => {
+                debug_assert!(result.is_err(), "a decoupled job answered through Reply::send");
+                if let Err(e) = result {
+                    drop(tx.blocking_send(Streamed::Failed(e)));
+                }
+            }
         }
     }
 }
@@ -206,14 +212,8 @@ fn run_batch(instance: &mut dyn ModelInstance, mut jobs: Vec<Job>, stats: &Model
     if jobs.len() == 1 {
         return run_alone(instance, jobs.pop().expect("one job"), start, stats);
     }
-    if jobs.iter().any(|j| matches!(j.reply, Reply::Stream(_))) {
-        // Decoupled models do not batch (their policy never merges); should jobs of
-        // one arrive together anyway, each still runs by itself.
-        for job in jobs {
-            run_alone(instance, job, Instant::now(), stats);
-        }
-        return;
-    }
+    // Decoupled models never batch (`ModelVersion::start` turns their batching off), so
+    // their jobs always took the branch above.
     let rows: Vec<i64> = jobs.iter().map(|j| j.rows as i64).collect();
     match assemble(&jobs).and_then(|inputs| execute(instance, inputs, &rows, start, stats)) {
         Ok(answers) => reply(jobs, answers),

@@ -248,7 +248,8 @@ impl Sequencer {
                     waiting: Some(ticket),
                 },
             );
-            if replaced.is_some_and(|e| e.waiting.is_none()) {
+            if replaced.is_some() {
+                // A slot freed, or a waiter replaced: either may now go on.
                 self.freed.notify_waiters();
             }
             return Ok(slot);
@@ -270,7 +271,9 @@ impl Sequencer {
     fn release_idle(&self, active: &mut HashMap<CorrelationId, Entry>, now: Instant) {
         let before = active.len();
         active.retain(|id, e| {
-            let keep = now.duration_since(e.last_used) <= self.idle || Arc::strong_count(&e.slot) > 1;
+            let in_use = Arc::strong_count(&e.slot) > 1;
+            // A backlog entry whose START request is gone (cancelled) holds nothing.
+            let keep = in_use || (e.waiting.is_none() && now.duration_since(e.last_used) <= self.idle);
             if !keep {
                 tracing::info!(model = %self.model, sequence = %id, "sequence idle for longer than max_sequence_idle_microseconds: released");
             }
@@ -321,14 +324,16 @@ impl Sequencer {
         }
     }
 
-    /// After a request of the sequence: END releases it; otherwise its idle clock
-    /// restarts.
+    /// After a request of the sequence (see [`Leave`]): END releases it; otherwise its
+    /// idle clock restarts.
     pub fn leave(&self, flags: &SequenceFlags, slot: &Arc<tokio::sync::Mutex<Active>>) {
         let mut active = self.active.lock().expect("lock");
         match active.get_mut(&flags.id) {
             // A START of the same ID may have replaced this sequence meanwhile.
             Some(e) if Arc::ptr_eq(&e.slot, slot) => {
-                if flags.end {
+                // END releases the slot; so does a START that leaves still in the backlog
+                // (cancelled before it ran), which would otherwise hold the backlog's head.
+                if flags.end || e.waiting.is_some() {
                     active.remove(&flags.id);
                     self.freed.notify_waiters();
                 } else {
@@ -392,6 +397,20 @@ impl Sequencer {
         }
         active.state = state;
         Ok(outputs)
+    }
+}
+
+/// Leaves the sequence when dropped, so that a request leaves it however it ends (a
+/// cancelled one included): an END always releases its slot.
+pub(crate) struct Leave<'a> {
+    pub sequencer: &'a Sequencer,
+    pub flags: &'a SequenceFlags,
+    pub slot: &'a Arc<tokio::sync::Mutex<Active>>,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.sequencer.leave(self.flags, self.slot);
     }
 }
 
@@ -544,8 +563,8 @@ mod tests {
             .contains("correlation ID in request is not an unsigned int"));
     }
 
-    #[test]
-    fn state_carries_over_and_end_releases() {
+    #[tokio::test]
+    async fn state_carries_over_and_end_releases() {
         let s = Sequencer::from_config(&config(DYNA), 1).unwrap().unwrap();
         let err = s.enter(Some(&flags(7, false, false))).unwrap_err().to_string();
         assert!(
@@ -559,6 +578,7 @@ mod tests {
         );
 
         let slot = s.enter(Some(&flags(7, true, false))).unwrap();
+        s.admit(&flags(7, true, false), &slot).await;
         {
             let mut active = slot.try_lock().unwrap();
             let out = vec![
@@ -683,5 +703,35 @@ mod tests {
         );
         let err = Sequencer::from_config(&config(&negative), 1).err().unwrap();
         assert!(err.contains("max_candidate_sequences"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_start_cancelled_in_the_backlog_does_not_hold_its_head() {
+        // One candidate and a long idle time: only the cancellation can free the way.
+        let oldest = DYNA.replace(
+            "max_sequence_idle_microseconds: 5000000",
+            "max_sequence_idle_microseconds: 5000000\n oldest { max_candidate_sequences: 1 }",
+        );
+        let s = Arc::new(Sequencer::from_config(&config(&oldest), 1).unwrap().unwrap());
+        assert!(admitted_within(&s, flags(1, true, false), 50).await);
+        let s2 = s.clone();
+        let cancelled = tokio::spawn(async move { request(&s2, flags(2, true, false)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let s3 = s.clone();
+        let next = tokio::spawn(async move { request(&s3, flags(3, true, false)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        cancelled.abort();
+        assert!(cancelled.await.unwrap_err().is_cancelled());
+        // Sequence 1 ends: 3 is next, though 2 arrived first and never ran.
+        assert!(admitted_within(&s, flags(1, false, true), 50).await);
+        tokio::time::timeout(Duration::from_millis(200), next)
+            .await
+            .unwrap()
+            .unwrap();
+        // Sequence 2 left no trace: its next request needs a START.
+        assert!(matches!(
+            s.enter(Some(&flags(2, false, false))),
+            Err(ServeError::InvalidRequest(_))
+        ));
     }
 }

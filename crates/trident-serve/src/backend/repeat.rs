@@ -334,15 +334,25 @@ mod tests {
 
     #[test]
     fn a_client_that_goes_away_stops_the_responses() {
+        // Room for one response: the second blocks until the client reads or leaves.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let sender = ResponseSender::new(tx);
-        let probe = sender.clone();
+        let weak = tx.downgrade();
         Instance
-            .execute_decoupled(request(&[1, 2, 3, 4], &[0, 0, 0, 0], 0), sender)
+            .execute_decoupled(
+                request(&[1, 2, 3, 4], &[0, 0, 10_000, 10_000], 0),
+                ResponseSender::new(tx),
+            )
             .unwrap();
         drop(rx);
-        // The response thread sees the closed stream and ends, dropping its sender.
-        assert!(probe.is_closed());
-        assert!(!probe.send(vec![]));
+        // The response thread sees the closed stream at its next send and ends, dropping
+        // its sender; one that went on would sleep 10 s before the third response.
+        let t0 = std::time::Instant::now();
+        while weak.upgrade().is_some() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(3),
+                "the response thread went on after the client left"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
