@@ -437,6 +437,36 @@ def test_classification_extension_on_a_model_without_labels(client):
     assert client.infer("simple", _simple_inputs()).as_numpy("OUTPUT0").tolist() == [[2] * 16]
 
 
+def test_responses_are_compressed_when_accepted_and_large_enough(server):
+    """Accept-Encoding is honoured for responses of 1 KiB or more (smaller ones cost more
+    to compress than they save and go as they are); a q of 0 refuses a coding."""
+    import gzip
+    import zlib
+
+    def infer(rows, accept=None):
+        body = {"inputs": [
+            {"name": n, "datatype": "INT32", "shape": [rows, 16], "data": [100_000 + i for i in range(16 * rows)]}
+            for n in ("INPUT0", "INPUT1")
+        ]}
+        headers = {"Accept-Encoding": accept} if accept else {}
+        status, hdrs, data = server.request("POST", "/v2/models/simple/infer", body, headers=headers)
+        assert status == 200, data
+        return {k.lower(): v for k, v in hdrs.items()}, data
+
+    _, plain = infer(8)
+    assert len(plain) >= 1024, f"the batch-8 answer ({len(plain)} bytes) must be large enough to be compressed"
+    hdrs, data = infer(8, "gzip")
+    assert hdrs.get("content-encoding") == "gzip" and gzip.decompress(data) == plain
+    hdrs, data = infer(8, "gzip;q=0, deflate")
+    assert hdrs.get("content-encoding") == "deflate" and zlib.decompress(data) == plain
+    hdrs, data = infer(8, "gzip; q=0.0")
+    assert "content-encoding" not in hdrs and data == plain
+    _, small_plain = infer(1)
+    assert len(small_plain) < 1024
+    hdrs, data = infer(1, "gzip")
+    assert "content-encoding" not in hdrs and data == small_plain
+
+
 def test_compressed_bodies_and_unknown_encodings(server, client):
     """gzip and deflate request bodies are decompressed (tritonclient's compression flags),
     responses compressed when accepted; another encoding, or a body that is not what its

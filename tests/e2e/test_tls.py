@@ -121,6 +121,11 @@ def test_grpc_mutual_tls_refuses_clients_without_a_trusted_certificate(start_ser
             ["--http-use-ssl", "true", "--http-server-cert", "/nonexistent.pem", "--http-server-key", "/nonexistent.key"],
             "/nonexistent.pem",
         ),
+        # Checked before any service starts: the server stops at once, naming the file.
+        (
+            ["--grpc-use-ssl", "true", "--grpc-server-cert", "/nonexistent.pem", "--grpc-server-key", "/nonexistent.key"],
+            "/nonexistent.pem",
+        ),
     ],
 )
 def test_tls_flag_mistakes_stop_the_server_with_a_reason(tmp_path, flags, message):

@@ -104,13 +104,13 @@ fn prepare<R>(
     app: &App,
     model: Arc<ModelVersion>,
     received: Instant,
-    decode: impl FnOnce(&ModelVersion) -> Result<Decoded<R>, ApiError>,
+    decode: impl FnOnce() -> Result<Decoded<R>, ApiError>,
 ) -> Result<Prepared<R>, ApiError> {
     let fail = |e: ApiError| {
         model.stats().record_failure(received.elapsed());
         e
     };
-    let mut decoded = decode(&model).map_err(fail)?;
+    let mut decoded = decode().map_err(fail)?;
     let refs: Vec<&ShmRef> = decoded
         .shared_inputs
         .iter()
@@ -178,7 +178,7 @@ pub(crate) async fn infer<R>(
     version: Option<&str>,
     received: Instant,
     entry: Entry,
-    decode: impl FnOnce(&ModelVersion) -> Result<Decoded<R>, ApiError>,
+    decode: impl FnOnce() -> Result<Decoded<R>, ApiError>,
 ) -> Result<Answer<R>, ApiError> {
     let model = app.repo.get(model, version)?;
     if model.decoupled() {
@@ -197,7 +197,7 @@ pub(crate) async fn infer_streamed<R: Clone, F: std::future::Future<Output = boo
     model: &str,
     version: Option<&str>,
     received: Instant,
-    decode: impl FnOnce(&ModelVersion) -> Result<Decoded<R>, ApiError>,
+    decode: impl FnOnce() -> Result<Decoded<R>, ApiError>,
     mut each: impl FnMut(Answer<R>) -> F,
 ) -> Result<Arc<ModelVersion>, ApiError> {
     let model = app.repo.get(model, version)?;

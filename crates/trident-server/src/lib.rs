@@ -92,7 +92,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let Listeners { http, grpc, metrics } = listeners;
+    // Every certificate is read and checked before any service starts.
     let https = config.tls.as_ref().map(TlsFiles::acceptor).transpose()?;
+    let grpc_tls = grpc_config.tls.as_ref().map(grpc::tls_config).transpose()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -107,7 +109,11 @@ pub async fn run(
     };
     // Single-port mode: gRPC on the HTTP listener, its routes as an axum router.
     let single_port = match grpc_config.same_port {
-        true => Some(grpc::router(app.clone(), &grpc_config).await),
+        true => Some(listen::SinglePort {
+            router: grpc::router(app.clone(), &grpc_config).await,
+            keepalive_time: grpc_config.keepalive_time,
+            keepalive_timeout: grpc_config.keepalive_timeout,
+        }),
         false => None,
     };
     let api = listen::serve(
@@ -129,6 +135,7 @@ pub async fn run(
                     listener,
                     app.clone(),
                     grpc_config,
+                    grpc_tls,
                     config.drain_timeout,
                     stop_rx.clone(),
                 )
@@ -155,6 +162,6 @@ pub async fn run(
             None => Ok(()),
         }
     };
-    let (a, g, m) = tokio::join!(api, grpc, metrics);
-    a.and(g).and(m)
+    // A service that fails ends the others too, so the error is seen at once.
+    tokio::try_join!(api, grpc, metrics).map(|_| ())
 }

@@ -45,7 +45,17 @@ pub(crate) struct Extras {
     /// HTTPS: the handshake before HTTP.
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Single-port mode: HTTP/2 connections, gRPC calls to this router.
-    pub grpc: Option<Router>,
+    pub grpc: Option<SinglePort>,
+}
+
+/// gRPC on the HTTP port: its routes and the HTTP/2 keepalive of `--grpc-keepalive-*`.
+#[derive(Clone)]
+pub(crate) struct SinglePort {
+    pub router: Router,
+    /// Ping interval.
+    pub keepalive_time: Option<Duration>,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keepalive_timeout: Option<Duration>,
 }
 
 /// Serves `router` on `listener` until `stop` turns true, then drains.
@@ -110,13 +120,18 @@ pub(crate) async fn serve(
             match tls {
                 // Single-port mode: a connection that opens with HTTP/2's preface is gRPC
                 // (h2c with prior knowledge, as gRPC clients connect).
-                None if grpc.is_some() && is_http2(&stream).await => {
-                    connection.run_http2(stream, grpc.expect("checked")).await
+                // The first bytes get the header timeout, as a request head would.
+                None if grpc.is_some() => {
+                    match tokio::time::timeout(connection.timeouts.header, is_http2(&stream)).await {
+                        Ok(true) => connection.run_http2(stream, grpc.expect("checked")).await,
+                        Ok(false) => connection.run(stream).await,
+                        Err(_) => tracing::debug!(%peer, "no request within the header timeout"),
+                    }
                 }
                 None => connection.run(stream).await,
                 // The handshake gets the header timeout, as a request head would.
                 Some(acceptor) => {
-                    match tokio::time::timeout(config_header(&connection), acceptor.accept(stream)).await {
+                    match tokio::time::timeout(connection.timeouts.header, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => connection.run(stream).await,
                         Ok(Err(e)) => tracing::debug!(%peer, "TLS handshake failed: {e}"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -183,10 +198,6 @@ struct Connection {
     stop: watch::Receiver<bool>,
 }
 
-fn config_header(c: &Connection) -> Duration {
-    c.timeouts.header
-}
-
 /// A connection's byte stream: plain TCP, or TLS over TCP.
 pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Writes what fits now without waiting, best effort (a last word before closing).
@@ -242,27 +253,28 @@ impl Connection {
 /// HTTP/2's connection preface.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Whether the connection's first bytes are HTTP/2's preface (waits for them up to a
-/// second; HTTP/1 clients send a request line, which differs in its first byte).
+/// Whether the connection's first bytes are HTTP/2's preface (HTTP/1 clients send a
+/// request line, which differs in its first byte). The caller bounds the wait.
 async fn is_http2(stream: &TcpStream) -> bool {
     let mut buf = [0u8; 24];
-    let deadline = Instant::now() + Duration::from_secs(1);
     loop {
         match stream.peek(&mut buf).await {
             Ok(n) if n >= H2_PREFACE.len() => return buf == H2_PREFACE,
             Ok(n) if n > 0 && buf[..n] != H2_PREFACE[..n] => return false,
             Ok(0) | Err(_) => return false,
-            Ok(_) if Instant::now() > deadline => return false,
+            // A prefix of the preface so far: peek returns at once, so wait a little.
             Ok(_) => tokio::time::sleep(Duration::from_millis(1)).await,
         }
     }
 }
 
 impl Connection {
-    /// An HTTP/2 connection in single-port mode: gRPC calls go to `grpc` (tonic's own
-    /// limits and keepalive apply), anything else through the guard to the REST routes.
-    /// No HTTP/1 read deadlines: an HTTP/2 connection idles between calls by design.
-    async fn run_http2(mut self, stream: TcpStream, grpc: Router) {
+    /// An HTTP/2 connection in single-port mode: gRPC calls go to `grpc`'s router
+    /// (tonic's message limits), anything else through the guard to the REST routes; the
+    /// connection keeps `--grpc-keepalive-*`'s pings. No HTTP/1 read deadlines: an HTTP/2
+    /// connection idles between calls by design.
+    async fn run_http2(mut self, stream: TcpStream, single: SinglePort) {
+        let grpc = single.router;
         let (router, limits) = (self.router, self.limits);
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let is_grpc = request
@@ -282,7 +294,13 @@ impl Connection {
                 Ok::<_, std::convert::Infallible>(response)
             }
         });
-        let builder = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        let mut builder = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(single.keepalive_time);
+        if let Some(timeout) = single.keepalive_timeout {
+            builder.keep_alive_timeout(timeout);
+        }
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         tokio::pin!(conn);
         let result = tokio::select! {

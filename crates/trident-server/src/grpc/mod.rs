@@ -11,6 +11,7 @@
 mod tensors;
 
 use crate::front::{self, App};
+use crate::tls::TlsFiles;
 use crate::ApiError;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -108,12 +109,25 @@ pub(crate) async fn router(app: App, config: &GrpcConfig) -> axum::Router {
         .into_axum_router()
 }
 
-/// Serves gRPC on `listener` until `stop` turns true, then lets in-flight calls finish
-/// for up to `drain`.
+/// tonic's TLS settings from the `--grpc-*` files, each read and checked once, before
+/// any service starts (a bad file stops the server with its path).
+pub(crate) fn tls_config(files: &TlsFiles) -> std::io::Result<tonic::transport::ServerTlsConfig> {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let pem = files.pem()?;
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(pem.cert, pem.key));
+    if let Some(ca) = pem.client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(ca));
+    }
+    Ok(tls)
+}
+
+/// Serves gRPC on `listener` (over TLS with `tls`) until `stop` turns true, then lets
+/// in-flight calls finish for up to `drain`.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: App,
     config: GrpcConfig,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     drain: Duration,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -122,13 +136,7 @@ pub(crate) async fn serve(
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let stopping = stopped(stop.clone());
     let mut builder = tonic::transport::Server::builder();
-    if let Some(files) = &config.tls {
-        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-        let pem = files.pem()?;
-        let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(pem.cert, pem.key));
-        if let Some(ca) = pem.client_ca {
-            tls = tls.client_ca_root(Certificate::from_pem(ca));
-        }
+    if let Some(tls) = tls {
         builder = builder.tls_config(tls).map_err(std::io::Error::other)?;
     }
     let server = builder
@@ -174,7 +182,7 @@ async fn infer_one(app: &App, mut request: pb::ModelInferRequest) -> Result<pb::
         version_of(&version),
         received,
         front::Entry::GrpcUnary,
-        |_| decode(&mut request, &name),
+        || decode(&mut request, &name),
     )
     .await?;
     Ok(tensors::encode(
@@ -216,7 +224,7 @@ async fn stream_one(app: &App, mut request: pb::ModelInferRequest, tx: &StreamSe
         &name,
         version_of(&version),
         received,
-        |_| decode(&mut request, &name),
+        || decode(&mut request, &name),
         |answer: front::Answer<String>| {
             let last = !answer.model.decoupled();
             let response = tensors::encode(
@@ -622,7 +630,7 @@ fn repository_param((key, p): (String, pb::ModelRepositoryParameter)) -> (String
     use pb::model_repository_parameter::ParameterChoice as C;
     let value = match p.parameter_choice {
         Some(C::StringParam(s)) => front::ParamValue::Text(s),
-        Some(C::BytesParam(b)) => front::ParamValue::Bytes(b.to_vec()),
+        Some(C::BytesParam(b)) => front::ParamValue::Bytes(b),
         Some(C::BoolParam(b)) => front::ParamValue::Bool(b),
         Some(C::Int64Param(_)) => front::ParamValue::Other("int64_param"),
         None => front::ParamValue::Other("no value"),

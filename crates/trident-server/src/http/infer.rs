@@ -98,7 +98,7 @@ async fn run(
     let accept = response_encoding(headers);
     // Its error, if any, is the request's: counted as the model's failure below.
     let body = decompressed(headers, body, app.max_body_bytes).await;
-    let answer = front::infer(app, model, version, received, front::Entry::Http, |_| {
+    let answer = front::infer(app, model, version, received, front::Entry::Http, || {
         let body = body?;
         let header_len = match framing {
             Framing::Kserve => crate::guard::numeric_header(
@@ -146,8 +146,9 @@ async fn run(
         .collect();
     let version = model.version().to_string();
     let encoded = codec::encode_response(model.name(), &version, request.id.as_deref(), &outputs);
-    let (body, encoding) = match accept {
-        None => (encoded.body, None),
+    let encoding = accept.filter(|_| encoded.body.len() >= MIN_COMPRESSED_BYTES);
+    let body = match encoding {
+        None => encoded.body,
         // Compression is CPU work: on tokio's blocking pool, off the async threads.
         Some(encoding) => tokio::task::spawn_blocking(move || compress(encoded.body, encoding))
             .await
@@ -228,16 +229,25 @@ fn response_encoding(headers: &HeaderMap) -> Option<&'static str> {
         .to_str()
         .ok()?
         .to_ascii_lowercase();
+    // `gzip`, `gzip;q=0.5`; a q of 0 (`q=0`, `q=0.0`) refuses the coding.
     let offers: Vec<&str> = accepted
         .split(',')
-        .map(|p| p.trim())
-        .filter(|p| !p.ends_with(";q=0"))
-        .map(|p| p.split(';').next().unwrap_or("").trim())
+        .filter_map(|offer| {
+            let mut parts = offer.split(';').map(str::trim);
+            let coding = parts.next()?;
+            let refused = parts
+                .filter_map(|p| p.strip_prefix("q="))
+                .any(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0));
+            (!refused).then_some(coding)
+        })
         .collect();
     ["gzip", "deflate"].into_iter().find(|e| offers.contains(e))
 }
 
-fn compress(body: Bytes, encoding: &'static str) -> Result<(Bytes, Option<&'static str>), ApiError> {
+/// Smaller responses are sent as they are: compressing them costs more than it saves.
+const MIN_COMPRESSED_BYTES: usize = 1024;
+
+fn compress(body: Bytes, encoding: &'static str) -> Result<Bytes, ApiError> {
     use std::io::Write;
     let level = flate2::Compression::default();
     let out = match encoding {
@@ -251,5 +261,5 @@ fn compress(body: Bytes, encoding: &'static str) -> Result<(Bytes, Option<&'stat
         }
     }
     .map_err(|e| ApiError::internal(format!("compressing the response failed: {e}")))?;
-    Ok((out.into(), Some(encoding)))
+    Ok(out.into())
 }
