@@ -263,36 +263,51 @@ impl Client {
         Ok(value)
     }
 
+    /// A gRPC call within the request timeout (as every HTTP request is); errors name
+    /// the RPC.
+    async fn unary<T>(
+        &self,
+        rpc: &str,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| anyhow!("{rpc}: no answer from {} within {:?}", self.base, self.timeout))?
+            .map(tonic::Response::into_inner)
+            .map_err(|e| status_error(rpc, e))
+    }
+
     /// Metadata and configuration of `model`; an error names an unknown or unready model.
     pub async fn model(&self, model: &str) -> Result<ModelInfo> {
         if let Some(mut g) = self.grpc_client() {
             let at = || format!("model `{model}` at {}", self.base);
-            let meta = tokio::time::timeout(
-                self.timeout,
-                g.model_metadata(pb::ModelMetadataRequest {
-                    name: model.to_string(),
-                    version: String::new(),
-                }),
-            )
-            .await
-            .map_err(|_| anyhow!("no answer from {} within {:?}", self.base, self.timeout))?
-            .map_err(|e| status_error("ModelMetadata", e))
-            .with_context(at)?
-            .into_inner();
+            let meta = self
+                .unary(
+                    "ModelMetadata",
+                    g.model_metadata(pb::ModelMetadataRequest {
+                        name: model.to_string(),
+                        version: String::new(),
+                    }),
+                )
+                .await
+                .with_context(at)?;
             let tensors = |t: &[pb::model_metadata_response::TensorMetadata]| -> Vec<Value> {
                 t.iter()
                     .map(|t| json!({"name": t.name, "datatype": t.datatype, "shape": t.shape}))
                     .collect()
             };
             let meta = json!({"name": meta.name, "inputs": tensors(&meta.inputs), "outputs": tensors(&meta.outputs)});
-            let config = g
-                .model_config(pb::ModelConfigRequest {
-                    name: model.to_string(),
-                    version: String::new(),
-                })
+            let config = self
+                .unary(
+                    "ModelConfig",
+                    g.model_config(pb::ModelConfigRequest {
+                        name: model.to_string(),
+                        version: String::new(),
+                    }),
+                )
                 .await
                 .ok()
-                .and_then(|r| r.into_inner().config)
+                .and_then(|r| r.config)
                 .map(|c| json!({"max_batch_size": c.max_batch_size}));
             return ModelInfo::from_metadata(model, &meta, config.as_ref()).context("model metadata");
         }
@@ -308,14 +323,15 @@ impl Client {
     pub async fn stats(&self, model: &str) -> Result<ServerStats> {
         let v = match self.grpc_client() {
             Some(mut g) => {
-                let stats = g
-                    .model_statistics(pb::ModelStatisticsRequest {
-                        name: model.to_string(),
-                        version: String::new(),
-                    })
-                    .await
-                    .map_err(|e| status_error("ModelStatistics", e))?
-                    .into_inner();
+                let stats = self
+                    .unary(
+                        "ModelStatistics",
+                        g.model_statistics(pb::ModelStatisticsRequest {
+                            name: model.to_string(),
+                            version: String::new(),
+                        }),
+                    )
+                    .await?;
                 let d = |d: Option<pb::StatisticDuration>| {
                     let d = d.unwrap_or_default();
                     json!({"count": d.count, "ns": d.ns})

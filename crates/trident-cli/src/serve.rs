@@ -294,13 +294,8 @@ fn sagemaker(args: &mut ServeArgs) -> anyhow::Result<Option<String>> {
     let model = match std::env::var("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME") {
         Ok(name) => name,
         Err(_) => {
-            let dirs: Vec<String> = std::fs::read_dir(&root)
-                .with_context(|| format!("cannot read {}", root.display()))?
-                .filter_map(Result::ok)
-                .filter(|e| e.path().is_dir())
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| !n.starts_with('.'))
-                .collect();
+            let dirs = trident_serve::repository::model_dirs(&root)
+                .with_context(|| format!("cannot read {}", root.display()))?;
             match dirs.as_slice() {
                 [one] => one.clone(),
                 _ => anyhow::bail!(

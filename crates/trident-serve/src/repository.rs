@@ -400,21 +400,13 @@ impl Repository {
 
     /// Model directory names, sorted. Hidden entries are skipped.
     fn model_dirs(&self) -> Result<Vec<String>, ServeError> {
-        let read = std::fs::read_dir(&self.options.root).map_err(|e| {
+        model_dirs(&self.options.root).map_err(|e| {
             tracing::error!(
                 "cannot read model repository {}: {e}",
                 self.options.root.display()
             );
             ServeError::NotAllowed(format!("cannot read the model repository: {e}"))
-        })?;
-        let mut names: Vec<String> = read
-            .filter_map(Result::ok)
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| !n.starts_with('.'))
-            .collect();
-        names.sort();
-        Ok(names)
+        })
     }
 
     /// The repository's own spelling of `name`, if it is one of its model directories.
@@ -834,6 +826,19 @@ fn read_labels(dir: &Path, config: &ModelConfig) -> Result<Vec<Option<Arc<[Strin
             ))
         })
         .collect()
+}
+
+/// The model directories of the repository at `root`, sorted; hidden entries and
+/// anything that is not a directory (symbolic links included) are skipped.
+pub fn model_dirs(root: &Path) -> std::io::Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(root)?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 fn model_filename(config: &ModelConfig) -> &str {
