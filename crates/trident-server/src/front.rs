@@ -379,3 +379,34 @@ pub(crate) fn unload_dependents(
     }
     Ok(dependents)
 }
+
+/// CUDA shared memory on a CPU server (both front ends): no region exists, so the list
+/// is empty and a named region is unknown.
+pub(crate) fn cuda_status(region: Option<&str>) -> Result<(), ApiError> {
+    match region {
+        None => Ok(()),
+        Some(name) => Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            format!("Unable to find cuda shared memory region: '{name}'"),
+        )),
+    }
+}
+
+/// Registering CUDA shared memory is refused: no GPU.
+pub(crate) fn cuda_register(region: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "failed to register CUDA shared memory region: '{region}', GPUs not supported"
+    ))
+}
+
+/// Changing log settings at run time is refused, naming the first setting asked for
+/// (in name order).
+pub(crate) fn refuse_log_change<'a>(keys: impl Iterator<Item = &'a String>) -> Result<(), ApiError> {
+    match keys.min() {
+        Some(key) => Err(ApiError::new(
+            axum::http::StatusCode::NOT_IMPLEMENTED,
+            format!("changing log setting '{key}' at run time is not supported by Trident (set RUST_LOG at start)"),
+        )),
+        None => Ok(()),
+    }
+}

@@ -165,6 +165,9 @@ pub enum CodecError {
         /// The body length.
         body_len: usize,
     },
+    /// The sequence parameters do not make a sequence (`sequence_start` without an ID).
+    #[error("request: {0}")]
+    Sequence(String),
     /// `Inference-Header-Content-Length: 0`, Triton's raw binary request.
     #[error("Inference-Header-Content-Length is 0 (raw binary request): expected a JSON inference header, got none")]
     EmptyHeader,
@@ -355,14 +358,8 @@ pub fn decode_request(body: Bytes, header_len: Option<usize>) -> Result<InferReq
             )
         })?)),
     };
-    let sequence = SequenceFlags::new(sequence_id, flag("sequence_start")?, flag("sequence_end")?).map_err(
-        |message| CodecError::InvalidField {
-            at: "request".into(),
-            field: "parameters.sequence_id",
-            expected: "a sequence",
-            got: message,
-        },
-    )?;
+    let sequence = SequenceFlags::new(sequence_id, flag("sequence_start")?, flag("sequence_end")?)
+        .map_err(CodecError::Sequence)?;
     let binary_data_output = match parameters.get("binary_data_output") {
         None => false,
         Some(Value::Bool(b)) => *b,
@@ -495,8 +492,8 @@ fn shm_ref(parameters: &Map<String, Value>, at: impl Fn() -> String) -> Result<O
     }))
 }
 
-/// Shared memory parameter names, accepted on inputs and outputs.
-const SHM_PARAMETERS: [&str; 3] = [
+/// Shared memory parameter names, accepted on inputs and outputs (HTTP and gRPC).
+pub(crate) const SHM_PARAMETERS: [&str; 3] = [
     "shared_memory_region",
     "shared_memory_offset",
     "shared_memory_byte_size",

@@ -561,12 +561,7 @@ impl GrpcInferenceService for Service {
         request: Request<pb::CudaSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
         let r = request.into_inner();
-        if !r.name.is_empty() {
-            return Err(Status::not_found(format!(
-                "Unable to find cuda shared memory region: '{}'",
-                r.name
-            )));
-        }
+        front::cuda_status(version_of(&r.name))?;
         Ok(Response::new(pb::CudaSharedMemoryStatusResponse::default()))
     }
 
@@ -574,10 +569,7 @@ impl GrpcInferenceService for Service {
         &self,
         request: Request<pb::CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
-        Err(Status::invalid_argument(format!(
-            "failed to register CUDA shared memory region: '{}', GPUs not supported",
-            request.into_inner().name
-        )))
+        Err(front::cuda_register(&request.into_inner().name).into())
     }
 
     /// Nothing is registered, so unregistering succeeds (as on Triton's CPU build).
@@ -601,11 +593,7 @@ impl GrpcInferenceService for Service {
         request: Request<pb::LogSettingsRequest>,
     ) -> Result<Response<pb::LogSettingsResponse>, Status> {
         let r = request.into_inner();
-        if let Some(key) = r.settings.keys().min() {
-            return Err(unimplemented(&format!(
-                "changing log setting '{key}' at run time (set RUST_LOG at start)"
-            )));
-        }
+        front::refuse_log_change(r.settings.keys())?;
         use pb::log_settings_response::{setting_value::ParameterChoice, SettingValue};
         let value = |c| SettingValue {
             parameter_choice: Some(c),

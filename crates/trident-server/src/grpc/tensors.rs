@@ -7,7 +7,7 @@
 //! field, so they travel raw. Outputs always go back as `raw_output_contents`, which is
 //! what tritonclient's `as_numpy` reads.
 
-use crate::codec::{duplicate, SharedInput, ShmRef};
+use crate::codec::{duplicate, SharedInput, ShmRef, SHM_PARAMETERS};
 use crate::front::Decoded;
 use crate::ApiError;
 use bytes::Bytes;
@@ -35,7 +35,8 @@ pub(super) fn decode(request: &mut pb::ModelInferRequest, model: &str) -> Result
         let at = format!("input '{}'", input.name);
         refuse_parameters(&at, &input.parameters, &SHM_PARAMETERS)?;
         let dtype = datatype(&input.name, &input.datatype)?;
-        check_shape(&at, &input.shape)?;
+        // Negative or overflowing shapes are refused here, shared memory or not.
+        let count = element_count(&input.shape).map_err(|e| ApiError::bad_request(format!("{at}: {e}")))?;
         if let Some(shared) = shm_ref(&input.name, &input.parameters)? {
             if input.contents.is_some() {
                 return Err(ApiError::bad_request(format!(
@@ -58,10 +59,7 @@ pub(super) fn decode(request: &mut pb::ModelInferRequest, model: &str) -> Result
                     input.name
                 )))
             }
-            Some(contents) => {
-                let count = element_count(&input.shape).map_err(|e| ApiError::bad_request(format!("{at}: {e}")))?;
-                typed(&at, dtype, count, contents)?
-            }
+            Some(contents) => typed(&at, dtype, count, contents)?,
             None => raw.next().ok_or_else(|| {
                 ApiError::bad_request(format!(
                     "unable to find data for input tensor '{}' for model '{model}' in request.",
@@ -188,12 +186,6 @@ pub(super) fn empty_final_response(parameters: &HashMap<String, InferParameter>)
     }
 }
 
-const SHM_PARAMETERS: [&str; 3] = [
-    "shared_memory_region",
-    "shared_memory_offset",
-    "shared_memory_byte_size",
-];
-
 /// The shared memory parameters of a tensor, with Triton's texts for wrong types.
 fn shm_ref(tensor: &str, parameters: &HashMap<String, InferParameter>) -> Result<Option<ShmRef>, ApiError> {
     let get = |key: &str| parameters.get(key).and_then(|p| p.parameter_choice.as_ref());
@@ -242,15 +234,6 @@ fn datatype(name: &str, datatype: &str) -> Result<DataType, ApiError> {
             datatype: datatype.to_string(),
         })
     })
-}
-
-fn check_shape(at: &str, shape: &[i64]) -> Result<(), ApiError> {
-    match shape.iter().find(|&&d| d < 0) {
-        Some(d) => Err(ApiError::bad_request(format!(
-            "{at}: shape {shape:?} has a negative dimension ({d}), expected all dimensions >= 0"
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// The bytes of typed contents, checked against the datatype and element count.

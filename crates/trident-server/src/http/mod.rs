@@ -111,12 +111,7 @@ async fn set_logging(body: axum::body::Bytes) -> Result<Json<serde_json::Value>,
         serde_json::from_slice(&body)
             .map_err(|e| crate::ApiError::bad_request(format!("invalid log settings JSON: {e}")))?
     };
-    if let Some(key) = settings.keys().min() {
-        return Err(crate::ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            format!("changing log setting '{key}' at run time is not supported by Trident (set RUST_LOG at start)"),
-        ));
-    }
+    crate::front::refuse_log_change(settings.keys())?;
     Ok(logging().await)
 }
 

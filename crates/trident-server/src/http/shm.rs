@@ -6,7 +6,6 @@ use crate::front::App;
 use crate::ApiError;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -64,20 +63,12 @@ pub(super) async fn unregister(State(app): AppState, path: Region) -> Result<Jso
 /// No CUDA regions exist on a CPU server: the list is empty and a named region is
 /// unknown.
 pub(super) async fn cuda_status(path: Region) -> Result<Json<Value>, ApiError> {
-    match region(&path) {
-        None => Ok(Json(json!([]))),
-        Some(name) => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("Unable to find cuda shared memory region: '{name}'"),
-        )),
-    }
+    crate::front::cuda_status(region(&path))?;
+    Ok(Json(json!([])))
 }
 
 pub(super) async fn cuda_register(path: Region) -> ApiError {
-    ApiError::bad_request(format!(
-        "failed to register CUDA shared memory region: '{}', GPUs not supported",
-        region(&path).unwrap_or("")
-    ))
+    crate::front::cuda_register(region(&path).unwrap_or(""))
 }
 
 /// Unregistering succeeds: there is nothing registered (Triton's CPU build does the
