@@ -151,17 +151,24 @@ impl Repository {
     pub fn load(&self, name: &str) -> Result<(), ServeError> {
         self.require_explicit("load")?;
         let name = self.existing_dir(name)?;
-        // Like Triton, loading an ensemble loads the composing models not yet loaded.
-        for dep in ensemble_steps(&self.options.root.join(&name)).unwrap_or_default() {
+        let steps = ensemble_steps(&self.options.root.join(&name)).unwrap_or_default();
+        self.load_composing(&name, steps)?;
+        match self.load_model(&name) {
+            Some(reason) => Err(ServeError::LoadFailed { model: name, reason }),
+            None => Ok(()),
+        }
+    }
+
+    /// Like Triton, loading an ensemble first loads its composing models not yet loaded
+    /// (each failure is the composing model's own; the ensemble's load then names it).
+    fn load_composing(&self, name: &str, steps: Vec<String>) -> Result<(), ServeError> {
+        for dep in steps {
             if dep != name && self.model_dirs()?.contains(&dep) && self.get(&dep, None).is_err() {
                 tracing::info!(model = %dep, ensemble = %name, "loading a composing model of the ensemble");
                 let _ = self.load(&dep);
             }
         }
-        match self.load_model(&name) {
-            Some(reason) => Err(ServeError::LoadFailed { model: name, reason }),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// Loads a model with Triton's load overrides (`explicit` mode only). A `config`
@@ -201,6 +208,8 @@ impl Repository {
             Some(d) => d.path().to_path_buf(),
             None => self.options.root.join(self.existing_dir(name)?),
         };
+        // The override's own steps, not those of the config.pbtxt on disk.
+        self.load_composing(name, composing(&parsed.config))?;
         match self.load_model_at(name, &dir, Some(parsed)) {
             Some(reason) => Err(ServeError::LoadFailed {
                 model: name.to_string(),

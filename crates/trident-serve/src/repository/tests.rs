@@ -429,3 +429,54 @@ async fn outs(mut r: crate::Responses<'_>) -> Vec<i32> {
     assert!(r.next().await.is_none(), "ended for good");
     got
 }
+
+#[test]
+fn a_config_override_that_makes_an_ensemble_loads_its_composing_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/simple");
+    std::fs::create_dir_all(dir.path().join("simple/1")).unwrap();
+    std::fs::copy(
+        fixture.join("config.pbtxt"),
+        dir.path().join("simple/config.pbtxt"),
+    )
+    .unwrap();
+    std::fs::copy(
+        fixture.join("1/model.onnx"),
+        dir.path().join("simple/1/model.onnx"),
+    )
+    .unwrap();
+    // On disk `e` is not an ensemble: only the override's steps can name `simple`.
+    std::fs::create_dir_all(dir.path().join("e/1")).unwrap();
+    let repo = Repository::new(RepositoryOptions {
+        root: dir.path().into(),
+        mode: ControlMode::Explicit,
+        startup_models: vec![],
+        cores: 2,
+        cache: None,
+        onnx_engine: OnnxEngine::Tract,
+    });
+    let tensor = |name: &str| format!(r#"{{"name": "{name}", "data_type": "TYPE_INT32", "dims": [16]}}"#);
+    let config = format!(
+        r#"{{"name": "e", "platform": "ensemble", "max_batch_size": 8,
+            "input": [{}, {}], "output": [{}],
+            "ensemble_scheduling": {{"step": [{{"model_name": "simple", "model_version": -1,
+                "input_map": {{"INPUT0": "A", "INPUT1": "B"}}, "output_map": {{"OUTPUT0": "OUT"}}}}]}}}}"#,
+        tensor("A"),
+        tensor("B"),
+        tensor("OUT")
+    );
+    assert!(repo.get("simple", None).is_err());
+    repo.load_with(
+        "e",
+        LoadOverride {
+            config: Some(config),
+            files: vec![],
+        },
+    )
+    .unwrap();
+    assert!(
+        repo.get("simple", None).is_ok(),
+        "the composing model was loaded first"
+    );
+    assert!(repo.get("e", None).is_ok());
+}
