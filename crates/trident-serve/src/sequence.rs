@@ -135,6 +135,21 @@ pub(crate) struct Sequencer {
     freed: tokio::sync::Notify,
 }
 
+/// The tensors the sequencer supplies and consumes, which clients never see: (inputs:
+/// the control inputs and the state inputs, outputs: the state outputs).
+pub(crate) fn hidden_tensors(config: &ModelConfig) -> (Vec<&str>, Vec<&str>) {
+    let Some(pb::model_config::SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice else {
+        return (Vec::new(), Vec::new());
+    };
+    let inputs = sb
+        .control_input
+        .iter()
+        .map(|c| c.name.as_str())
+        .chain(sb.state.iter().map(|s| s.input_name.as_str()))
+        .collect();
+    (inputs, sb.state.iter().map(|s| s.output_name.as_str()).collect())
+}
+
 /// Triton's default idle time of a sequence.
 const DEFAULT_IDLE: Duration = Duration::from_secs(1);
 
@@ -145,6 +160,19 @@ impl Sequencer {
         let Some(pb::model_config::SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice else {
             return Ok(None);
         };
+        let (inputs, outputs) = hidden_tensors(config);
+        if let Some(clash) = config.input.iter().find(|i| inputs.contains(&i.name.as_str())) {
+            return Err(format!(
+                "sequence_batching supplies input '{}' (a control or state input): it cannot also be a client input in the config's input list",
+                clash.name
+            ));
+        }
+        if let Some(clash) = config.output.iter().find(|o| outputs.contains(&o.name.as_str())) {
+            return Err(format!(
+                "sequence_batching keeps output '{}' as the sequence's state: it cannot also be in the config's output list",
+                clash.name
+            ));
+        }
         let mut controls = Vec::new();
         for input in &sb.control_input {
             let [control] = input.control.as_slice() else {
@@ -733,5 +761,25 @@ mod tests {
             s.enter(Some(&flags(2, false, false))),
             Err(ServeError::InvalidRequest(_))
         ));
+    }
+
+    #[test]
+    fn control_and_state_tensors_are_not_client_tensors() {
+        let dyna = config(DYNA);
+        let (inputs, outputs) = hidden_tensors(&dyna);
+        assert_eq!(inputs, ["START", "END", "READY", "CORRID", "S_IN"]);
+        assert_eq!(outputs, ["S_OUT"]);
+        let clash = DYNA.replace(
+            r#"input [ { name: "X""#,
+            r#"input [ { name: "READY" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "X""#,
+        );
+        let err = Sequencer::from_config(&config(&clash), 1).err().unwrap();
+        assert!(err.contains("supplies input 'READY'"), "{err}");
+        let clash = DYNA.replace(
+            r#"output [ { name: "Y""#,
+            r#"output [ { name: "S_OUT" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "Y""#,
+        );
+        let err = Sequencer::from_config(&config(&clash), 1).err().unwrap();
+        assert!(err.contains("keeps output 'S_OUT'"), "{err}");
     }
 }

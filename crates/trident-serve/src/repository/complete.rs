@@ -38,10 +38,17 @@ pub(super) fn autocomplete(c: &mut ModelConfig, name: &str, io: &ModelIo) -> Res
         tracing::info!(model = %name, "auto-complete: the model batches; max_batch_size {DEFAULT_MAX_BATCH_SIZE} with dynamic batching");
     }
     let skip = usize::from(c.max_batch_size > 0);
+    // Control and state tensors are the sequencer's, never the client's.
+    let (hidden_in, hidden_out) = crate::sequence::hidden_tensors(c);
+    let (hidden_in, hidden_out): (Vec<String>, Vec<String>) = (
+        hidden_in.into_iter().map(String::from).collect(),
+        hidden_out.into_iter().map(String::from).collect(),
+    );
     if c.input.is_empty() {
         c.input = io
             .inputs
             .iter()
+            .filter(|t| !hidden_in.contains(&t.name))
             .map(|t| pb::ModelInput {
                 name: t.name.clone(),
                 data_type: config::config_data_type(t.dtype),
@@ -54,6 +61,7 @@ pub(super) fn autocomplete(c: &mut ModelConfig, name: &str, io: &ModelIo) -> Res
         c.output = io
             .outputs
             .iter()
+            .filter(|t| !hidden_out.contains(&t.name))
             .map(|t| pb::ModelOutput {
                 name: t.name.clone(),
                 data_type: config::config_data_type(t.dtype),
