@@ -204,6 +204,18 @@ impl Sequencer {
                     s.input_name, init.name
                 ));
             }
+            // The zeros are the state's own type and shape: an initial_state that says
+            // otherwise is refused, not ignored.
+            if let Some(init) = s
+                .initial_state
+                .iter()
+                .find(|i| i.data_type != s.data_type || i.dims != s.dims)
+            {
+                return Err(format!(
+                    "sequence_batching state '{}': initial_state '{}' must have the state's data_type and dims {:?}",
+                    s.input_name, init.name, s.dims
+                ));
+            }
             states.push(StateSpec {
                 input: s.input_name.clone(),
                 output: s.output_name.clone(),
@@ -648,6 +660,18 @@ mod tests {
         let bad = DYNA.replace("fp32_false_true: [ 0, 1 ]", "fp32_false_true: [ 0 ]");
         let err = Sequencer::from_config(&config(&bad), 1).err().unwrap();
         assert!(err.contains("control_input 'START'"), "{err}");
+        let init = |dims: &str| {
+            DYNA.replace(
+                "dims: [ 2 ] } ]",
+                &format!("dims: [ 2 ] initial_state {{ name: \"z\" data_type: TYPE_FP32 dims: [ {dims} ] zero_data: true }} }} ]"),
+            )
+        };
+        assert!(Sequencer::from_config(&config(&init("2")), 1).is_ok());
+        let err = Sequencer::from_config(&config(&init("3")), 1).err().unwrap();
+        assert!(
+            err.contains("initial_state 'z' must have the state's data_type and dims"),
+            "{err}"
+        );
         let long = "x".repeat(MAX_STRING_ID + 1);
         assert!(SequenceFlags::new(Some(CorrelationId::Str(long)), true, false).is_err());
         assert_eq!(

@@ -19,7 +19,6 @@ use std::ffi::CString;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
-/// Where a tensor lives in a registered region.
 /// A registered region's status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RegionStatus {
@@ -36,10 +35,8 @@ struct Region {
     map: MmapRaw,
 }
 
-// SAFETY: the mapping is plain shared memory; all access goes through bounds-checked
-// copies (`read`, `write`) and the raw pointer is never handed out.
-unsafe impl Send for Region {}
-unsafe impl Sync for Region {}
+// `MmapRaw` is Send + Sync (memmap2), so Region is too; all access goes through the
+// bounds-checked copies `read` and `write`, and the raw pointer is never handed out.
 
 /// The registered system shared memory regions.
 #[derive(Default)]
