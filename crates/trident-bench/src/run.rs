@@ -184,6 +184,8 @@ impl Row {
 pub struct Report {
     /// Server URL.
     pub url: String,
+    /// The protocol the requests used.
+    pub protocol: crate::client::Protocol,
     /// Model.
     pub model: String,
     /// `phases`, `concurrency` or `request-rate`.
@@ -362,6 +364,7 @@ pub async fn run(
     };
     let mut report = Report {
         url: target.client.base.clone(),
+        protocol: target.client.protocol(),
         model: target.model.clone(),
         mode,
         batch: target.batch,

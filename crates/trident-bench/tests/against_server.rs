@@ -87,6 +87,11 @@ async fn grpc_protocol_reads_metadata_infers_and_reads_statistics() {
     };
     let r = run(t, Load::Concurrency(vec![2]), quick()).await;
     assert!(r.first_error.is_none(), "{:?}", r.first_error);
+    assert_eq!(
+        r.protocol,
+        trident_bench::client::Protocol::Grpc,
+        "the report names the protocol"
+    );
     let row = &r.rows[0];
     assert!(row.latency.count > 0 && row.latency.errors == 0, "{row:?}");
     let s = row.server.expect("statistics over gRPC");
