@@ -851,7 +851,10 @@ impl OnnxStep {
     fn load(file: &Path, engine: &str) -> anyhow::Result<Self> {
         use trident_serve::backend::{Backend, LoadOptions};
         let backend: std::sync::Arc<dyn Backend> = match engine {
+            #[cfg(feature = "tract")]
             "tract" => std::sync::Arc::new(trident_serve::backend::tract::TractBackend),
+            #[cfg(not(feature = "tract"))]
+            "tract" => bail!("--engine tract: this build has no tract (cargo feature `tract`)"),
             #[cfg(feature = "ort")]
             "ort" => trident_serve::backend::ort::shared().map_err(anyhow::Error::msg)?,
             #[cfg(not(feature = "ort"))]

@@ -102,6 +102,7 @@ pub(crate) fn run_suite(backend: &dyn Backend) {
     assert!(backend.load(&missing, &options).is_err());
 }
 
+#[cfg(feature = "tract")]
 #[test]
 fn tract_passes_the_conformance_suite() {
     run_suite(&tract::TractBackend);

@@ -10,6 +10,7 @@
 pub mod image;
 pub mod repeat;
 pub mod tokenizer;
+#[cfg(feature = "tract")]
 pub mod tract;
 
 #[cfg(feature = "ort")]

@@ -1,12 +1,12 @@
 //! Which backend serves a configuration. Triton's `platform: "onnxruntime_onnx"` and
 //! `backend: "onnxruntime"` pick ONNX Runtime when it is built in (cargo feature `ort`)
 //! and its library can be found, else tract, with a log line saying so. The parameter
-//! `trident.onnx_engine` (`ort` | `tract`) forces one.
+//! `trident.onnx_engine` (`ort` | `tract`) forces one. An engine left out of the build
+//! (cargo features `ort`, `tract`) is refused by name when a model asks for it.
 
 use crate::backend::image::ImageBackend;
 use crate::backend::repeat::RepeatBackend;
 use crate::backend::tokenizer::TokenizerBackend;
-use crate::backend::tract::TractBackend;
 use crate::backend::Backend;
 use std::sync::{Arc, OnceLock};
 use trident_core::config::ModelConfig;
@@ -63,18 +63,21 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
         OnnxEngine::Tract => Some("tract"),
     };
     match forced.or(server_default) {
-        Some("tract") => Ok(tract()),
+        Some("tract") => tract().map_err(|e| format!("the tract engine was asked for: {e}")),
         Some("ort") => ort().map_err(|e| format!("the ort engine was asked for: {e}")),
         Some(other) => Err(format!(
             "parameter trident.onnx_engine must be \"ort\" or \"tract\", got \"{other}\""
         )),
-        None => Ok(ort().unwrap_or_else(|reason| {
+        None => ort().or_else(|reason| {
+            let engine = tract().map_err(|no_tract| {
+                format!("no ONNX engine is available: ONNX Runtime: {reason}; tract: {no_tract}")
+            })?;
             static ONCE: OnceLock<()> = OnceLock::new();
             ONCE.get_or_init(|| {
                 tracing::warn!("ONNX Runtime is not available ({reason}); ONNX models run on tract")
             });
-            tract()
-        })),
+            Ok(engine)
+        }),
     }
 }
 
@@ -98,11 +101,19 @@ pub(super) fn default_filename(config: &ModelConfig) -> &'static str {
     }
 }
 
-fn tract() -> Engine {
+#[cfg(feature = "tract")]
+fn tract() -> Result<Engine, String> {
     static TRACT: OnceLock<Arc<dyn Backend>> = OnceLock::new();
-    Engine {
-        backend: TRACT.get_or_init(|| Arc::new(TractBackend)).clone(),
-    }
+    Ok(Engine {
+        backend: TRACT
+            .get_or_init(|| Arc::new(crate::backend::tract::TractBackend))
+            .clone(),
+    })
+}
+
+#[cfg(not(feature = "tract"))]
+fn tract() -> Result<Engine, String> {
+    Err("this trident was built without the `tract` feature".into())
 }
 
 #[cfg(feature = "ort")]
