@@ -35,8 +35,10 @@ pub struct PackageArgs {
     /// Largest batch the models take (dynamic batching merges requests up to it).
     #[arg(long, default_value_t = 32)]
     max_batch_size: u32,
-    /// How long a request may wait for others to batch with, in microseconds.
-    #[arg(long, default_value_t = 2000)]
+    /// How long a request may wait for others to batch with, in microseconds. The default,
+    /// 0 (Triton's own), adds no latency to a lone request; under load, requests that queue
+    /// while the instances are busy still run together. `trident recommend` measures others.
+    #[arg(long, default_value_t = 0)]
     max_queue_delay_us: u64,
     /// Replace model folders of the same names.
     #[arg(long)]
