@@ -76,7 +76,8 @@ def test_every_stage_runs_and_the_report_has_the_figures(finished):
     ]:
         assert f"| {row}" in report, row
     for png in ["teacher/loss.png", "student/loss.png", "eval/teacher/confusion.png", "eval/student/confusion.png",
-                "bench/teacher/throughput_latency.png", "bench/student/throughput_latency.png"]:
+                "bench/teacher/throughput_latency.png", "bench/student/throughput_latency.png",
+                "bench/latency_throughput.png"]:
         assert (out / png).stat().st_size > 1000, png
         assert f"]({png})" in report, png
     assert (out / "models" / "student_onnx" / "config.recommended.pbtxt").is_file()

@@ -1,9 +1,8 @@
 //! PNG plots of a report: latency by percentile for each row, and throughput against
 //! latency across rows. Drawn to a temporary name and renamed.
 
-use crate::run::Report;
+use crate::run::{Report, Row};
 use anyhow::{anyhow, Context, Result};
-use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -92,7 +91,7 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
             .x_desc("inferences / s")
             .y_desc("latency (ms)")
             .draw()?;
-        let at = |f: fn(&crate::run::Row) -> u64| {
+        let at = |f: fn(&Row) -> u64| {
             rows.iter()
                 .map(|r| (r.inferences_per_s, f(r) as f64 / 1000.0))
                 .collect()
@@ -108,10 +107,64 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(vec![a, b])
 }
 
-type Chart<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+/// Several models' load tests in one chart: p50 and p99 latency against throughput, a
+/// line of its own colour for each model and percentile, both axes logarithmic so a
+/// large model at tens of inferences per second and a small one at thousands read side by
+/// side. Writes `path`.
+pub fn compare(path: &Path, title: &str, models: &[(&str, &[Row])]) -> Result<()> {
+    let rows = || models.iter().flat_map(|(_, rows)| rows.iter());
+    if rows().next().is_none() {
+        anyhow::bail!("{}: no load-test rows to plot", path.display());
+    }
+    let (mut x_lo, mut x_hi, mut y_lo, mut y_hi) = (f64::MAX, 0.0f64, f64::MAX, 0.0f64);
+    for r in rows() {
+        x_lo = x_lo.min(r.inferences_per_s);
+        x_hi = x_hi.max(r.inferences_per_s);
+        y_lo = y_lo.min(r.latency.p50_us as f64 / 1000.0);
+        y_hi = y_hi.max(r.latency.p99_us as f64 / 1000.0);
+    }
+    // Log axes need positive bounds; pad by a factor either side.
+    let (x_lo, y_lo) = (x_lo.max(1e-3) / 1.5, y_lo.max(1e-3) / 1.5);
+    let (x_hi, y_hi) = (x_hi.max(x_lo * 2.0) * 1.5, y_hi.max(y_lo * 2.0) * 1.5);
+    draw(path, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("inferences / s (log)")
+            .y_desc("latency (ms, log)")
+            .draw()?;
+        let series = models
+            .iter()
+            .flat_map(|(name, rows)| {
+                let at = |f: fn(&Row) -> u64| -> Vec<(f64, f64)> {
+                    rows.iter()
+                        .map(|r| (r.inferences_per_s, f(r) as f64 / 1000.0))
+                        .collect()
+                };
+                [
+                    (format!("{name} p50"), at(|r| r.latency.p50_us)),
+                    (format!("{name} p99"), at(|r| r.latency.p99_us)),
+                ]
+            })
+            .collect();
+        lines(&mut chart, series)
+    })
+}
 
 /// Draws each named series as a line with its points, in its own colour, and the legend.
-fn lines<'a>(chart: &mut Chart<'a, 'a>, series: Vec<(String, Vec<(f64, f64)>)>) -> Result<()> {
+fn lines<'a, X, Y>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, Y>>,
+    series: Vec<(String, Vec<(f64, f64)>)>,
+) -> Result<()>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
     for (i, (name, pts)) in series.into_iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         chart

@@ -95,6 +95,9 @@ const STAGES: [(&str, &str, Stage); 8] = [
 /// The two models, in report order.
 const MODELS: [&str; 2] = ["teacher", "student"];
 
+/// The report's teacher-beside-student load-test plot.
+const COMPARISON: &str = "bench/latency_throughput.png";
+
 /// Longest token sequence of both models and of the load tests' token ids.
 const MAX_LEN: usize = 128;
 
@@ -556,6 +559,7 @@ impl Quickstart {
         );
         self.models_table(&mut md)?;
         self.recommendation(&mut md)?;
+        self.comparison_plot()?;
         self.plots_and_stages(&mut md);
         trident_train::write_atomic(&self.path("report.md"), md.as_bytes())?;
         Ok(())
@@ -669,8 +673,25 @@ impl Quickstart {
         Ok(())
     }
 
+    /// Teacher and student on one chart: latency against throughput, log axes.
+    fn comparison_plot(&self) -> Result<()> {
+        let benches: [BenchRows; 2] = [self.read("bench/teacher.json")?, self.read("bench/student.json")?];
+        let series = [0, 1].map(|i| (MODELS[i], benches[i].rows.as_slice()));
+        trident_bench::plot::compare(
+            &self.path(COMPARISON),
+            "teacher and student served: latency against throughput",
+            &series,
+        )
+    }
+
     fn plots_and_stages(&self, md: &mut String) {
         let _ = writeln!(md, "\n## Plots\n");
+        if self.path(COMPARISON).is_file() {
+            let _ = writeln!(
+                md,
+                "![teacher and student: latency against throughput]({COMPARISON})"
+            );
+        }
         for who in MODELS {
             for (what, file) in [
                 ("loss", format!("{who}/loss.png")),
