@@ -446,10 +446,9 @@ fn run<D: Dataset + 'static>(
     );
     let (summary, teacher) = match (teacher, &c.distill) {
         (Some((teacher, cache)), Some(d)) => {
-            let mut step = Distill::new(model, teacher, d.loss, cache);
-            if let Some(h) = &d.hidden {
-                step = step.with_hidden(h.clone());
-            }
+            // mut: an MPI rank other than 0 swaps in the cache rank 0 wrote.
+            #[cfg_attr(not(feature = "mpi"), allow(unused_mut))]
+            let mut step = distill_step(d, model, teacher, cache);
             // Cached mode: rank 0 runs the teacher over the training set once and saves the
             // cache; other MPI ranks then read it (replicas on threads open it when built).
             if step.cache.is_some() && lead {
@@ -473,11 +472,7 @@ fn run<D: Dataset + 'static>(
             let make = || -> anyhow::Result<_> {
                 let student = Model::build(&card, c.run.seed, None)?;
                 let (teacher, cache) = load_teacher(c, &student)?.context("the teacher")?;
-                let mut s = Distill::new(student, teacher, d.loss, cache);
-                if let Some(h) = &d.hidden {
-                    s = s.with_hidden(h.clone());
-                }
-                Ok(s)
+                Ok(distill_step(d, student, teacher, cache))
             };
             let (s, step) = fit_replicas(c, args, &trainer, step, &make, &splits, &data_hash, replicas)?;
             if lead {
@@ -522,13 +517,27 @@ fn run<D: Dataset + 'static>(
         return Ok(());
     }
     // Test the best checkpoint.
+    test_and_report(c, &model, teacher.as_ref(), &splits, &summary, peak_rss)
+}
+
+/// The student (and teacher) on the test split from the best checkpoint: the test report,
+/// and `report.json` with parameters, size, latency and the distillation's ratios.
+fn test_and_report<D: Dataset + 'static>(
+    c: &RunConfig,
+    model: &Model,
+    teacher: Option<&Model>,
+    splits: &Splits<D>,
+    summary: &trident_train::trainer::FitSummary,
+    peak_rss: Option<u64>,
+) -> anyhow::Result<()> {
+    let (dir, classes) = (&c.run.dir, &model.card.classes);
     let best = dir.join("best");
     trident_train::checkpoint::load_weights(&best, &model.params)?;
     let t0 = std::time::Instant::now();
-    let ev = evaluate(&model, &splits.test, classes.len())?;
+    let ev = evaluate(model, &splits.test, classes.len())?;
     let eval_seconds = t0.elapsed().as_secs_f64();
     let out = dir.join("test");
-    write_report(&out, &ev, &classes)?;
+    write_report(&out, &ev, classes)?;
     eprintln!(
         "test (best epoch {}): accuracy {:.4}  macro-F1 {:.4}  loss {:.4}  → {}",
         summary.state.best_epoch.map_or(0, |e| e + 1),
@@ -539,7 +548,7 @@ fn run<D: Dataset + 'static>(
     );
     let first = splits.test.epoch(0).next().context("the test split is empty")??;
     let student = report::facts(
-        &model,
+        model,
         &ev,
         eval_seconds,
         &first,
@@ -548,9 +557,9 @@ fn run<D: Dataset + 'static>(
     let distill = match (teacher, &c.distill) {
         (Some(teacher), Some(d)) => {
             let t0 = std::time::Instant::now();
-            let tev = evaluate(&teacher, &splits.test, classes.len())?;
+            let tev = evaluate(teacher, &splits.test, classes.len())?;
             let t = report::facts(
-                &teacher,
+                teacher,
                 &tev,
                 t0.elapsed().as_secs_f64(),
                 &first,
@@ -586,6 +595,20 @@ fn run<D: Dataset + 'static>(
         rep.summary()
     );
     Ok(())
+}
+
+/// The distillation step of `d`'s loss and hidden-state matching.
+fn distill_step(
+    d: &config::DistillSection,
+    student: Model,
+    teacher: Model,
+    cache: Option<LogitCache>,
+) -> Distill<Model, Model> {
+    let step = Distill::new(student, teacher, d.loss, cache);
+    match &d.hidden {
+        Some(h) => step.with_hidden(h.clone()),
+        None => step,
+    }
 }
 
 /// Trains `model` (rank 0's step) alone, as N replicas on threads (the others made by
@@ -849,18 +872,13 @@ struct OnnxStep {
 
 impl OnnxStep {
     fn load(file: &Path, engine: &str) -> anyhow::Result<Self> {
-        use trident_serve::backend::{Backend, LoadOptions};
-        let backend: std::sync::Arc<dyn Backend> = match engine {
-            #[cfg(feature = "tract")]
-            "tract" => std::sync::Arc::new(trident_serve::backend::tract::TractBackend),
-            #[cfg(not(feature = "tract"))]
-            "tract" => bail!("--engine tract: this build has no tract (cargo feature `tract`)"),
-            #[cfg(feature = "ort")]
-            "ort" => trident_serve::backend::ort::shared().map_err(anyhow::Error::msg)?,
-            #[cfg(not(feature = "ort"))]
-            "ort" => bail!("--engine ort: this build has no ONNX Runtime (cargo feature `ort`)"),
+        use trident_serve::backend::LoadOptions;
+        let backend = match engine {
+            "tract" => trident_serve::backend::tract_engine(),
+            "ort" => trident_serve::backend::ort_engine(),
             other => bail!("--engine `{other}`: expected ort or tract"),
-        };
+        }
+        .map_err(|e| anyhow::anyhow!("--engine {engine}: {e}"))?;
         let options = LoadOptions {
             threads_per_instance: std::thread::available_parallelism().map_or(1, |n| n.get()),
             config: Default::default(),

@@ -17,7 +17,28 @@ pub mod tract;
 pub mod ort;
 
 use std::path::Path;
+use std::sync::Arc;
 use trident_core::{DataType, Tensor};
+
+/// The process-wide tract backend, or why this build has none (cargo feature `tract`).
+pub fn tract_engine() -> Result<Arc<dyn Backend>, String> {
+    #[cfg(feature = "tract")]
+    {
+        static TRACT: std::sync::OnceLock<Arc<dyn Backend>> = std::sync::OnceLock::new();
+        Ok(TRACT.get_or_init(|| Arc::new(tract::TractBackend)).clone())
+    }
+    #[cfg(not(feature = "tract"))]
+    Err("this trident was built without the `tract` feature".into())
+}
+
+/// The process-wide ONNX Runtime backend, or why this build (cargo feature `ort`) or this
+/// machine (no library found) has none.
+pub fn ort_engine() -> Result<Arc<dyn Backend>, String> {
+    #[cfg(feature = "ort")]
+    return ort::shared();
+    #[cfg(not(feature = "ort"))]
+    Err("this trident was built without the `ort` feature".into())
+}
 
 /// An input or output of a model as the model file declares it.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,5 +257,6 @@ impl ResponseSender {
     }
 }
 
-#[cfg(test)]
+/// The suite every ONNX engine passes; nothing to run in a build with neither.
+#[cfg(all(test, any(feature = "tract", feature = "ort")))]
 pub(crate) mod conformance;

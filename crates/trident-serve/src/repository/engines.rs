@@ -7,7 +7,7 @@
 use crate::backend::image::ImageBackend;
 use crate::backend::repeat::RepeatBackend;
 use crate::backend::tokenizer::TokenizerBackend;
-use crate::backend::Backend;
+use crate::backend::{ort_engine, tract_engine, Backend};
 use std::sync::{Arc, OnceLock};
 use trident_core::config::ModelConfig;
 
@@ -63,13 +63,13 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
         OnnxEngine::Tract => Some("tract"),
     };
     match forced.or(server_default) {
-        Some("tract") => tract().map_err(|e| format!("the tract engine was asked for: {e}")),
-        Some("ort") => ort().map_err(|e| format!("the ort engine was asked for: {e}")),
+        Some("tract") => onnx(tract_engine()).map_err(|e| format!("the tract engine was asked for: {e}")),
+        Some("ort") => onnx(ort_engine()).map_err(|e| format!("the ort engine was asked for: {e}")),
         Some(other) => Err(format!(
             "parameter trident.onnx_engine must be \"ort\" or \"tract\", got \"{other}\""
         )),
-        None => ort().or_else(|reason| {
-            let engine = tract().map_err(|no_tract| {
+        None => onnx(ort_engine()).or_else(|reason| {
+            let engine = onnx(tract_engine()).map_err(|no_tract| {
                 format!("no ONNX engine is available: ONNX Runtime: {reason}; tract: {no_tract}")
             })?;
             static ONCE: OnceLock<()> = OnceLock::new();
@@ -101,27 +101,6 @@ pub(super) fn default_filename(config: &ModelConfig) -> &'static str {
     }
 }
 
-#[cfg(feature = "tract")]
-fn tract() -> Result<Engine, String> {
-    static TRACT: OnceLock<Arc<dyn Backend>> = OnceLock::new();
-    Ok(Engine {
-        backend: TRACT
-            .get_or_init(|| Arc::new(crate::backend::tract::TractBackend))
-            .clone(),
-    })
-}
-
-#[cfg(not(feature = "tract"))]
-fn tract() -> Result<Engine, String> {
-    Err("this trident was built without the `tract` feature".into())
-}
-
-#[cfg(feature = "ort")]
-fn ort() -> Result<Engine, String> {
-    crate::backend::ort::shared().map(|backend| Engine { backend })
-}
-
-#[cfg(not(feature = "ort"))]
-fn ort() -> Result<Engine, String> {
-    Err("this trident was built without the `ort` feature".into())
+fn onnx(backend: Result<Arc<dyn Backend>, String>) -> Result<Engine, String> {
+    backend.map(|backend| Engine { backend })
 }
