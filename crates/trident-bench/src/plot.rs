@@ -91,16 +91,17 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
             .x_desc("inferences / s")
             .y_desc("latency (ms)")
             .draw()?;
-        let at = |f: fn(&Row) -> u64| {
-            rows.iter()
-                .map(|r| (r.inferences_per_s, f(r) as f64 / 1000.0))
-                .collect()
-        };
         lines(
             &mut chart,
             vec![
-                ("p50".into(), at(|r| r.latency.p50_us)),
-                ("p99".into(), at(|r| r.latency.p99_us)),
+                (
+                    "p50".into(),
+                    against_throughput(rows.iter().copied(), |r| r.latency.p50_us),
+                ),
+                (
+                    "p99".into(),
+                    against_throughput(rows.iter().copied(), |r| r.latency.p99_us),
+                ),
             ],
         )
     })?;
@@ -141,19 +142,26 @@ pub fn compare(path: &Path, title: &str, models: &[(&str, &[Row])]) -> Result<()
         let series = models
             .iter()
             .flat_map(|(name, rows)| {
-                let at = |f: fn(&Row) -> u64| -> Vec<(f64, f64)> {
-                    rows.iter()
-                        .map(|r| (r.inferences_per_s, f(r) as f64 / 1000.0))
-                        .collect()
-                };
                 [
-                    (format!("{name} p50"), at(|r| r.latency.p50_us)),
-                    (format!("{name} p99"), at(|r| r.latency.p99_us)),
+                    (
+                        format!("{name} p50"),
+                        against_throughput(rows.iter(), |r| r.latency.p50_us),
+                    ),
+                    (
+                        format!("{name} p99"),
+                        against_throughput(rows.iter(), |r| r.latency.p99_us),
+                    ),
                 ]
             })
             .collect();
         lines(&mut chart, series)
     })
+}
+
+/// (inferences/s, latency in ms) for each row, the latency picked by `us`.
+fn against_throughput<'r>(rows: impl Iterator<Item = &'r Row>, us: fn(&Row) -> u64) -> Vec<(f64, f64)> {
+    rows.map(|r| (r.inferences_per_s, us(r) as f64 / 1000.0))
+        .collect()
 }
 
 /// Draws each named series as a line with its points, in its own colour, and the legend.

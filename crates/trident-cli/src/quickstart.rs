@@ -557,23 +557,23 @@ impl Quickstart {
                 ""
             }
         );
-        self.models_table(&mut md)?;
+        let benches: [BenchRows; 2] = [self.read("bench/teacher.json")?, self.read("bench/student.json")?];
+        self.models_table(&mut md, &benches)?;
         self.recommendation(&mut md)?;
-        self.comparison_plot()?;
+        self.comparison_plot(&benches)?;
         self.plots_and_stages(&mut md);
         trident_train::write_atomic(&self.path("report.md"), md.as_bytes())?;
         Ok(())
     }
 
     /// Teacher beside student: quality, size, memory, served latency, throughput, cost.
-    fn models_table(&self, md: &mut String) -> Result<()> {
+    fn models_table(&self, md: &mut String, benches: &[BenchRows; 2]) -> Result<()> {
         let run: Value = self.read("student/report.json")?;
         let facts = [&run["distill"]["teacher"], &run["student"]];
         let evals: [Value; 2] = [
             self.read("eval/teacher/metrics.json")?,
             self.read("eval/student/metrics.json")?,
         ];
-        let benches: [BenchRows; 2] = [self.read("bench/teacher.json")?, self.read("bench/student.json")?];
         let peaks = MODELS.map(|who| self.done(who).and_then(|d| d.peak_rss_bytes));
         let c1 = benches.each_ref().map(|b| b.rows.iter().find(|r| r.level == 1.0));
         let best = benches
@@ -674,8 +674,7 @@ impl Quickstart {
     }
 
     /// Teacher and student on one chart: latency against throughput, log axes.
-    fn comparison_plot(&self) -> Result<()> {
-        let benches: [BenchRows; 2] = [self.read("bench/teacher.json")?, self.read("bench/student.json")?];
+    fn comparison_plot(&self, benches: &[BenchRows; 2]) -> Result<()> {
         let series = [0, 1].map(|i| (MODELS[i], benches[i].rows.as_slice()));
         trident_bench::plot::compare(
             &self.path(COMPARISON),
@@ -686,12 +685,11 @@ impl Quickstart {
 
     fn plots_and_stages(&self, md: &mut String) {
         let _ = writeln!(md, "\n## Plots\n");
-        if self.path(COMPARISON).is_file() {
-            let _ = writeln!(
-                md,
-                "![teacher and student: latency against throughput]({COMPARISON})"
-            );
-        }
+        // Written by comparison_plot, which fails the report when it cannot.
+        let _ = writeln!(
+            md,
+            "![teacher and student: latency against throughput]({COMPARISON})"
+        );
         for who in MODELS {
             for (what, file) in [
                 ("loss", format!("{who}/loss.png")),
