@@ -133,11 +133,16 @@ pub fn compare(path: &Path, title: &str, models: &[(&str, &[Row])]) -> Result<()
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale())?;
+            .build_cartesian_2d(
+                (x_lo..x_hi).log_scale().with_key_points(ticks_1_2_5(x_lo, x_hi)),
+                (y_lo..y_hi).log_scale().with_key_points(ticks_1_2_5(y_lo, y_hi)),
+            )?;
         chart
             .configure_mesh()
             .x_desc("inferences / s (log)")
             .y_desc("latency (ms, log)")
+            .x_label_formatter(&tick_label)
+            .y_label_formatter(&tick_label)
             .draw()?;
         let series = models
             .iter()
@@ -156,6 +161,23 @@ pub fn compare(path: &Path, title: &str, models: &[(&str, &[Row])]) -> Result<()
             .collect();
         lines(&mut chart, series)
     })
+}
+
+/// 1, 2 and 5 times each power of ten within `lo..=hi`: labels a log axis every few
+/// millimetres whatever its span (plotters' own log ticks are powers of ten only, one
+/// label on an axis from 300 to 5,000).
+fn ticks_1_2_5(lo: f64, hi: f64) -> Vec<f64> {
+    let (first, last) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+    (first..=last)
+        .flat_map(|e| [1.0, 2.0, 5.0].map(|m| m * 10f64.powi(e)))
+        .filter(|v| (lo..=hi).contains(v))
+        .collect()
+}
+
+/// A tick value with as many decimals as it needs (0.2, 5, 2000).
+fn tick_label(v: &f64) -> String {
+    let decimals = (-v.log10().floor()).max(0.0) as usize;
+    format!("{v:.decimals$}")
 }
 
 /// (inferences/s, latency in ms) for each row, the latency picked by `us`.
@@ -201,4 +223,17 @@ fn draw(path: &Path, f: impl FnOnce(&Area) -> Result<()>) -> Result<()> {
         root.present().map_err(|e| anyhow!("{}: {e}", path.display()))?;
     }
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_axis_ticks_are_one_two_five_within_the_range() {
+        assert_eq!(ticks_1_2_5(150.0, 6000.0), [200.0, 500.0, 1000.0, 2000.0, 5000.0]);
+        assert_eq!(ticks_1_2_5(0.3, 3.0), [0.5, 1.0, 2.0]);
+        let labels: Vec<String> = [0.2, 0.5, 5.0, 2000.0].iter().map(tick_label).collect();
+        assert_eq!(labels, ["0.2", "0.5", "5", "2000"]);
+    }
 }
