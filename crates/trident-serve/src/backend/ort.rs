@@ -41,35 +41,150 @@ pub fn shared() -> Result<Arc<dyn Backend>, String> {
         .clone()
 }
 
-/// `ORT_DYLIB_PATH`, else `libonnxruntime.so*` inside the installed Python package.
+/// `ORT_DYLIB_PATH`; else `libonnxruntime.so*` in the `onnxruntime` Python package,
+/// found by looking where pip puts it ([`package_dirs`]: the active virtual environment,
+/// the user's site, the site of each `python3` on `PATH`, the system's), or in a system
+/// library folder; only if none has it, by asking `python3` (150–350 ms: a cold start of
+/// the interpreter and the package's import, once most of the server's start-up).
 fn locate_library() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("ORT_DYLIB_PATH") {
         return Ok(path.into());
     }
+    match find_library() {
+        Some(found) => Ok(found),
+        None => ask_python(),
+    }
+}
+
+/// `onnxruntime/capi` under a folder of Python packages.
+fn capi(packages: PathBuf) -> PathBuf {
+    packages.join("onnxruntime").join("capi")
+}
+
+/// The library in the first folder of [`package_dirs`] or of the system's library
+/// folders that has one.
+fn find_library() -> Option<PathBuf> {
+    let system = [
+        "/usr/local/lib",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ];
+    package_dirs()
+        .into_iter()
+        .map(capi)
+        .chain(system.map(PathBuf::from))
+        .find_map(|dir| newest_library(&dir))
+}
+
+/// Where `python3` imports `onnxruntime` from.
+fn ask_python() -> Result<PathBuf, String> {
     let out = std::process::Command::new("python3")
         .args([
             "-c",
-            "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
+            "import onnxruntime, os; print(os.path.dirname(os.path.dirname(onnxruntime.__file__)))",
         ])
         .output()
-        .map_err(|e| format!("ORT_DYLIB_PATH is not set and python3 could not be run: {e}"))?;
+        .map_err(|e| {
+            format!("ORT_DYLIB_PATH is not set, no libonnxruntime.so* was found, and python3 could not be run: {e}")
+        })?;
     if !out.status.success() {
-        return Err("ORT_DYLIB_PATH is not set and the onnxruntime Python package is not installed".into());
+        return Err(
+            "ORT_DYLIB_PATH is not set and no libonnxruntime.so* was found: install the onnxruntime \
+             Python package (pip install onnxruntime) or set ORT_DYLIB_PATH to the library"
+                .into(),
+        );
     }
-    let capi = Path::new(String::from_utf8_lossy(&out.stdout).trim()).join("capi");
-    let mut candidates: Vec<PathBuf> = std::fs::read_dir(&capi)
-        .map_err(|e| format!("cannot read {}: {e}", capi.display()))?
+    let dir = capi(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+    newest_library(&dir).ok_or_else(|| format!("no libonnxruntime.so* in {}", dir.display()))
+}
+
+/// The folders Python packages are installed into, in the order a `python3` started here
+/// would look (a virtual environment first, then the user's site, then each interpreter's
+/// own), without starting one: `lib/python3.*/{site,dist}-packages` under `$VIRTUAL_ENV`,
+/// `~/.local` and the prefix of every `python3` on `PATH` (as found, and with its links
+/// followed; for a pyenv shim, the version pyenv would run), and Debian's
+/// `/usr/lib/python3/dist-packages`.
+fn package_dirs() -> Vec<PathBuf> {
+    let mut prefixes: Vec<PathBuf> = Vec::new();
+    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+        prefixes.push(venv.into());
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        prefixes.push(Path::new(&home).join(".local"));
+    }
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let exe = dir.join("python3");
+        if !exe.is_file() {
+            continue;
+        }
+        // pyenv: `python3` is a shim script in $PYENV_ROOT/shims; the interpreter it runs
+        // is $PYENV_ROOT/versions/<v>, <v> from $PYENV_VERSION or the root's `version`
+        // file (a directory's own `.python-version` is not read).
+        if dir.ends_with("shims") {
+            if let Some(root) = dir.parent().filter(|r| r.join("versions").is_dir()) {
+                let chosen = std::env::var("PYENV_VERSION")
+                    .ok()
+                    .or_else(|| std::fs::read_to_string(root.join("version")).ok())
+                    .unwrap_or_default();
+                for v in chosen.split([':', '\n']).map(str::trim).filter(|v| !v.is_empty()) {
+                    prefixes.push(root.join("versions").join(v));
+                }
+            }
+        }
+        // A venv's bin/python3 links to the base interpreter; both prefixes count.
+        let real = std::fs::canonicalize(&exe).ok();
+        for e in std::iter::once(exe).chain(real) {
+            if let Some(prefix) = e.parent().and_then(Path::parent) {
+                prefixes.push(prefix.to_path_buf());
+            }
+        }
+    }
+    let mut dirs = Vec::new();
+    for prefix in prefixes {
+        let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
+            continue;
+        };
+        let mut versions: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python3"))
+            })
+            .collect();
+        versions.sort();
+        for v in versions.into_iter().rev() {
+            dirs.push(v.join("site-packages"));
+            dirs.push(v.join("dist-packages"));
+        }
+    }
+    dirs.push("/usr/lib/python3/dist-packages".into());
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| seen.insert(d.clone()));
+    dirs
+}
+
+/// The `libonnxruntime.so*` in `dir` with the highest version (`libonnxruntime.so.1.32.0`
+/// before `libonnxruntime.so.1.9.0`; the unversioned name last), if any.
+fn newest_library(dir: &Path) -> Option<PathBuf> {
+    let version = |p: &PathBuf| -> Vec<u64> {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        name.trim_start_matches("libonnxruntime.so")
+            .split('.')
+            .filter_map(|part| part.parse().ok())
+            .collect()
+    };
+    std::fs::read_dir(dir)
+        .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libonnxruntime.so"))
+            p.is_file()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libonnxruntime.so"))
         })
-        .collect();
-    candidates.sort();
-    candidates
-        .pop()
-        .ok_or_else(|| format!("no libonnxruntime.so* in {}", capi.display()))
+        .max_by_key(version)
 }
 
 impl Backend for OrtBackend {
@@ -386,5 +501,47 @@ mod strings {
                     .ok_or_else(|| "string offsets out of range".to_string())
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_library_version_wins_and_other_files_do_not_count() {
+        let dir = std::env::temp_dir().join(format!("trident-ort-lookup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(newest_library(&dir), None, "an empty folder");
+        for name in [
+            "libonnxruntime.so",
+            "libonnxruntime.so.1.9.0",
+            "libonnxruntime.so.1.32.0",
+            "libonnxruntime_providers_shared.so",
+        ] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        // 1.32 is newer than 1.9, though it sorts before it as text.
+        assert_eq!(newest_library(&dir), Some(dir.join("libonnxruntime.so.1.32.0")));
+        assert_eq!(newest_library(&dir.join("missing")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Looking in the package folders finds the library Python itself would load (where
+    /// this machine has the onnxruntime package; CI installs it).
+    #[test]
+    fn the_lookup_without_python_finds_what_python_imports() {
+        let Ok(asked) = ask_python() else {
+            eprintln!("skipped: python3 has no onnxruntime package here");
+            return;
+        };
+        let found = find_library().expect("the package python3 imports is in a folder searched");
+        assert_eq!(
+            std::fs::canonicalize(&found).unwrap(),
+            std::fs::canonicalize(&asked).unwrap()
+        );
+        let dirs = package_dirs();
+        let unique: std::collections::HashSet<_> = dirs.iter().collect();
+        assert_eq!(unique.len(), dirs.len(), "no folder searched twice");
     }
 }
