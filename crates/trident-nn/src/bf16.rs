@@ -7,11 +7,17 @@
 //!   a 16×32 by a 32×16 bf16 tile into a 16×16 f32 tile. Rust has no stable AMX intrinsics,
 //!   so the four instructions used are written with `asm!`; no crate on crates.io offers an
 //!   AMX GEMM, and Debian's OpenBLAS 0.3.21 is built without its `sbgemm`.
+//! - **AVX512-BF16** (`vdpbf16ps`, e.g. AMD Zen 4/5) where AMX is absent: the same packed
+//!   blocks, multiplied in zmm registers, one pair of bf16 products per f32 lane and
+//!   instruction (`TRIDENT_BF16_DOT=off` refuses it).
 //! - **Elsewhere** the rounded operands are widened back to f32 and multiplied by
 //!   [`crate::blas::gemm`]: the same products (a product of two bf16 values is exact in f32),
-//!   summed in another order, and no faster than f32. Mixed precision then saves memory only.
+//!   summed in another order, and no faster than f32.
 //!
-//! `TRIDENT_AMX=off` forces the second path (for comparisons and tests).
+//! The layers call [`matmul`], which uses [`gemm`] only where it pays (AMX or AVX512-BF16):
+//! on other CPUs mixed precision keeps f32 products and saves activations in bf16 (memory
+//! only).
+//! `TRIDENT_AMX=off` and `TRIDENT_BF16_DOT=off` refuse those kernels (for comparisons and tests).
 
 use crate::blas::{self, Mat};
 use half::bf16;
@@ -86,7 +92,7 @@ mod simd {
     use super::round;
 
     #[cfg(target_arch = "x86_64")]
-    fn has_avx512_bf16() -> bool {
+    pub(super) fn has_avx512_bf16() -> bool {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *HAS.get_or_init(|| {
             std::arch::is_x86_feature_detected!("avx512f")
@@ -223,6 +229,36 @@ impl<'a> Operand<'a> {
         }
     }
 
+    /// For a bf16 operand, its whole storage widened to f32 (exact) into a scratch
+    /// buffer; `None` for an f32 one.
+    fn widened_storage(&self) -> Option<Vec<f32>> {
+        match self {
+            Operand::F32(_) => None,
+            Operand::Bf16 { data, .. } => {
+                let mut w = crate::scratch::take(data.len());
+                widen_into(data, &mut w);
+                Some(w)
+            }
+        }
+    }
+
+    /// The operand as an f32 matrix: itself, or `widened` (from [`Self::widened_storage`])
+    /// with its own leading dimension and transposition.
+    fn as_f32<'b>(&self, widened: Option<&'b [f32]>) -> Mat<'b>
+    where
+        'a: 'b,
+    {
+        match (self, widened) {
+            (Operand::F32(m), _) => *m,
+            (Operand::Bf16 { ld, trans, .. }, Some(data)) => Mat {
+                data,
+                ld: *ld,
+                trans: *trans,
+            },
+            (Operand::Bf16 { .. }, None) => unreachable!("a bf16 operand is widened first"),
+        }
+    }
+
     /// Panics unless op(self) of `rows × cols` lies inside the storage.
     fn check(&self, rows: usize, cols: usize, what: &str) {
         let (len, ld, trans) = match self {
@@ -241,14 +277,31 @@ impl<'a> Operand<'a> {
 pub fn backend() -> &'static str {
     if amx::usable() {
         "AMX bf16 tiles"
+    } else if amx::dot_usable() {
+        "AVX512-BF16 dot products (vdpbf16ps)"
     } else {
-        "bf16 operands widened to f32 (no AMX)"
+        "bf16 operands widened to f32 (no AMX, no AVX512-BF16)"
     }
 }
 
-/// Whether bf16 products run on bf16 hardware here (AMX), i.e. may be faster than f32.
+/// What mixed precision ([`autocast`]) does on this CPU, for the start-up line of a run.
+pub fn mixed_precision() -> &'static str {
+    if amx::usable() {
+        "matrix products in bf16 on AMX tiles with f32 sums; saved transformer activations in bf16"
+    } else if amx::dot_usable() {
+        "matrix products in bf16 with AVX512-BF16 (vdpbf16ps) and f32 sums; saved transformer \
+         activations in bf16"
+    } else {
+        "no bf16 arithmetic (AMX, AVX512-BF16) on this CPU: matrix products stay f32, as fast as \
+         f32 precision; saved transformer activations in bf16 (memory only)"
+    }
+}
+
+/// Whether bf16 products run on bf16 hardware here (AMX tiles, or AVX512-BF16's
+/// `vdpbf16ps`), i.e. faster than f32: measured 2.1–2.5x on AMX and 1.7–1.8x with
+/// `vdpbf16ps` on an AMD EPYC Zen 5, packing included (`examples/gemm_layouts.rs`).
 pub fn accelerated() -> bool {
-    amx::usable()
+    amx::usable() || amx::dot_usable()
 }
 
 /// `c = op(a) · op(b) + beta · c` with both operands rounded to bf16 and f32 accumulation;
@@ -269,20 +322,53 @@ pub fn gemm(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: 
         return;
     }
     if amx::usable() {
-        amx::gemm(m, n, k, a, b, beta, c);
+        amx::gemm(amx::Kernel::Tiles, m, n, k, a, b, beta, c);
+    } else if amx::dot_usable() {
+        amx::gemm(amx::Kernel::Dot, m, n, k, a, b, beta, c);
     } else {
         widened(m, n, k, a, b, beta, c);
     }
 }
 
-/// `c = op(a) · op(b) + beta · c` in the layer's precision: [`blas::gemm`] for f32 operands
-/// when `bf16` is off, [`gemm`] when it is on or an operand is stored in bf16.
+/// `c = op(a) · op(b) + beta · c` in the layer's precision. With `bf16` on a CPU whose
+/// bf16 products are faster than f32 ([`accelerated`]: AMX, AVX512-BF16) both operands are rounded and
+/// multiplied by [`gemm`]. Everywhere else the products are f32 ([`blas::gemm`]): an
+/// operand stored in bf16 (a saved activation) is widened, exactly, and the other is used
+/// as it is. Rounding both operands there would cost a pass over each and buy nothing (the
+/// f32 GEMM does the work either way), so mixed precision on such a CPU saves activation
+/// memory and is as fast as f32, not slower.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(bf16: bool, m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
-    match (bf16, a, b) {
-        (false, Operand::F32(a), Operand::F32(b)) => blas::gemm(m, n, k, 1.0, a, b, beta, c),
-        _ => gemm(m, n, k, a, b, beta, c),
+    if bf16 && bf16_products(k) {
+        return gemm(m, n, k, a, b, beta, c);
     }
+    a.check(m, k, "lhs");
+    b.check(k, n, "rhs");
+    let (wa, wb) = (a.widened_storage(), b.widened_storage());
+    blas::gemm(
+        m,
+        n,
+        k,
+        1.0,
+        a.as_f32(wa.as_deref()),
+        b.as_f32(wb.as_deref()),
+        beta,
+        c,
+    );
+    for w in [wa, wb].into_iter().flatten() {
+        crate::scratch::give(w);
+    }
+}
+
+/// The shortest inner dimension [`matmul`] multiplies in bf16: below it, rounding and
+/// packing both operands costs more than the faster products save (the Fashion ViT, width
+/// 64: its step was no faster in bf16 until its k = 64 and 128 products stayed f32).
+pub const MIN_BF16_DEPTH: usize = 256;
+
+/// Whether [`matmul`] with `bf16` runs a product of inner dimension `k` in bf16 here
+/// (else in f32): on bf16 hardware, from [`MIN_BF16_DEPTH`] on.
+pub fn bf16_products(k: usize) -> bool {
+    accelerated() && k >= MIN_BF16_DEPTH
 }
 
 /// The portable path: round both operands to bf16, widen them back and run the f32 GEMM.
@@ -520,21 +606,59 @@ mod amx {
     unsafe impl Send for Out {}
     unsafe impl Sync for Out {}
 
-    pub(super) fn gemm(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+    /// Which instructions multiply the packed blocks.
+    #[derive(Clone, Copy, PartialEq)]
+    pub(super) enum Kernel {
+        /// AMX tiles (`tdpbf16ps`).
+        Tiles,
+        /// AVX512-BF16 (`vdpbf16ps`) in zmm registers.
+        Dot,
+    }
+
+    /// Whether the AVX512-BF16 kernel can run here (`TRIDENT_BF16_DOT=off` refuses it).
+    pub(super) fn dot_usable() -> bool {
+        static USABLE: OnceLock<bool> = OnceLock::new();
+        *USABLE.get_or_init(|| {
+            !std::env::var("TRIDENT_BF16_DOT").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
+                && super::simd::has_avx512_bf16()
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm(
+        kernel: Kernel,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Operand,
+        b: Operand,
+        beta: f32,
+        c: &mut [f32],
+    ) {
         // A transposed left operand is the one layout that packs slowly (a transpose); when
         // the right one is not transposed, compute cᵀ = op(b)ᵀ · op(a)ᵀ instead, whose left
         // operand is the smaller transpose (a weight gradient's input, not its output
         // gradient) and whose right operand packs contiguously, and store the blocks
         // transposed.
         if a.trans() && !b.trans() && n * k < m * k {
-            return run(n, m, k, b.t(), a.t(), beta, c, true);
+            return run(kernel, n, m, k, b.t(), a.t(), beta, c, true);
         }
-        run(m, n, k, a, b, beta, c, false)
+        run(kernel, m, n, k, a, b, beta, c, false)
     }
 
     /// `c = op(a) · op(b) + beta · c`, or its transpose into `c` when `transposed`.
     #[allow(clippy::too_many_arguments)]
-    fn run(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32], transposed: bool) {
+    fn run(
+        kernel: Kernel,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Operand,
+        b: Operand,
+        beta: f32,
+        c: &mut [f32],
+        transposed: bool,
+    ) {
         let (mp, np, kp) = (round_up(m), round_up(n), round_up(k));
         let (pa, pb) = rayon::join(|| pack_lhs(&a, m, k, mp, kp), || pack_rhs(&b, k, n, kp, np));
         let (mblocks, nblocks) = (mp / B, np / B);
@@ -557,6 +681,21 @@ mod amx {
                 (0..mblocks, range)
             };
             let mut acc = [0f32; B * B];
+            if kernel == Kernel::Dot {
+                // SAFETY: the CPU has AVX512F and AVX512-BF16 (`dot_usable`); packed
+                // buffers are padded to whole blocks, so every load reads inside them;
+                // `store` writes only this task's blocks, inside `c`.
+                unsafe {
+                    for nb in cols {
+                        let panel = pb.as_ptr().add(nb * kp / 2 * B);
+                        for mb in rows.clone() {
+                            dot_block(pa.as_ptr().add(mb * B * kp), kp, panel, acc.as_mut_ptr());
+                            store(&acc, out, mb * B, nb * B, m, n, beta, transposed);
+                        }
+                    }
+                }
+                return;
+            }
             // SAFETY: AMX is usable (checked by the caller through `usable`, which also
             // obtained the tile permission); CONFIG describes the eight 16×64-byte tiles
             // `block` uses; packed buffers are padded to whole blocks, so every tile load
@@ -624,6 +763,35 @@ mod amx {
         );
     }
 
+    /// One 32×32 output block with AVX512-BF16: `acc = a[32, kp] · panel[kp, 32]`, eight
+    /// rows at a time in 16 zmm accumulators. Each step broadcasts one row's pair of bf16
+    /// (k = 2p, 2p + 1) and multiplies it by the panel's pairs for 32 columns: `vdpbf16ps`
+    /// adds both products into each f32 lane, as `tdpbf16ps` does per tile row.
+    ///
+    /// SAFETY: the CPU has AVX512F and AVX512-BF16; `a` points at 32 rows of `kp` bf16
+    /// (`kp` even), `panel` at `kp / 2 · 32` pairs, `acc` at 32 × 32 f32.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn dot_block(a: *const u16, kp: usize, panel: *const u32, acc: *mut f32) {
+        use std::arch::x86_64::*;
+        for r0 in (0..B).step_by(8) {
+            let mut c = [[_mm512_setzero_ps(); 2]; 8];
+            for p in 0..kp / 2 {
+                let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(panel.add(p * B).cast()));
+                let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(panel.add(p * B + 16).cast()));
+                for (r, c) in c.iter_mut().enumerate() {
+                    let pair = a.add((r0 + r) * kp + 2 * p).cast::<i32>().read_unaligned();
+                    let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
+                    c[0] = _mm512_dpbf16_ps(c[0], av, b0);
+                    c[1] = _mm512_dpbf16_ps(c[1], av, b1);
+                }
+            }
+            for (r, c) in c.iter().enumerate() {
+                _mm512_storeu_ps(acc.add((r0 + r) * B), c[0]);
+                _mm512_storeu_ps(acc.add((r0 + r) * B + 16), c[1]);
+            }
+        }
+    }
+
     /// Writes the valid part of a 32×32 block at (r0, c0) into the `m × n` output, or at
     /// (c0, r0) into its `n × m` transpose.
     ///
@@ -668,8 +836,26 @@ mod amx {
     pub(super) fn usable() -> bool {
         false
     }
-    pub(super) fn gemm(_: usize, _: usize, _: usize, _: Operand, _: Operand, _: f32, _: &mut [f32]) {
-        unreachable!("AMX is x86-64 only")
+    #[derive(Clone, Copy, PartialEq)]
+    pub(super) enum Kernel {
+        Tiles,
+        Dot,
+    }
+    pub(super) fn dot_usable() -> bool {
+        false
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm(
+        _: Kernel,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: Operand,
+        _: Operand,
+        _: f32,
+        _: &mut [f32],
+    ) {
+        unreachable!("the bf16 kernels are x86-64 only")
     }
 }
 
@@ -782,5 +968,55 @@ mod tests {
             err > 0.0 && err < 256.0 * 0.25 * 2.0 * (2f32).powi(-9),
             "error {err}"
         );
+    }
+
+    /// `matmul` in mixed precision: bf16 products where they pay (AMX), else f32 products
+    /// with a bf16-stored operand widened exactly, in every layout and with `beta = 1`.
+    #[test]
+    fn matmul_keeps_f32_products_where_bf16_does_not_pay() {
+        for &(m, n, k) in &[(1, 1, 1), (37, 45, 70), (16, 200, 31), (19, 40, 300)] {
+            let (av, bv) = (values(m * k, 6), values(k * n, 7));
+            let ab: Vec<bf16> = av.iter().map(|&v| bf16::from_f32(v)).collect();
+            let aw: Vec<f32> = ab.iter().map(|v| v.to_f32()).collect();
+            for (ta, tb) in [(false, false), (true, true), (false, true)] {
+                let lda = if ta { m } else { k };
+                let b = Mat {
+                    data: &bv,
+                    ld: if tb { k } else { n },
+                    trans: tb,
+                };
+                let a16 = Operand::Bf16 {
+                    data: &ab,
+                    ld: lda,
+                    trans: ta,
+                };
+                let a32 = Operand::F32(Mat {
+                    data: &av,
+                    ld: lda,
+                    trans: ta,
+                });
+                for (lhs, stored) in [(a32, &av), (a16, &aw)] {
+                    let want = if bf16_products(k) {
+                        reference(m, n, k, &lhs, &Operand::F32(b))
+                    } else {
+                        let mut w = vec![0f32; m * n];
+                        let a = Mat {
+                            data: stored,
+                            ld: lda,
+                            trans: ta,
+                        };
+                        blas::gemm(m, n, k, 1.0, a, b, 0.0, &mut w);
+                        w
+                    };
+                    let mut got = vec![f32::NAN; m * n];
+                    matmul(true, m, n, k, lhs, Operand::F32(b), 0.0, &mut got);
+                    let err = max_err(&want, &got);
+                    assert!(err < 1e-4, "{m}x{n}x{k} ta={ta} tb={tb}: error {err}");
+                    matmul(true, m, n, k, lhs, Operand::F32(b), 1.0, &mut got);
+                    let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
+                    assert!(max_err(&twice, &got) < 2e-4, "{m}x{n}x{k} accumulate");
+                }
+            }
+        }
     }
 }

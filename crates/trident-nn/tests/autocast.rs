@@ -1,12 +1,13 @@
 //! The bf16 mixed-precision policy (`trident_nn::bf16::autocast`), op by op:
-//! - linear layers multiply bf16-rounded operands with f32 sums, forward and backward, and
-//!   an op keeps the precision it was created with for its backward pass;
+//! - linear layers multiply bf16-rounded operands with f32 sums, forward and backward, where
+//!   the CPU multiplies bf16 faster than f32 (AMX), and keep f32 products elsewhere; an op
+//!   keeps the precision it was created with for its backward pass;
 //! - layer norm, softmax, GELU and cross-entropy are untouched (bit-identical);
 //! - the fused transformer layer stays within bf16 rounding of its f32 result;
 //! - the mode is scoped to its guard and to its thread.
 
 use candle_core::{Device, Tensor, Var};
-use trident_nn::bf16::{autocast, autocast_enabled, round, widen};
+use trident_nn::bf16::{autocast, autocast_enabled, bf16_products, round, widen};
 use trident_nn::transformer::{mask_bias, EncoderConfig, EncoderLayer};
 use trident_nn::{dense, ops, Ctx, Params};
 
@@ -49,9 +50,12 @@ fn bf16(x: f32) -> f32 {
 }
 
 #[test]
-fn linear_runs_in_bf16_under_autocast_and_its_backward_keeps_the_mode() {
+fn linear_runs_in_bf16_where_it_pays_under_autocast_and_its_backward_keeps_the_mode() {
     let dev = Device::Cpu;
-    let (m, k, n) = (37, 70, 45);
+    // The forward product (depth k) and the weight gradient's (depth m) reach
+    // bf16::MIN_BF16_DEPTH, so they run in bf16 where the CPU has bf16 arithmetic; the
+    // input gradient's (depth n) stays f32 everywhere.
+    let (m, k, n) = (260, 300, 45);
     let (xv, wv, pv) = (pattern(m * k, 1), pattern(n * k, 2), pattern(m * n, 3));
     let x = Var::from_vec(xv.clone(), (m, k), &dev).unwrap();
     let w = Var::from_vec(wv.clone(), (n, k), &dev).unwrap();
@@ -63,29 +67,39 @@ fn linear_runs_in_bf16_under_autocast_and_its_backward_keeps_the_mode() {
     assert!(max_diff(&exact, &rounded) > 1e-3);
 
     let y32 = dense::linear(x.as_tensor(), w.as_tensor(), None).unwrap();
-    assert!(max_diff(&values(&y32), &exact) < 1e-5, "f32 outside autocast");
+    assert!(max_diff(&values(&y32), &exact) < 1e-4, "f32 outside autocast");
 
     let y16 = {
         let _bf16 = autocast(true);
         dense::linear(x.as_tensor(), w.as_tensor(), None).unwrap()
     };
     assert!(!autocast_enabled(), "the guard restores f32");
+    // Where bf16 products do not pay (no AMX or AVX512-BF16, both refused, or a short inner
+    // dimension) they stay f32.
+    let mode = |depth: usize| -> fn(f32) -> f32 {
+        if bf16_products(depth) {
+            bf16
+        } else {
+            |v| v
+        }
+    };
+    let want = product(&xv, &wv, m, n, k, mode(k));
     assert!(
-        max_diff(&values(&y16), &rounded) < 1e-5,
-        "bf16 products, f32 sums"
+        max_diff(&values(&y16), &want) < 1e-4,
+        "bf16 products (f32 without bf16 arithmetic), f32 sums"
     );
 
     // The backward pass runs after the guard is gone, in the op's own precision: dx = p · w
-    // and dw = pᵀ · x on rounded operands.
+    // and dw = pᵀ · x, each in bf16 where its depth qualifies.
     let grads = (&y16 * &probe).unwrap().sum_all().unwrap().backward().unwrap();
     let dx = values(grads.get(x.as_tensor()).unwrap());
     let dw = values(grads.get(w.as_tensor()).unwrap());
     let wt = transpose(&wv, n, k); // [k, n]
-    let want_dx = product(&pv, &wt, m, k, n, bf16);
+    let want_dx = product(&pv, &wt, m, k, n, mode(n));
     let (pt, xt) = (transpose(&pv, m, n), transpose(&xv, m, k)); // [n, m], [k, m]
-    let want_dw = product(&pt, &xt, n, k, m, bf16);
-    assert!(max_diff(&dx, &want_dx) < 1e-5, "input gradient in bf16");
-    assert!(max_diff(&dw, &want_dw) < 1e-5, "weight gradient in bf16");
+    let want_dw = product(&pt, &xt, n, k, m, mode(m));
+    assert!(max_diff(&dx, &want_dx) < 1e-4, "input gradient");
+    assert!(max_diff(&dw, &want_dw) < 1e-4, "weight gradient");
     assert_eq!(grads.get(x.as_tensor()).unwrap().dtype(), candle_core::DType::F32);
 }
 

@@ -31,7 +31,7 @@ fn main() -> anyhow::Result<()> {
     eprintln!(
         "precision: {}",
         if bf16 {
-            format!("bf16 mixed ({})", trident_nn::bf16::backend())
+            format!("bf16 mixed ({})", trident_nn::bf16::mixed_precision())
         } else {
             "f32".into()
         }

@@ -616,16 +616,21 @@ pub fn matmul_bound(ops: &[OpRow], bf16: bool, amx: bool) -> Option<Finding> {
         .sum();
     let suggestion = match (bf16, amx) {
         (false, true) => {
-            "set train.precision = \"bf16\": this CPU multiplies bf16 on AMX tiles (f32 sums, f32 master \
-                          weights), and the saved activations of transformer blocks halve"
+            "set train.precision = \"bf16\": this CPU multiplies bf16 in hardware (AMX or AVX512-BF16; f32 \
+                          sums, f32 master weights), and the saved activations of transformer blocks halve"
                 .to_string()
         }
         (false, false) => {
-            "this CPU has no bf16 matrix unit (AMX), so bf16 would only save memory here: a smaller \
+            "this CPU has no bf16 arithmetic (AMX, AVX512-BF16), so bf16 would only save memory here: a smaller \
                            student (trident distill) or shorter sequences cut the work itself"
                 .to_string()
         }
-        (true, _) => {
+        (true, false) => {
+            "bf16 keeps f32 products on this CPU (no AMX, no AVX512-BF16) and saves only activation memory: a smaller \
+                          student (trident distill) or shorter sequences cut the work itself"
+                .to_string()
+        }
+        (true, true) => {
             "the products already run in bf16: a smaller student (trident distill), shorter sequences \
                       (less padding) or more cores cut the remaining work"
                 .to_string()
@@ -637,7 +642,7 @@ pub fn matmul_bound(ops: &[OpRow], bf16: bool, amx: bool) -> Option<Finding> {
             "kernels with matrix products take {:.0} % of the profiled time, at {:.0} GFLOP/s overall ({})",
             100.0 * share,
             gflop / (ms * 1e-3).max(1e-12),
-            if bf16 { "bf16" } else { "f32" }
+            if bf16 && amx { "bf16" } else { "f32" }
         ),
         suggestion,
     })
@@ -1031,11 +1036,14 @@ mod tests {
         assert!(matmul_bound(&ops, false, false)
             .unwrap()
             .suggestion
-            .contains("no bf16 matrix unit"));
+            .contains("no bf16 arithmetic"));
         assert!(matmul_bound(&ops, true, true)
             .unwrap()
             .suggestion
             .contains("already run in bf16"));
+        let f = matmul_bound(&ops, true, false).unwrap();
+        assert!(f.suggestion.contains("keeps f32 products"), "{f:?}");
+        assert!(f.evidence.contains("(f32)"), "{f:?}");
         // Below half the time, no finding.
         assert!(matmul_bound(&ops[1..], false, true).is_none());
     }

@@ -452,10 +452,7 @@ impl Trainer {
         let bf16 = c.precision == Precision::Bf16;
         let _precision = trident_nn::bf16::autocast(bf16);
         if bf16 && self.progress {
-            eprintln!(
-                "bf16 mixed precision; matrix products on {}",
-                trident_nn::bf16::backend()
-            );
+            eprintln!("bf16 mixed precision: {}", trident_nn::bf16::mixed_precision());
         }
         let params = step.params().trainable();
         if params.is_empty() {
