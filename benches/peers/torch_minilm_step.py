@@ -5,8 +5,13 @@ the same weights, ids and labels. Needs torch and transformers (not a CI depende
     python benches/peers/torch_minilm_step.py data/minilm 10
     PRECISION=bf16 python …   # forward under torch.autocast("cpu", dtype=torch.bfloat16)
     BATCH=64 python …         # another batch size (sequence stays 64)
+    COMPILE=1 python …        # torch.compile (inductor) and fused AdamW, warmed up first
 
-The last line also gives the process's peak resident memory (ru_maxrss).
+COMPILE=1 is what a user after speed runs: the model through `torch.compile` (inductor's
+C++/OpenMP code for CPU, forward and backward graphs) and `AdamW(fused=True)`. The
+compilation happens in WARMUP untimed steps (default 3 compiled, 0 eager) before the
+steps printed, so no timed step includes it. The last line also gives the process's peak
+resident memory (ru_maxrss).
 """
 import contextlib
 import os
@@ -32,24 +37,34 @@ assert all(m.startswith("classifier") for m in missing), missing
 model.train()
 B, S = int(os.environ.get("BATCH", "16")), 64
 bf16 = os.environ.get("PRECISION") == "bf16"
-print(f"precision: {'bf16 autocast' if bf16 else 'f32'}", file=sys.stderr)
+compiled = os.environ.get("COMPILE", "0") not in ("", "0")
+warmup = int(os.environ.get("WARMUP", "3" if compiled else "0"))
+print(f"precision: {'bf16 autocast' if bf16 else 'f32'}; {'torch.compile (inductor), fused AdamW' if compiled else 'eager'}", file=sys.stderr)
 ids = torch.tensor([[((i * 131 + j * 17) % 28000) + 1000 for j in range(S)] for i in range(B)])
 labels = torch.tensor([i % 3 for i in range(B)])
-opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
+opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01, fused=compiled)
+run = torch.compile(model) if compiled else model
+mask, types = torch.ones_like(ids), torch.zeros_like(ids)
 fw, bw, op = [], [], []
-for step in range(steps + 1):
+t_warm = time.perf_counter()
+for step in range(-warmup, steps + 1):
     t0 = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids), labels=labels)
+        out = run(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
     t1 = time.perf_counter()
     out.loss.backward()
     t2 = time.perf_counter()
     opt.step()
     opt.zero_grad(set_to_none=True)
     t3 = time.perf_counter()
+    if step < 0:
+        if step == -1:
+            print(f"warm-up ({warmup} steps, compilation included): {t3 - t_warm:.1f} s", file=sys.stderr)
+        continue
     print(f"step {step}: loss {out.loss.item():.6f}  forward {(t1-t0)*1e3:.0f} ms  backward {(t2-t1)*1e3:.0f} ms  optimizer {(t3-t2)*1e3:.0f} ms", file=sys.stderr)
     if step > 0:
         fw.append((t1 - t0) * 1e3); bw.append((t2 - t1) * 1e3); op.append((t3 - t2) * 1e3)
 f, b, o = (statistics.median(x) for x in (fw, bw, op))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(f"pytorch {torch.__version__} median over {steps} steps: forward {f:.0f} ms  backward {b:.0f} ms  optimizer {o:.0f} ms  step {f+b+o:.0f} ms  batch {B}  peak RSS {peak:.0f} MiB")
+mode = "compiled" if compiled else "eager"
+print(f"pytorch {torch.__version__} {mode} median over {steps} steps: forward {f:.0f} ms  backward {b:.0f} ms  optimizer {o:.0f} ms  step {f+b+o:.0f} ms  batch {B}  peak RSS {peak:.0f} MiB")

@@ -328,6 +328,11 @@ pub fn max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
     x.max_pool2d(k)
 }
 
+/// `max_pool2d(relu(x), k)` as one fused op ([`crate::ops::relu_max_pool2d`]).
+pub fn relu_max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
+    crate::ops::relu_max_pool2d(x, k)
+}
+
 /// Average pooling with a square window equal to its stride.
 pub fn avg_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
     x.avg_pool2d(k)

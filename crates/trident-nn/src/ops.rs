@@ -6,6 +6,7 @@
 //! needs from the saved input or output instead of keeping intermediates alive. All are
 //! checked against PyTorch (values and gradients) in `tests/vs_torch.rs`.
 
+use crate::blas::{self, Mat};
 use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
 };
@@ -660,8 +661,7 @@ pub fn batch_norm_train(
 ) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
     let x = x.contiguous()?;
     let (b, c, h, w) = x.dims4()?;
-    let v = x.detach().flatten_all()?.to_vec1::<f32>()?;
-    let (mean, var) = channel_stats(&v, b, c, h * w);
+    let (mean, var) = with_f32(&x, |v| channel_stats(v, b, c, h * w))?;
     // The op reuses these statistics forward and backward (x does not change in between).
     let op = BatchNorm {
         eps,
@@ -752,8 +752,12 @@ impl CustomOp3 for BatchNorm {
         let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let (b, c, h, w) = x.dims4()?;
         let hw = h * w;
-        let xs = x.flatten_all()?.to_vec1::<f32>()?;
-        let gs = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        // Borrowed from their storage: no copies of the two largest tensors.
+        let (x, grad) = (x.contiguous()?, grad.contiguous()?);
+        let (x_store, x_layout) = x.storage_and_layout();
+        let (g_store, g_layout) = grad.storage_and_layout();
+        let xs = cpu_slice(&x_store, x_layout, "batch_norm backward")?;
+        let gs = cpu_slice(&g_store, g_layout, "batch_norm backward")?;
         let gamma_v = gamma.to_vec1::<f32>()?;
         let (mean, var) = (&self.mean, &self.var);
         let n = (b * hw) as f32;
@@ -787,6 +791,7 @@ impl CustomOp3 for BatchNorm {
         });
         let dgamma: Vec<f32> = sums.iter().map(|s| s.1).collect();
         let dbeta: Vec<f32> = sums.iter().map(|s| s.0).collect();
+        drop((x_store, g_store));
         let dev = x.device();
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), dev)?),
@@ -801,11 +806,20 @@ impl CustomOp3 for BatchNorm {
 /// 2-D convolution as im2col + GEMM: `x` `[b, c, h, w]`, `weight` `[o, c, k, k]`.
 ///
 /// candle's own conv2d backward goes through `conv_transpose2d`, which on CPU is a direct
-/// loop about 30x slower than the forward here; unfolding patches (an op whose backward is
-/// the matching fold) turns both passes into matrix products.
+/// loop about 30x slower than the forward here; unfolding patches turns both passes into
+/// matrix products. One op ([`Conv`]) does it image by image: each task unfolds one
+/// image's patches into a buffer that stays in cache, multiplies the weight by them into
+/// the output already in `[o, h, w]` order, and the backward pass unfolds them again for
+/// the weight gradient and folds the input gradient back in the same pass. Nothing of
+/// `[b, h·w, c·k·k]` is kept between the passes or copied into another layout (the
+/// earlier form materialised the patches of the whole batch, multiplied them as one
+/// linear layer and transposed the result: 14 MB per pass for the Fashion CNN's second
+/// convolution). The products are f32 under bf16 autocast too: a convolution's are small
+/// (k = c·k·k, 9 to 288 in the Fashion CNN), where bf16 packing costs more than it saves
+/// (measured: the CNN step 24 ms in f32, 39 ms with its convolutions in bf16 on AVX512-BF16).
 pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    let (b, c, h, w) = x.dims4()?;
-    let (o, wc, k, k2) = weight.dims4()?;
+    let (_, c, h, w) = x.dims4()?;
+    let (_, wc, k, k2) = weight.dims4()?;
     if wc != c || k != k2 {
         bail!(
             "conv2d: weight {:?} does not fit input channels {c}",
@@ -815,16 +829,235 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Res
     if h + 2 * padding < k || w + 2 * padding < k || stride == 0 {
         bail!("conv2d: kernel {k} does not fit input {h}x{w} with padding {padding}")
     }
-    let oh = (h + 2 * padding - k) / stride + 1;
-    let ow = (w + 2 * padding - k) / stride + 1;
-    let cols = x.contiguous()?.apply_op1(Unfold {
+    let unfold = Unfold {
         k,
         stride,
         padding,
         layer: crate::trace::current_layer(),
-    })?; // [b, oh*ow, c*k*k]
-    let y = crate::dense::linear(&cols, &weight.reshape((o, c * k * k))?, None)?; // [b, oh*ow, o]
-    y.transpose(1, 2)?.contiguous()?.reshape((b, o, oh, ow))
+    };
+    x.contiguous()?.apply_op2(&weight.contiguous()?, Conv { unfold })
+}
+
+/// The convolution of [`conv2d`], image by image (see there).
+struct Conv {
+    unfold: Unfold,
+}
+
+impl Conv {
+    /// Calls `f(row_of_cols, y, x_range, input_row_start)` for every tap `(ch, dy, dx)`
+    /// (row `(ch·k + dy)·k + dx` of the transposed patches `[c·k·k, oh·ow]`) and output
+    /// row `y` whose input row lies inside the image: output columns `x_range` read input
+    /// columns `x·s + dx − p` of input row `input_row_start` (an offset into the image).
+    /// Columns outside `x_range`, and rows skipped, are zero padding.
+    #[inline]
+    fn taps(
+        &self,
+        c: usize,
+        h: usize,
+        w: usize,
+        oh: usize,
+        ow: usize,
+        mut f: impl FnMut(usize, usize, std::ops::Range<usize>, usize),
+    ) {
+        let (k, s, p) = (self.unfold.k, self.unfold.stride, self.unfold.padding);
+        for ch in 0..c {
+            for dy in 0..k {
+                for dx in 0..k {
+                    let row = (ch * k + dy) * k + dx;
+                    // x·s + dx − p ∈ [0, w)  ⇔  x ∈ [ceil((p − dx)/s), ceil((w + p − dx)/s))
+                    let lo = p.saturating_sub(dx).div_ceil(s).min(ow);
+                    let hi = (w + p).saturating_sub(dx).div_ceil(s).min(ow).max(lo);
+                    for y in 0..oh {
+                        let iy = (y * s + dy) as isize - p as isize;
+                        if iy >= 0 && (iy as usize) < h {
+                            f(row, y, lo..hi, (ch * h + iy as usize) * w);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The patches of image `img` (`[c, h, w]`), transposed: `cols_t` `[c·k·k, oh·ow]`,
+    /// every element written (zero where a tap falls in the padding). Contiguous runs are
+    /// copied as slices at stride 1.
+    fn patches(&self, img: &[f32], dims: (usize, usize, usize, usize, usize), cols_t: &mut [f32]) {
+        let (c, h, w, oh, ow) = dims;
+        let (s, p, ohw) = (self.unfold.stride, self.unfold.padding, oh * ow);
+        cols_t.fill(0.0);
+        self.taps(c, h, w, oh, ow, |row, y, xs, start| {
+            let dx = row % self.unfold.k;
+            let out = &mut cols_t[row * ohw + y * ow..row * ohw + (y + 1) * ow];
+            if xs.is_empty() {
+                return;
+            }
+            let first = start + xs.start * s + dx - p;
+            if s == 1 {
+                out[xs.clone()].copy_from_slice(&img[first..first + xs.len()]);
+            } else {
+                for (j, x) in xs.enumerate() {
+                    out[x] = img[first + j * s];
+                }
+            }
+        });
+    }
+
+    /// Adds the transposed patch gradients `dcols_t` (`[c·k·k, oh·ow]`) back onto the
+    /// image gradient `d` (`[c, h, w]`): the adjoint of [`Self::patches`].
+    fn fold(&self, dcols_t: &[f32], dims: (usize, usize, usize, usize, usize), d: &mut [f32]) {
+        let (c, h, w, oh, ow) = dims;
+        let (s, p, ohw) = (self.unfold.stride, self.unfold.padding, oh * ow);
+        self.taps(c, h, w, oh, ow, |row, y, xs, start| {
+            if xs.is_empty() {
+                return;
+            }
+            let dx = row % self.unfold.k;
+            let g = &dcols_t[row * ohw + y * ow..row * ohw + (y + 1) * ow];
+            let first = start + xs.start * s + dx - p;
+            if s == 1 {
+                d[first..first + xs.len()]
+                    .iter_mut()
+                    .zip(&g[xs])
+                    .for_each(|(d, g)| *d += g);
+            } else {
+                for (j, x) in xs.enumerate() {
+                    d[first + j * s] += g[x];
+                }
+            }
+        });
+    }
+
+    fn flops(&self, b: usize, o: usize, ckk: usize, ohw: usize) -> u64 {
+        2 * (b * o * ckk * ohw) as u64
+    }
+}
+
+impl CustomOp2 for Conv {
+    fn name(&self) -> &'static str {
+        "trident-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "conv2d")?;
+        let wt = f32_slice(s2, l2, "conv2d weight")?;
+        let (b, c, h, w, oh, ow) = self.unfold.geometry(l1.dims())?;
+        let o = l2.dims()[0];
+        let (ckk, ohw) = (c * self.unfold.k * self.unfold.k, oh * ow);
+        let _span = crate::trace::op_span_flops(self.name(), "op.fwd", self.flops(b, o, ckk, ohw));
+        let mut out = vec![0f32; b * o * ohw];
+        out.par_chunks_mut(o * ohw).enumerate().for_each(|(n, y)| {
+            let mut cols = crate::scratch::take(ohw * ckk);
+            self.patches(
+                &x[n * c * h * w..(n + 1) * c * h * w],
+                (c, h, w, oh, ow),
+                &mut cols,
+            );
+            // y [o, ohw] = W [o, ckk] · cols_t [ckk, ohw]
+            blas::gemm_serial(o, ohw, ckk, 1.0, Mat::new(wt, ckk), Mat::new(&cols, ohw), 0.0, y);
+            crate::scratch::give(cols);
+        });
+        Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (b, c, h, w, oh, ow) = self.unfold.geometry(x.dims())?;
+        let o = weight.dim(0)?;
+        let (ckk, ohw) = (c * self.unfold.k * self.unfold.k, oh * ow);
+        let _span = crate::trace::op_span_in(
+            &self.unfold.layer,
+            self.name(),
+            "op.bwd",
+            2 * self.flops(b, o, ckk, ohw),
+        );
+        let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
+        let (xs, xl) = x.storage_and_layout();
+        let (ws, wl) = weight.storage_and_layout();
+        let (gs, gl) = grad.storage_and_layout();
+        let xv = cpu_slice(&xs, xl, "conv2d backward")?;
+        let wv = cpu_slice(&ws, wl, "conv2d backward")?;
+        let gv = cpu_slice(&gs, gl, "conv2d backward")?;
+        // The input's gradient only where something upstream needs it (not for the images
+        // a first convolution reads).
+        let need_dx = x.track_op();
+        let chw = c * h * w;
+        let mut dx = vec![0f32; if need_dx { b * chw } else { 0 }];
+        // One image: adds its weight gradient into `dw` and, with `d`, writes its input
+        // gradient there.
+        let image = |n: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
+            let g = &gv[n * o * ohw..(n + 1) * o * ohw]; // [o, ohw]
+            let mut cols = crate::scratch::take(ohw * ckk);
+            self.patches(&xv[n * chw..(n + 1) * chw], (c, h, w, oh, ow), &mut cols);
+            // dW [o, ckk] += g [o, ohw] · cols_tᵀ
+            blas::gemm_serial(
+                o,
+                ckk,
+                ohw,
+                1.0,
+                Mat::new(g, ohw),
+                Mat::new(&cols, ohw).t(),
+                1.0,
+                dw,
+            );
+            if let Some(d) = d {
+                // dcols_t [ckk, ohw] = Wᵀ · g, folded into dx
+                blas::gemm_serial(
+                    ckk,
+                    ohw,
+                    o,
+                    1.0,
+                    Mat::new(wv, ckk).t(),
+                    Mat::new(g, ohw),
+                    0.0,
+                    &mut cols,
+                );
+                self.fold(&cols, (c, h, w, oh, ow), d);
+            }
+            crate::scratch::give(cols);
+        };
+        let sum = |mut a: Vec<f32>, b: Vec<f32>| {
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        };
+        let zero = || vec![0f32; o * ckk];
+        // Per task: the weight gradient of its images, summed at the end.
+        let dw = if need_dx {
+            dx.par_chunks_mut(chw)
+                .enumerate()
+                .fold(zero, |mut dw, (n, d)| {
+                    image(n, Some(d), &mut dw);
+                    dw
+                })
+                .reduce(zero, sum)
+        } else {
+            (0..b)
+                .into_par_iter()
+                .fold(zero, |mut dw, n| {
+                    image(n, None, &mut dw);
+                    dw
+                })
+                .reduce(zero, sum)
+        };
+        drop((xs, ws, gs));
+        let dev = x.device();
+        Ok((
+            need_dx
+                .then(|| Tensor::from_vec(dx, x.shape(), dev))
+                .transpose()?,
+            Some(Tensor::from_vec(dw, weight.shape(), dev)?),
+        ))
+    }
 }
 
 struct Unfold {
@@ -844,69 +1077,107 @@ impl Unfold {
         let ow = (w + 2 * self.padding - self.k) / self.stride + 1;
         Ok((b, c, h, w, oh, ow))
     }
+}
 
-    /// Calls `f(column_index, input_index)` for every in-bounds pair of image `n`.
+// ---------------------------------------------------------------- ReLU + max pooling
+
+/// `max_pool2d(relu(x), k)` in one op: `x` `[b, c, h, w]`, windows of `k × k` with stride
+/// `k` (an edge that does not fill a window is dropped, as candle's `max_pool2d` does).
+/// The two commute, so the op takes each window's maximum and clamps it at 0. The
+/// backward pass sends each output gradient to its window's first maximum where that
+/// maximum is positive, and nothing elsewhere: PyTorch's `max_pool2d(relu(x))` gradient.
+/// candle's own pair costs a comparison, an upsampling, two products and a zero-filled
+/// gradient with an add per op in the backward pass, which dominated the CNN's step, and
+/// its max-pool gradient is wrong (see the test below).
+pub fn relu_max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
+    let (_, _, h, w) = x.dims4()?;
+    if k == 0 || h < k || w < k {
+        bail!("relu_max_pool2d: window {k} does not fit input {h}x{w}")
+    }
+    x.contiguous()?.apply_op1(ReluMaxPool {
+        k,
+        layer: crate::trace::current_layer(),
+    })
+}
+
+struct ReluMaxPool {
+    k: usize,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
+}
+
+impl ReluMaxPool {
+    /// For window (oy, ox) of a `h × w` plane: the offset of its first maximum (NaN
+    /// counts as a maximum) and that value.
     #[inline]
-    fn each(&self, c: usize, h: usize, w: usize, oh: usize, ow: usize, mut f: impl FnMut(usize, usize)) {
-        let (k, s, p) = (self.k, self.stride, self.padding);
-        let ckk = c * k * k;
-        for y in 0..oh {
-            for x in 0..ow {
-                let row = (y * ow + x) * ckk;
-                for ch in 0..c {
-                    for dy in 0..k {
-                        let iy = (y * s + dy) as isize - p as isize;
-                        if iy < 0 || iy >= h as isize {
-                            continue;
-                        }
-                        for dx in 0..k {
-                            let ix = (x * s + dx) as isize - p as isize;
-                            if ix < 0 || ix >= w as isize {
-                                continue;
-                            }
-                            f(
-                                row + (ch * k + dy) * k + dx,
-                                (ch * h + iy as usize) * w + ix as usize,
-                            );
-                        }
-                    }
+    fn window_max(&self, plane: &[f32], w: usize, oy: usize, ox: usize) -> (usize, f32) {
+        let k = self.k;
+        let mut at = oy * k * w + ox * k;
+        let mut m = plane[at];
+        for dy in 0..k {
+            let row = (oy * k + dy) * w + ox * k;
+            for (dx, &v) in plane[row..row + k].iter().enumerate() {
+                if v > m || (v.is_nan() && !m.is_nan()) {
+                    (m, at) = (v, row + dx);
                 }
             }
         }
+        (at, m)
     }
 }
 
-impl CustomOp1 for Unfold {
+impl CustomOp1 for ReluMaxPool {
     fn name(&self) -> &'static str {
-        "trident-unfold"
+        "trident-relu-max-pool"
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let _span = crate::trace::op_span(self.name(), "op.fwd");
-        let x = f32_slice(s, l, "unfold")?;
-        let (b, c, h, w, oh, ow) = self.geometry(l.dims())?;
-        let per = oh * ow * c * self.k * self.k;
-        let mut out = vec![0f32; b * per];
-        out.par_chunks_mut(per).enumerate().for_each(|(n, o)| {
-            let img = &x[n * c * h * w..(n + 1) * c * h * w];
-            self.each(c, h, w, oh, ow, |col, i| o[col] = img[i]);
-        });
-        Ok((
-            CpuStorage::F32(out),
-            Shape::from((b, oh * ow, c * self.k * self.k)),
-        ))
+        let x = f32_slice(s, l, "relu_max_pool2d")?;
+        let &[b, c, h, w] = l.dims() else {
+            bail!("relu_max_pool2d: expected [b, c, h, w], got {:?}", l.dims())
+        };
+        let (oh, ow) = (h / self.k, w / self.k);
+        let mut out = vec![0f32; b * c * oh * ow];
+        out.par_chunks_mut(oh * ow)
+            .zip(x.par_chunks(h * w))
+            .for_each(|(o, plane)| {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let m = self.window_max(plane, w, oy, ox).1;
+                        o[oy * ow + ox] = if m > 0.0 || m.is_nan() { m } else { 0.0 };
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
-        let (b, c, h, w, oh, ow) = self.geometry(arg.dims())?;
-        let g = grad.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let per = oh * ow * c * self.k * self.k;
+        let (b, c, h, w) = arg.dims4()?;
+        let (oh, ow) = (h / self.k, w / self.k);
+        let arg = arg.contiguous()?;
+        let grad = grad.contiguous()?;
+        let (xs, xl) = arg.storage_and_layout();
+        let (gs, gl) = grad.storage_and_layout();
+        let (x, g) = (
+            cpu_slice(&xs, xl, "relu_max_pool2d")?,
+            cpu_slice(&gs, gl, "relu_max_pool2d")?,
+        );
         let mut dx = vec![0f32; b * c * h * w];
-        dx.par_chunks_mut(c * h * w).enumerate().for_each(|(n, d)| {
-            let gn = &g[n * per..(n + 1) * per];
-            self.each(c, h, w, oh, ow, |col, i| d[i] += gn[col]);
-        });
+        dx.par_chunks_mut(h * w)
+            .zip(x.par_chunks(h * w).zip(g.par_chunks(oh * ow)))
+            .for_each(|(d, (plane, g))| {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let (at, m) = self.window_max(plane, w, oy, ox);
+                        if m > 0.0 || m.is_nan() {
+                            d[at] = g[oy * ow + ox];
+                        }
+                    }
+                }
+            });
+        drop((xs, gs));
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
     }
 }
@@ -1085,7 +1356,7 @@ mod tests {
     #[test]
     fn conv2d_by_unfolding_matches_candle_values_and_gradients() {
         let dev = &Device::Cpu;
-        for (stride, padding) in [(1, 1), (2, 0), (1, 0)] {
+        for (stride, padding) in [(1, 1), (2, 0), (1, 0), (2, 1), (3, 2)] {
             let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (2, 3, 7, 7), dev).unwrap()).unwrap();
             let w = Var::from_tensor(&Tensor::randn(0f32, 1.0, (4, 3, 3, 3), dev).unwrap()).unwrap();
             let probe_shape = x
@@ -1109,6 +1380,20 @@ mod tests {
                     1e-4,
                 );
             }
+            // Input data (no gradient wanted): the weight gradient alone, the same.
+            let data = x.as_tensor().detach();
+            let g3 = (conv2d(&data, w.as_tensor(), stride, padding).unwrap() * &probe)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            assert!(g3.get(&data).is_none());
+            close(
+                &flat(g3.get(w.as_tensor()).unwrap()),
+                &flat(g2.get(w.as_tensor()).unwrap()),
+                1e-4,
+            );
         }
     }
 
@@ -1136,6 +1421,52 @@ mod tests {
             .to_vec1::<f32>()
             .unwrap();
         close(&got, &numeric_grad(f, &xs, &[2, 2, 2, 3]), 2e-2);
+    }
+
+    /// The fused op: forward equal to candle's `relu` then `max_pool2d`, gradient equal to
+    /// finite differences, on an odd-sized input (the last row and column fall outside
+    /// every window) with positive, mixed and all-negative windows. The values are spaced
+    /// 0.1 apart and at least 0.05 from 0, so no step of 1e-2 crosses a kink.
+    ///
+    /// candle's own pair gets the gradient wrong: its max-pool backward multiplies the
+    /// gradient by (maxima in the window) / k² instead of dividing by the count (a quarter
+    /// of the true value for 2 × 2 windows), and upsamples with the wrong scale when the
+    /// input's side is odd.
+    #[test]
+    fn relu_max_pool_matches_candle_forward_and_finite_differences() {
+        let dims = [2, 3, 7, 9];
+        let xs: Vec<f32> = (0..2 * 3 * 7 * 9)
+            .map(|i| ((i * 37 % 101) as f32 - 85.5) * 0.1)
+            .collect();
+        let probe = Tensor::from_vec(
+            (0..2 * 3 * 3 * 4)
+                .map(|i| (i as f32 * 0.37).cos())
+                .collect::<Vec<_>>(),
+            (2, 3, 3, 4),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let x = Var::from_tensor(&Tensor::from_vec(xs.clone(), &dims, &Device::Cpu).unwrap()).unwrap();
+        let y = relu_max_pool2d(x.as_tensor(), 2).unwrap();
+        let want = x.as_tensor().relu().unwrap().max_pool2d(2).unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat(&y), flat(&want));
+        assert!(flat(&y).contains(&0.0) && flat(&y).iter().any(|&v| v > 0.0));
+        let f = |x: &Tensor| relu_max_pool2d(x, 2)?.mul(&probe)?.sum_all();
+        let grads = f(x.as_tensor()).unwrap().backward().unwrap();
+        let got = flat(grads.get(x.as_tensor()).unwrap());
+        close(&got, &numeric_grad(f, &xs, &dims), 1e-3);
+        assert!(
+            got.iter().filter(|&&g| g != 0.0).count() > 20,
+            "gradients reach the input"
+        );
+        assert!(relu_max_pool2d(
+            &Tensor::zeros((1, 1, 1, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
+            2
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("does not fit"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Image models trained from scratch: a ViT (patch embedding + pre-norm encoder) and a
 //! small CNN.
 
-use crate::layers::{max_pool2d, BatchNorm2d, Conv2d, Ctx, Dropout, LayerNorm, Linear};
+use crate::layers::{relu_max_pool2d, BatchNorm2d, Conv2d, Ctx, Dropout, LayerNorm, Linear};
 use crate::params::{Init, ParamBuilder};
 use crate::transformer::{Encoder, EncoderConfig};
 use candle_core::{Result, Tensor};
@@ -160,11 +160,11 @@ impl Cnn {
         use crate::trace::layer;
         let h = {
             let _layer = layer(|| "conv1".into());
-            max_pool2d(&self.bn1.forward(&self.conv1.forward(x)?, ctx)?.relu()?, 2)?
+            relu_max_pool2d(&self.bn1.forward(&self.conv1.forward(x)?, ctx)?, 2)?
         };
         let h = {
             let _layer = layer(|| "conv2".into());
-            max_pool2d(&self.bn2.forward(&self.conv2.forward(&h)?, ctx)?.relu()?, 2)?
+            relu_max_pool2d(&self.bn2.forward(&self.conv2.forward(&h)?, ctx)?, 2)?
         };
         let h = {
             let _layer = layer(|| "fc1".into());
