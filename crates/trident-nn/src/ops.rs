@@ -1106,7 +1106,47 @@ struct ReluMaxPool {
     layer: Option<std::sync::Arc<str>>,
 }
 
+/// The first maximum of four values in window order (NaN counts as a maximum): its index
+/// and value.
+#[inline(always)]
+fn first_max4(v: [f32; 4]) -> (usize, f32) {
+    let (mut at, mut m) = (0, v[0]);
+    for (i, &x) in v.iter().enumerate().skip(1) {
+        if x > m || (x.is_nan() && !m.is_nan()) {
+            (at, m) = (i, x);
+        }
+    }
+    (at, m)
+}
+
 impl ReluMaxPool {
+    /// Calls `f(oy, ox, offset, max)` for every window of a `h × w` plane, with the offset
+    /// of the window's first maximum in the plane. 2 × 2 windows (every pooling layer of
+    /// the models here) take a path over row pairs without bounds checks per element.
+    #[inline]
+    fn windows(&self, plane: &[f32], h: usize, w: usize, mut f: impl FnMut(usize, usize, usize, f32)) {
+        let (oh, ow) = (h / self.k, w / self.k);
+        if self.k != 2 {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let (at, m) = self.window_max(plane, w, oy, ox);
+                    f(oy, ox, at, m);
+                }
+            }
+            return;
+        }
+        for oy in 0..oh {
+            let (top, bottom) = (2 * oy * w, (2 * oy + 1) * w);
+            let r0 = plane[top..top + 2 * ow].chunks_exact(2);
+            let r1 = plane[bottom..bottom + 2 * ow].chunks_exact(2);
+            for (ox, (a, b)) in r0.zip(r1).enumerate() {
+                let (i, m) = first_max4([a[0], a[1], b[0], b[1]]);
+                let at = if i < 2 { top } else { bottom } + 2 * ox + (i & 1);
+                f(oy, ox, at, m);
+            }
+        }
+    }
+
     /// For window (oy, ox) of a `h × w` plane: the offset of its first maximum (NaN
     /// counts as a maximum) and that value.
     #[inline]
@@ -1142,12 +1182,9 @@ impl CustomOp1 for ReluMaxPool {
         out.par_chunks_mut(oh * ow)
             .zip(x.par_chunks(h * w))
             .for_each(|(o, plane)| {
-                for oy in 0..oh {
-                    for ox in 0..ow {
-                        let m = self.window_max(plane, w, oy, ox).1;
-                        o[oy * ow + ox] = if m > 0.0 || m.is_nan() { m } else { 0.0 };
-                    }
-                }
+                self.windows(plane, h, w, |oy, ox, _, m| {
+                    o[oy * ow + ox] = if m > 0.0 || m.is_nan() { m } else { 0.0 };
+                })
             });
         Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))))
     }
@@ -1168,14 +1205,11 @@ impl CustomOp1 for ReluMaxPool {
         dx.par_chunks_mut(h * w)
             .zip(x.par_chunks(h * w).zip(g.par_chunks(oh * ow)))
             .for_each(|(d, (plane, g))| {
-                for oy in 0..oh {
-                    for ox in 0..ow {
-                        let (at, m) = self.window_max(plane, w, oy, ox);
-                        if m > 0.0 || m.is_nan() {
-                            d[at] = g[oy * ow + ox];
-                        }
+                self.windows(plane, h, w, |oy, ox, at, m| {
+                    if m > 0.0 || m.is_nan() {
+                        d[at] = g[oy * ow + ox];
                     }
-                }
+                })
             });
         drop((xs, gs));
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
@@ -1438,28 +1472,32 @@ mod tests {
         let xs: Vec<f32> = (0..2 * 3 * 7 * 9)
             .map(|i| ((i * 37 % 101) as f32 - 85.5) * 0.1)
             .collect();
-        let probe = Tensor::from_vec(
-            (0..2 * 3 * 3 * 4)
-                .map(|i| (i as f32 * 0.37).cos())
-                .collect::<Vec<_>>(),
-            (2, 3, 3, 4),
-            &Device::Cpu,
-        )
-        .unwrap();
-        let x = Var::from_tensor(&Tensor::from_vec(xs.clone(), &dims, &Device::Cpu).unwrap()).unwrap();
-        let y = relu_max_pool2d(x.as_tensor(), 2).unwrap();
-        let want = x.as_tensor().relu().unwrap().max_pool2d(2).unwrap();
         let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(flat(&y), flat(&want));
-        assert!(flat(&y).contains(&0.0) && flat(&y).iter().any(|&v| v > 0.0));
-        let f = |x: &Tensor| relu_max_pool2d(x, 2)?.mul(&probe)?.sum_all();
-        let grads = f(x.as_tensor()).unwrap().backward().unwrap();
-        let got = flat(grads.get(x.as_tensor()).unwrap());
-        close(&got, &numeric_grad(f, &xs, &dims), 1e-3);
-        assert!(
-            got.iter().filter(|&&g| g != 0.0).count() > 20,
-            "gradients reach the input"
-        );
+        // 2 × 2 windows take the row-pair path, 3 × 3 the general one.
+        for k in [2, 3] {
+            let (oh, ow) = (7 / k, 9 / k);
+            let probe = Tensor::from_vec(
+                (0..2 * 3 * oh * ow)
+                    .map(|i| (i as f32 * 0.37).cos())
+                    .collect::<Vec<_>>(),
+                (2, 3, oh, ow),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let x = Var::from_tensor(&Tensor::from_vec(xs.clone(), &dims, &Device::Cpu).unwrap()).unwrap();
+            let y = relu_max_pool2d(x.as_tensor(), k).unwrap();
+            let want = x.as_tensor().relu().unwrap().max_pool2d(k).unwrap();
+            assert_eq!(flat(&y), flat(&want), "k = {k}");
+            assert!(flat(&y).contains(&0.0) && flat(&y).iter().any(|&v| v > 0.0));
+            let f = |x: &Tensor| relu_max_pool2d(x, k)?.mul(&probe)?.sum_all();
+            let grads = f(x.as_tensor()).unwrap().backward().unwrap();
+            let got = flat(grads.get(x.as_tensor()).unwrap());
+            close(&got, &numeric_grad(f, &xs, &dims), 1e-3);
+            assert!(
+                got.iter().filter(|&&g| g != 0.0).count() > 5,
+                "gradients reach the input"
+            );
+        }
         assert!(relu_max_pool2d(
             &Tensor::zeros((1, 1, 1, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
             2
