@@ -229,36 +229,6 @@ impl<'a> Operand<'a> {
         }
     }
 
-    /// For a bf16 operand, its whole storage widened to f32 (exact) into a scratch
-    /// buffer; `None` for an f32 one.
-    fn widened_storage(&self) -> Option<Vec<f32>> {
-        match self {
-            Operand::F32(_) => None,
-            Operand::Bf16 { data, .. } => {
-                let mut w = crate::scratch::take(data.len());
-                widen_into(data, &mut w);
-                Some(w)
-            }
-        }
-    }
-
-    /// The operand as an f32 matrix: itself, or `widened` (from [`Self::widened_storage`])
-    /// with its own leading dimension and transposition.
-    fn as_f32<'b>(&self, widened: Option<&'b [f32]>) -> Mat<'b>
-    where
-        'a: 'b,
-    {
-        match (self, widened) {
-            (Operand::F32(m), _) => *m,
-            (Operand::Bf16 { ld, trans, .. }, Some(data)) => Mat {
-                data,
-                ld: *ld,
-                trans: *trans,
-            },
-            (Operand::Bf16 { .. }, None) => unreachable!("a bf16 operand is widened first"),
-        }
-    }
-
     /// Panics unless op(self) of `rows × cols` lies inside the storage.
     fn check(&self, rows: usize, cols: usize, what: &str) {
         let (len, ld, trans) = match self {
@@ -275,25 +245,27 @@ impl<'a> Operand<'a> {
 
 /// Which kernel [`gemm`] uses, for logs and reports.
 pub fn backend() -> &'static str {
-    if amx::usable() {
-        "AMX bf16 tiles"
-    } else if amx::dot_usable() {
-        "AVX512-BF16 dot products (vdpbf16ps)"
-    } else {
-        "bf16 operands widened to f32 (no AMX, no AVX512-BF16)"
+    match amx::kernel() {
+        Some(amx::Kernel::Tiles) => "AMX bf16 tiles",
+        Some(amx::Kernel::Dot) => "AVX512-BF16 dot products (vdpbf16ps)",
+        None => "bf16 operands widened to f32 (no AMX, no AVX512-BF16)",
     }
 }
 
 /// What mixed precision ([`autocast`]) does on this CPU, for the start-up line of a run.
 pub fn mixed_precision() -> &'static str {
-    if amx::usable() {
-        "matrix products in bf16 on AMX tiles with f32 sums; saved transformer activations in bf16"
-    } else if amx::dot_usable() {
-        "matrix products in bf16 with AVX512-BF16 (vdpbf16ps) and f32 sums; saved transformer \
-         activations in bf16"
-    } else {
-        "no bf16 arithmetic (AMX, AVX512-BF16) on this CPU: matrix products stay f32, as fast as \
-         f32 precision; saved transformer activations in bf16 (memory only)"
+    match amx::kernel() {
+        Some(amx::Kernel::Tiles) => {
+            "matrix products in bf16 on AMX tiles with f32 sums; saved transformer activations in bf16"
+        }
+        Some(amx::Kernel::Dot) => {
+            "matrix products in bf16 with AVX512-BF16 (vdpbf16ps) and f32 sums; saved transformer \
+             activations in bf16"
+        }
+        None => {
+            "no bf16 arithmetic (AMX, AVX512-BF16) on this CPU: matrix products stay f32, as fast as \
+             f32 precision; saved transformer activations in bf16 (memory only)"
+        }
     }
 }
 
@@ -301,7 +273,7 @@ pub fn mixed_precision() -> &'static str {
 /// `vdpbf16ps`), i.e. faster than f32: measured 2.1–2.5x on AMX and 1.7–1.8x with
 /// `vdpbf16ps` on an AMD EPYC Zen 5, packing included (`examples/gemm_layouts.rs`).
 pub fn accelerated() -> bool {
-    amx::usable() || amx::dot_usable()
+    amx::kernel().is_some()
 }
 
 /// `c = op(a) · op(b) + beta · c` with both operands rounded to bf16 and f32 accumulation;
@@ -321,12 +293,9 @@ pub fn gemm(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: 
             .for_each(|v| *v = if beta == 0.0 { 0.0 } else { *v * beta });
         return;
     }
-    if amx::usable() {
-        amx::gemm(amx::Kernel::Tiles, m, n, k, a, b, beta, c);
-    } else if amx::dot_usable() {
-        amx::gemm(amx::Kernel::Dot, m, n, k, a, b, beta, c);
-    } else {
-        widened(m, n, k, a, b, beta, c);
+    match amx::kernel() {
+        Some(kernel) => amx::gemm(kernel, m, n, k, a, b, beta, c),
+        None => widened(m, n, k, a, b, beta, c),
     }
 }
 
@@ -344,19 +313,47 @@ pub fn matmul(bf16: bool, m: usize, n: usize, k: usize, a: Operand, b: Operand, 
     }
     a.check(m, k, "lhs");
     b.check(k, n, "rhs");
-    let (wa, wb) = (a.widened_storage(), b.widened_storage());
-    blas::gemm(
-        m,
-        n,
-        k,
-        1.0,
-        a.as_f32(wa.as_deref()),
-        b.as_f32(wb.as_deref()),
-        beta,
-        c,
-    );
-    for w in [wa, wb].into_iter().flatten() {
-        crate::scratch::give(w);
+    let (a, b) = (AsF32::new(a), AsF32::new(b));
+    blas::gemm(m, n, k, 1.0, a.mat(), b.mat(), beta, c);
+}
+
+/// An operand as an f32 matrix: an f32 one as it is, a bf16 one widened (exactly) into a
+/// scratch buffer that goes back to the pool when this is dropped.
+struct AsF32<'a> {
+    op: Operand<'a>,
+    widened: Vec<f32>,
+}
+
+impl<'a> AsF32<'a> {
+    fn new(op: Operand<'a>) -> Self {
+        let widened = match op {
+            Operand::F32(_) => Vec::new(),
+            Operand::Bf16 { data, .. } => {
+                let mut w = crate::scratch::take(data.len());
+                widen_into(data, &mut w);
+                w
+            }
+        };
+        AsF32 { op, widened }
+    }
+
+    fn mat(&self) -> Mat<'_> {
+        match self.op {
+            Operand::F32(m) => m,
+            Operand::Bf16 { ld, trans, .. } => Mat {
+                data: &self.widened,
+                ld,
+                trans,
+            },
+        }
+    }
+}
+
+impl Drop for AsF32<'_> {
+    fn drop(&mut self) {
+        if self.widened.capacity() > 0 {
+            crate::scratch::give(std::mem::take(&mut self.widened));
+        }
     }
 }
 
@@ -403,7 +400,7 @@ mod amx {
 
     static USABLE: OnceLock<bool> = OnceLock::new();
 
-    pub(super) fn usable() -> bool {
+    fn usable() -> bool {
         *USABLE.get_or_init(|| {
             if std::env::var("TRIDENT_AMX").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
                 return false;
@@ -615,15 +612,24 @@ mod amx {
         Dot,
     }
 
-    /// Whether the AVX512-BF16 kernel can run here (`TRIDENT_BF16_DOT=off` refuses it).
-    pub(super) fn dot_usable() -> bool {
-        static USABLE: OnceLock<bool> = OnceLock::new();
-        *USABLE.get_or_init(|| {
-            !std::env::var("TRIDENT_BF16_DOT").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
+    /// The kernel this CPU runs bf16 products on: AMX tiles where usable, else
+    /// AVX512-BF16 (`TRIDENT_BF16_DOT=off` refuses it), else none.
+    pub(super) fn kernel() -> Option<Kernel> {
+        static KERNEL: OnceLock<Option<Kernel>> = OnceLock::new();
+        *KERNEL.get_or_init(|| {
+            if usable() {
+                Some(Kernel::Tiles)
+            } else if !std::env::var("TRIDENT_BF16_DOT").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
                 && super::simd::has_avx512_bf16()
+            {
+                Some(Kernel::Dot)
+            } else {
+                None
+            }
         })
     }
 
+    /// `c = op(a) · op(b) + beta · c` on `kernel`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm(
         kernel: Kernel,
@@ -640,25 +646,12 @@ mod amx {
         // operand is the smaller transpose (a weight gradient's input, not its output
         // gradient) and whose right operand packs contiguously, and store the blocks
         // transposed.
-        if a.trans() && !b.trans() && n * k < m * k {
-            return run(kernel, n, m, k, b.t(), a.t(), beta, c, true);
-        }
-        run(kernel, m, n, k, a, b, beta, c, false)
-    }
-
-    /// `c = op(a) · op(b) + beta · c`, or its transpose into `c` when `transposed`.
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        kernel: Kernel,
-        m: usize,
-        n: usize,
-        k: usize,
-        a: Operand,
-        b: Operand,
-        beta: f32,
-        c: &mut [f32],
-        transposed: bool,
-    ) {
+        let transposed = a.trans() && !b.trans() && n * k < m * k;
+        let (m, n, a, b) = if transposed {
+            (n, m, b.t(), a.t())
+        } else {
+            (m, n, a, b)
+        };
         let (mp, np, kp) = (round_up(m), round_up(n), round_up(k));
         let (pa, pb) = rayon::join(|| pack_lhs(&a, m, k, mp, kp), || pack_rhs(&b, k, n, kp, np));
         let (mblocks, nblocks) = (mp / B, np / B);
@@ -682,7 +675,7 @@ mod amx {
             };
             let mut acc = [0f32; B * B];
             if kernel == Kernel::Dot {
-                // SAFETY: the CPU has AVX512F and AVX512-BF16 (`dot_usable`); packed
+                // SAFETY: the CPU has AVX512F and AVX512-BF16 (`kernel`); packed
                 // buffers are padded to whole blocks, so every load reads inside them;
                 // `store` writes only this task's blocks, inside `c`.
                 unsafe {
@@ -833,16 +826,13 @@ mod amx {
 #[cfg(not(target_arch = "x86_64"))]
 mod amx {
     use super::Operand;
-    pub(super) fn usable() -> bool {
-        false
-    }
     #[derive(Clone, Copy, PartialEq)]
     pub(super) enum Kernel {
         Tiles,
         Dot,
     }
-    pub(super) fn dot_usable() -> bool {
-        false
+    pub(super) fn kernel() -> Option<Kernel> {
+        None
     }
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm(

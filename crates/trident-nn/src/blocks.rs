@@ -22,7 +22,7 @@
 use crate::bf16::{self, Operand};
 use crate::blas::Mat;
 use crate::dense::{affine, column_sums, Attention, BLOCK};
-use crate::ops::{cpu_slice, f32_slice, for_rows, layer_norm_grads, normalize_row, DropMask};
+use crate::ops::{f32_slice, for_rows, layer_norm_grads, normalize_row, DropMask};
 use crate::params::GradSink;
 use crate::scratch;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
@@ -81,15 +81,6 @@ impl SinkLinear {
             sink.accumulate(db);
         }
     }
-}
-
-/// Reads a contiguous f32 tensor's elements for as long as the binding lives.
-macro_rules! view {
-    ($t:expr, $guard:ident, $what:expr) => {{
-        let (s, l) = $t.storage_and_layout();
-        $guard = s;
-        cpu_slice(&$guard, l, $what)?
-    }};
 }
 
 /// An activation saved for the backward pass: f32, or bf16 under autocast (half the

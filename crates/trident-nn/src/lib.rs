@@ -7,6 +7,16 @@
 //! reproducible from its seed.
 #![warn(missing_docs)]
 
+/// Borrows a contiguous f32 tensor's elements for as long as the guard binding lives:
+/// `let g; let v = view!(t, g, "what");` (the guard keeps the storage's read lock).
+macro_rules! view {
+    ($t:expr, $guard:ident, $what:expr) => {{
+        let (s, l) = $t.storage_and_layout();
+        $guard = s;
+        $crate::ops::cpu_slice(&$guard, l, $what)?
+    }};
+}
+
 pub mod bert;
 pub mod bf16;
 pub mod blas;

@@ -754,10 +754,9 @@ impl CustomOp3 for BatchNorm {
         let hw = h * w;
         // Borrowed from their storage: no copies of the two largest tensors.
         let (x, grad) = (x.contiguous()?, grad.contiguous()?);
-        let (x_store, x_layout) = x.storage_and_layout();
-        let (g_store, g_layout) = grad.storage_and_layout();
-        let xs = cpu_slice(&x_store, x_layout, "batch_norm backward")?;
-        let gs = cpu_slice(&g_store, g_layout, "batch_norm backward")?;
+        let (x_guard, g_guard);
+        let xs = view!(x, x_guard, "batch_norm backward");
+        let gs = view!(grad, g_guard, "batch_norm backward");
         let gamma_v = gamma.to_vec1::<f32>()?;
         let (mean, var) = (&self.mean, &self.var);
         let n = (b * hw) as f32;
@@ -791,7 +790,6 @@ impl CustomOp3 for BatchNorm {
         });
         let dgamma: Vec<f32> = sums.iter().map(|s| s.1).collect();
         let dbeta: Vec<f32> = sums.iter().map(|s| s.0).collect();
-        drop((x_store, g_store));
         let dev = x.device();
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), dev)?),
@@ -829,21 +827,36 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Res
     if h + 2 * padding < k || w + 2 * padding < k || stride == 0 {
         bail!("conv2d: kernel {k} does not fit input {h}x{w} with padding {padding}")
     }
-    let unfold = Unfold {
+    let op = Conv {
         k,
         stride,
         padding,
         layer: crate::trace::current_layer(),
     };
-    x.contiguous()?.apply_op2(&weight.contiguous()?, Conv { unfold })
+    x.contiguous()?.apply_op2(&weight.contiguous()?, op)
 }
 
-/// The convolution of [`conv2d`], image by image (see there).
+/// The convolution of [`conv2d`], image by image (see there): a square `k × k` kernel,
+/// `stride`, zero `padding` on each side.
 struct Conv {
-    unfold: Unfold,
+    k: usize,
+    stride: usize,
+    padding: usize,
+    /// The model layer this kernel ran for (profiling), kept for its backward pass.
+    layer: Option<std::sync::Arc<str>>,
 }
 
 impl Conv {
+    /// `(b, c, h, w, oh, ow)` of an input `[b, c, h, w]`.
+    fn geometry(&self, dims: &[usize]) -> Result<(usize, usize, usize, usize, usize, usize)> {
+        let &[b, c, h, w] = dims else {
+            bail!("conv2d: expected [b, c, h, w], got {dims:?}")
+        };
+        let oh = (h + 2 * self.padding - self.k) / self.stride + 1;
+        let ow = (w + 2 * self.padding - self.k) / self.stride + 1;
+        Ok((b, c, h, w, oh, ow))
+    }
+
     /// Calls `f(row_of_cols, y, x_range, input_row_start)` for every tap `(ch, dy, dx)`
     /// (row `(ch·k + dy)·k + dx` of the transposed patches `[c·k·k, oh·ow]`) and output
     /// row `y` whose input row lies inside the image: output columns `x_range` read input
@@ -859,7 +872,7 @@ impl Conv {
         ow: usize,
         mut f: impl FnMut(usize, usize, std::ops::Range<usize>, usize),
     ) {
-        let (k, s, p) = (self.unfold.k, self.unfold.stride, self.unfold.padding);
+        let (k, s, p) = (self.k, self.stride, self.padding);
         for ch in 0..c {
             for dy in 0..k {
                 for dx in 0..k {
@@ -883,10 +896,10 @@ impl Conv {
     /// copied as slices at stride 1.
     fn patches(&self, img: &[f32], dims: (usize, usize, usize, usize, usize), cols_t: &mut [f32]) {
         let (c, h, w, oh, ow) = dims;
-        let (s, p, ohw) = (self.unfold.stride, self.unfold.padding, oh * ow);
+        let (s, p, ohw) = (self.stride, self.padding, oh * ow);
         cols_t.fill(0.0);
         self.taps(c, h, w, oh, ow, |row, y, xs, start| {
-            let dx = row % self.unfold.k;
+            let dx = row % self.k;
             let out = &mut cols_t[row * ohw + y * ow..row * ohw + (y + 1) * ow];
             if xs.is_empty() {
                 return;
@@ -906,12 +919,12 @@ impl Conv {
     /// image gradient `d` (`[c, h, w]`): the adjoint of [`Self::patches`].
     fn fold(&self, dcols_t: &[f32], dims: (usize, usize, usize, usize, usize), d: &mut [f32]) {
         let (c, h, w, oh, ow) = dims;
-        let (s, p, ohw) = (self.unfold.stride, self.unfold.padding, oh * ow);
+        let (s, p, ohw) = (self.stride, self.padding, oh * ow);
         self.taps(c, h, w, oh, ow, |row, y, xs, start| {
             if xs.is_empty() {
                 return;
             }
-            let dx = row % self.unfold.k;
+            let dx = row % self.k;
             let g = &dcols_t[row * ohw + y * ow..row * ohw + (y + 1) * ow];
             let first = start + xs.start * s + dx - p;
             if s == 1 {
@@ -946,9 +959,9 @@ impl CustomOp2 for Conv {
     ) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(s1, l1, "conv2d")?;
         let wt = f32_slice(s2, l2, "conv2d weight")?;
-        let (b, c, h, w, oh, ow) = self.unfold.geometry(l1.dims())?;
+        let (b, c, h, w, oh, ow) = self.geometry(l1.dims())?;
         let o = l2.dims()[0];
-        let (ckk, ohw) = (c * self.unfold.k * self.unfold.k, oh * ow);
+        let (ckk, ohw) = (c * self.k * self.k, oh * ow);
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", self.flops(b, o, ckk, ohw));
         let mut out = vec![0f32; b * o * ohw];
         out.par_chunks_mut(o * ohw).enumerate().for_each(|(n, y)| {
@@ -972,22 +985,16 @@ impl CustomOp2 for Conv {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (b, c, h, w, oh, ow) = self.unfold.geometry(x.dims())?;
+        let (b, c, h, w, oh, ow) = self.geometry(x.dims())?;
         let o = weight.dim(0)?;
-        let (ckk, ohw) = (c * self.unfold.k * self.unfold.k, oh * ow);
-        let _span = crate::trace::op_span_in(
-            &self.unfold.layer,
-            self.name(),
-            "op.bwd",
-            2 * self.flops(b, o, ckk, ohw),
-        );
+        let (ckk, ohw) = (c * self.k * self.k, oh * ow);
+        let _span =
+            crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 2 * self.flops(b, o, ckk, ohw));
         let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
-        let (xs, xl) = x.storage_and_layout();
-        let (ws, wl) = weight.storage_and_layout();
-        let (gs, gl) = grad.storage_and_layout();
-        let xv = cpu_slice(&xs, xl, "conv2d backward")?;
-        let wv = cpu_slice(&ws, wl, "conv2d backward")?;
-        let gv = cpu_slice(&gs, gl, "conv2d backward")?;
+        let (x_guard, w_guard, g_guard);
+        let xv = view!(x, x_guard, "conv2d backward");
+        let wv = view!(weight, w_guard, "conv2d backward");
+        let gv = view!(grad, g_guard, "conv2d backward");
         // The input's gradient only where something upstream needs it (not for the images
         // a first convolution reads).
         let need_dx = x.track_op();
@@ -1026,30 +1033,25 @@ impl CustomOp2 for Conv {
             }
             crate::scratch::give(cols);
         };
-        let sum = |mut a: Vec<f32>, b: Vec<f32>| {
-            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-            a
+        // Each image with its slice of `dx` (none when the input needs no gradient); per
+        // task, the weight gradient of its images, summed at the end.
+        let images: Vec<Option<&mut [f32]>> = if need_dx {
+            dx.chunks_mut(chw).map(Some).collect()
+        } else {
+            (0..b).map(|_| None).collect()
         };
         let zero = || vec![0f32; o * ckk];
-        // Per task: the weight gradient of its images, summed at the end.
-        let dw = if need_dx {
-            dx.par_chunks_mut(chw)
-                .enumerate()
-                .fold(zero, |mut dw, (n, d)| {
-                    image(n, Some(d), &mut dw);
-                    dw
-                })
-                .reduce(zero, sum)
-        } else {
-            (0..b)
-                .into_par_iter()
-                .fold(zero, |mut dw, n| {
-                    image(n, None, &mut dw);
-                    dw
-                })
-                .reduce(zero, sum)
-        };
-        drop((xs, ws, gs));
+        let dw = images
+            .into_par_iter()
+            .enumerate()
+            .fold(zero, |mut dw, (n, d)| {
+                image(n, d, &mut dw);
+                dw
+            })
+            .reduce(zero, |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                a
+            });
         let dev = x.device();
         Ok((
             need_dx
@@ -1057,25 +1059,6 @@ impl CustomOp2 for Conv {
                 .transpose()?,
             Some(Tensor::from_vec(dw, weight.shape(), dev)?),
         ))
-    }
-}
-
-struct Unfold {
-    k: usize,
-    stride: usize,
-    padding: usize,
-    /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
-}
-
-impl Unfold {
-    fn geometry(&self, dims: &[usize]) -> Result<(usize, usize, usize, usize, usize, usize)> {
-        let &[b, c, h, w] = dims else {
-            bail!("unfold: expected [b, c, h, w], got {dims:?}")
-        };
-        let oh = (h + 2 * self.padding - self.k) / self.stride + 1;
-        let ow = (w + 2 * self.padding - self.k) / self.stride + 1;
-        Ok((b, c, h, w, oh, ow))
     }
 }
 
@@ -1193,14 +1176,10 @@ impl CustomOp1 for ReluMaxPool {
         let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let (b, c, h, w) = arg.dims4()?;
         let (oh, ow) = (h / self.k, w / self.k);
-        let arg = arg.contiguous()?;
-        let grad = grad.contiguous()?;
-        let (xs, xl) = arg.storage_and_layout();
-        let (gs, gl) = grad.storage_and_layout();
-        let (x, g) = (
-            cpu_slice(&xs, xl, "relu_max_pool2d")?,
-            cpu_slice(&gs, gl, "relu_max_pool2d")?,
-        );
+        let (arg, grad) = (arg.contiguous()?, grad.contiguous()?);
+        let (x_guard, g_guard);
+        let x = view!(arg, x_guard, "relu_max_pool2d backward");
+        let g = view!(grad, g_guard, "relu_max_pool2d backward");
         let mut dx = vec![0f32; b * c * h * w];
         dx.par_chunks_mut(h * w)
             .zip(x.par_chunks(h * w).zip(g.par_chunks(oh * ow)))
@@ -1211,7 +1190,6 @@ impl CustomOp1 for ReluMaxPool {
                     }
                 })
             });
-        drop((xs, gs));
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
     }
 }
