@@ -602,8 +602,8 @@ pub fn diagnose(
 
 /// Matrix-product-bound: the kernels that carry matrix products (their rows have GFLOP/s)
 /// take ≥ 50 % of the profiled time. The suggestion depends on the precision and on
-/// whether this CPU has bf16 matrix hardware (`amx`).
-pub fn matmul_bound(ops: &[OpRow], bf16: bool, amx: bool) -> Option<Finding> {
+/// whether this CPU has bf16 arithmetic (`bf16_hardware`: AMX or AVX512-BF16).
+pub fn matmul_bound(ops: &[OpRow], bf16: bool, bf16_hardware: bool) -> Option<Finding> {
     let products: Vec<&OpRow> = ops.iter().filter(|o| o.gflops.is_some()).collect();
     let share: f64 = products.iter().map(|o| o.share).sum();
     if share < 0.5 {
@@ -614,35 +614,29 @@ pub fn matmul_bound(ops: &[OpRow], bf16: bool, amx: bool) -> Option<Finding> {
         .iter()
         .map(|o| o.gflops.unwrap_or(0.0) * o.self_ms * 1e-3)
         .sum();
-    let suggestion = match (bf16, amx) {
+    let suggestion = match (bf16, bf16_hardware) {
         (false, true) => {
             "set train.precision = \"bf16\": this CPU multiplies bf16 in hardware (AMX or AVX512-BF16; f32 \
                           sums, f32 master weights), and the saved activations of transformer blocks halve"
-                .to_string()
-        }
-        (false, false) => {
-            "this CPU has no bf16 arithmetic (AMX, AVX512-BF16), so bf16 would only save memory here: a smaller \
-                           student (trident distill) or shorter sequences cut the work itself"
-                .to_string()
-        }
-        (true, false) => {
-            "bf16 keeps f32 products on this CPU (no AMX, no AVX512-BF16) and saves only activation memory: a smaller \
-                          student (trident distill) or shorter sequences cut the work itself"
-                .to_string()
         }
         (true, true) => {
             "the products already run in bf16: a smaller student (trident distill), shorter sequences \
                       (less padding) or more cores cut the remaining work"
-                .to_string()
         }
-    };
+        (_, false) => {
+            "this CPU has no bf16 arithmetic (AMX, AVX512-BF16), so bf16 keeps f32 products and saves only \
+                           activation memory here: a smaller student (trident distill) or shorter sequences cut \
+                           the work itself"
+        }
+    }
+    .to_string();
     Some(Finding {
         rule: "matmul-bound",
         evidence: format!(
             "kernels with matrix products take {:.0} % of the profiled time, at {:.0} GFLOP/s overall ({})",
             100.0 * share,
             gflop / (ms * 1e-3).max(1e-12),
-            if bf16 && amx { "bf16" } else { "f32" }
+            if bf16 && bf16_hardware { "bf16" } else { "f32" }
         ),
         suggestion,
     })
