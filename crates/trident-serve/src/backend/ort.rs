@@ -142,17 +142,7 @@ fn package_dirs() -> Vec<PathBuf> {
     }
     let mut dirs = Vec::new();
     for prefix in prefixes {
-        let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
-            continue;
-        };
-        let mut versions: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("python3"))
-            })
-            .collect();
+        let mut versions = entries_named(&prefix.join("lib"), "python3");
         versions.sort();
         for v in versions.into_iter().rev() {
             dirs.push(v.join("site-packages"));
@@ -175,16 +165,25 @@ fn newest_library(dir: &Path) -> Option<PathBuf> {
             .filter_map(|part| part.parse().ok())
             .collect()
     };
-    std::fs::read_dir(dir)
-        .ok()?
+    entries_named(dir, "libonnxruntime.so")
+        .into_iter()
+        .filter(|p| p.is_file())
+        .max_by_key(version)
+}
+
+/// The entries of `dir` whose names start with `prefix` (none when it cannot be read).
+fn entries_named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.is_file()
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("libonnxruntime.so"))
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
         })
-        .max_by_key(version)
+        .collect()
 }
 
 impl Backend for OrtBackend {
