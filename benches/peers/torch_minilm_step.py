@@ -13,16 +13,14 @@ compilation happens in WARMUP untimed steps (default 3 compiled, 0 eager) before
 steps printed, so no timed step includes it. The last line also gives the process's peak
 resident memory (ru_maxrss).
 """
-import contextlib
 import os
-import resource
-import statistics
 import sys
-import time
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 from safetensors.torch import load_file
+
+import step_timing
 
 torch.set_num_threads(2)
 d = sys.argv[1] if len(sys.argv) > 1 else "data/minilm"
@@ -36,35 +34,10 @@ missing, unexpected = model.load_state_dict(state, strict=False)
 assert all(m.startswith("classifier") for m in missing), missing
 model.train()
 B, S = int(os.environ.get("BATCH", "16")), 64
-bf16 = os.environ.get("PRECISION") == "bf16"
-compiled = os.environ.get("COMPILE", "0") not in ("", "0")
-warmup = int(os.environ.get("WARMUP", "3" if compiled else "0"))
-print(f"precision: {'bf16 autocast' if bf16 else 'f32'}; {'torch.compile (inductor), fused AdamW' if compiled else 'eager'}", file=sys.stderr)
+print(step_timing.describe(), file=sys.stderr)
 ids = torch.tensor([[((i * 131 + j * 17) % 28000) + 1000 for j in range(S)] for i in range(B)])
 labels = torch.tensor([i % 3 for i in range(B)])
-opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01, fused=compiled)
-run = torch.compile(model) if compiled else model
+opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01, fused=step_timing.compiled)
+run = torch.compile(model) if step_timing.compiled else model
 mask, types = torch.ones_like(ids), torch.zeros_like(ids)
-fw, bw, op = [], [], []
-t_warm = time.perf_counter()
-for step in range(-warmup, steps + 1):
-    t0 = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-        out = run(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
-    t1 = time.perf_counter()
-    out.loss.backward()
-    t2 = time.perf_counter()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    t3 = time.perf_counter()
-    if step < 0:
-        if step == -1:
-            print(f"warm-up ({warmup} steps, compilation included): {t3 - t_warm:.1f} s", file=sys.stderr)
-        continue
-    print(f"step {step}: loss {out.loss.item():.6f}  forward {(t1-t0)*1e3:.0f} ms  backward {(t2-t1)*1e3:.0f} ms  optimizer {(t3-t2)*1e3:.0f} ms", file=sys.stderr)
-    if step > 0:
-        fw.append((t1 - t0) * 1e3); bw.append((t2 - t1) * 1e3); op.append((t3 - t2) * 1e3)
-f, b, o = (statistics.median(x) for x in (fw, bw, op))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-mode = "compiled" if compiled else "eager"
-print(f"pytorch {torch.__version__} {mode} median over {steps} steps: forward {f:.0f} ms  backward {b:.0f} ms  optimizer {o:.0f} ms  step {f+b+o:.0f} ms  batch {B}  peak RSS {peak:.0f} MiB")
+step_timing.run("", steps, B, lambda: run(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels).loss, opt)

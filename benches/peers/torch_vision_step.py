@@ -12,24 +12,19 @@ parameter count (printed; checked against Trident's). Needs torch (not a CI depe
 WARMUP untimed steps (default 3 compiled, 0 eager) run before the timed ones; the first
 timed step is dropped from the medians as in the Rust program.
 """
-import contextlib
 import os
-import resource
-import statistics
 import sys
-import time
 
 import torch
 from torch import nn
+
+import step_timing
 
 torch.set_num_threads(2)
 torch.manual_seed(0)
 kind = sys.argv[1] if len(sys.argv) > 1 else "cnn"
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 B = int(os.environ.get("BATCH", "64"))
-bf16 = os.environ.get("PRECISION") == "bf16"
-compiled = os.environ.get("COMPILE", "0") not in ("", "0")
-warmup = int(os.environ.get("WARMUP", "3" if compiled else "0"))
 
 
 class Cnn(nn.Module):
@@ -89,36 +84,11 @@ model.train()
 n_params = sum(p.numel() for p in model.parameters())
 want = {"cnn": 421738, "vit": 139018}[kind]
 assert n_params == want, f"{kind}: {n_params} parameters, Trident's has {want}"
-print(f"{kind}, precision: {'bf16 autocast' if bf16 else 'f32'}; "
-      f"{'torch.compile (inductor), fused AdamW' if compiled else 'eager'}; {n_params} parameters, batch {B}", file=sys.stderr)
+print(f"{kind}, {step_timing.describe()}; {n_params} parameters, batch {B}", file=sys.stderr)
 k = torch.arange(B * 28 * 28)
 x = (((k * 7919) % 1013).float() / 1013.0 - 0.5).reshape(B, 1, 28, 28)
 labels = torch.arange(B) % 10
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=compiled)
-run = torch.compile(model) if compiled else model
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=step_timing.compiled)
+run = torch.compile(model) if step_timing.compiled else model
 loss_fn = nn.CrossEntropyLoss()
-fw, bw, op = [], [], []
-t_warm = time.perf_counter()
-for step in range(-warmup, steps + 1):
-    t0 = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-        loss = loss_fn(run(x), labels)
-    t1 = time.perf_counter()
-    loss.backward()
-    t2 = time.perf_counter()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    t3 = time.perf_counter()
-    if step < 0:
-        if step == -1:
-            print(f"warm-up ({warmup} steps, compilation included): {t3 - t_warm:.1f} s", file=sys.stderr)
-        continue
-    print(f"step {step}: loss {loss.item():.6f}  forward {(t1-t0)*1e3:.1f} ms  backward {(t2-t1)*1e3:.1f} ms  "
-          f"optimizer {(t3-t2)*1e3:.1f} ms", file=sys.stderr)
-    if step > 0:
-        fw.append((t1 - t0) * 1e3); bw.append((t2 - t1) * 1e3); op.append((t3 - t2) * 1e3)
-f, b, o = (statistics.median(v) for v in (fw, bw, op))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-mode = "compiled" if compiled else "eager"
-print(f"pytorch {torch.__version__} {kind} {mode} median over {steps} steps: forward {f:.1f} ms  backward {b:.1f} ms  "
-      f"optimizer {o:.1f} ms  step {f+b+o:.1f} ms  batch {B}  peak RSS {peak:.0f} MiB")
+step_timing.run(f"{kind} ", steps, B, lambda: loss_fn(run(x), labels), opt)
