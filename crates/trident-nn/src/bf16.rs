@@ -357,9 +357,11 @@ impl Drop for AsF32<'_> {
     }
 }
 
-/// The shortest inner dimension [`matmul`] multiplies in bf16: below it, rounding and
-/// packing both operands costs more than the faster products save (the Fashion ViT, width
-/// 64: its step was no faster in bf16 until its k = 64 and 128 products stayed f32).
+/// The shortest inner dimension [`matmul`] multiplies in bf16. Short products are where
+/// rounding and packing both operands weigh most against the faster products; the value
+/// is a choice, not a measured optimum: the Fashion ViT (width 64, products of depth 64
+/// and 128) was level with f32 either way (38 against 37 ms without the threshold, 40
+/// against 39 with it, AMD EPYC Zen 5), and MiniLM's products (depth ≥ 384) are above it.
 pub const MIN_BF16_DEPTH: usize = 256;
 
 /// Whether [`matmul`] with `bf16` runs a product of inner dimension `k` in bf16 here
