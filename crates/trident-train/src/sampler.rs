@@ -178,7 +178,7 @@ mod tests {
         assert_eq!(category(&bwd).0, "candle ops, in the backward pass");
         let fwd = stack(&[
             "candle_core::cpu_backend::utils::binary_map",
-            "trident_train::trainer::Trainer::fit",
+            "trident_train::trainer::Run::micro_step",
         ]);
         assert_eq!(category(&fwd).0, "candle ops, forward");
         assert_eq!(

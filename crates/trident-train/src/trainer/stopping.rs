@@ -1,0 +1,134 @@
+//! When a run stops: asked to (a signal, or the step budget tests use to simulate a kill),
+//! in which case it checkpoints and can be resumed; or early, when the monitored metric
+//! has not improved for `patience` epochs. The best epoch is judged here too.
+
+use super::Monitor;
+use crate::checkpoint::TrainerState;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A stop asked from outside the loop.
+pub struct StopRequest<'a> {
+    signal: &'a AtomicBool,
+    after_steps: Option<u64>,
+    /// Optimizer steps taken by this process (a resumed run counts from its resume).
+    pub steps_this_process: u64,
+}
+
+impl<'a> StopRequest<'a> {
+    /// Stops when `signal` is set, or after `after_steps` optimizer steps of this process.
+    pub fn new(signal: &'a AtomicBool, after_steps: Option<u64>) -> Self {
+        StopRequest {
+            signal,
+            after_steps,
+            steps_this_process: 0,
+        }
+    }
+
+    /// Whether to stop once this process has taken `ahead` more steps.
+    pub fn asked(&self, ahead: u64) -> bool {
+        self.signal.load(Ordering::SeqCst)
+            || self
+                .after_steps
+                .is_some_and(|n| self.steps_this_process + ahead >= n)
+    }
+}
+
+/// The best-checkpoint and early-stopping rule.
+#[derive(Debug, Clone, Copy)]
+pub struct EarlyStopping {
+    /// The metric judged.
+    pub monitor: Monitor,
+    /// Epochs without improvement that end the run; never when `None`.
+    pub patience: Option<u64>,
+}
+
+/// What an epoch's metric decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The epoch is the best so far (without validation, the latest always is).
+    pub improved: bool,
+    /// The run stops here for lack of improvement.
+    pub early: bool,
+}
+
+impl EarlyStopping {
+    /// Records epoch `epoch`'s `metric` in `state` (best metric and epoch, epochs without
+    /// improvement) and decides.
+    pub fn judge(&self, state: &mut TrainerState, epoch: u64, metric: Option<f64>) -> Verdict {
+        let improved = match (metric, state.best_metric) {
+            (Some(m), Some(b)) => self.monitor.better(m, b),
+            (Some(_), None) => true,
+            (None, _) => true,
+        };
+        if improved {
+            state.best_metric = metric;
+            state.best_epoch = Some(epoch);
+            state.epochs_without_improvement = 0;
+        } else {
+            state.epochs_without_improvement += 1;
+        }
+        let early = self
+            .patience
+            .is_some_and(|p| state.epochs_without_improvement >= p);
+        Verdict { improved, early }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patience_counts_epochs_without_improvement_of_the_monitored_metric() {
+        let mut s = super::super::checkpoints::fresh_state("h");
+        let rule = EarlyStopping {
+            monitor: Monitor::ValLoss,
+            patience: Some(2),
+        };
+        let v = [1.0, 0.8, 0.9, 0.8, 0.7, 0.75, 0.71];
+        let got: Vec<(bool, bool)> = v
+            .iter()
+            .enumerate()
+            .map(|(e, &m)| {
+                let r = rule.judge(&mut s, e as u64, Some(m));
+                (r.improved, r.early)
+            })
+            .collect();
+        // 0.8 ties do not improve a loss; the second epoch after 0.7 without a lower one stops.
+        assert_eq!(
+            got,
+            [
+                (true, false),
+                (true, false),
+                (false, false),
+                (false, true),
+                (true, false),
+                (false, false),
+                (false, true)
+            ]
+        );
+        assert_eq!((s.best_metric, s.best_epoch), (Some(0.7), Some(4)));
+        let acc = EarlyStopping {
+            monitor: Monitor::ValAccuracy,
+            patience: None,
+        };
+        let mut s = super::super::checkpoints::fresh_state("h");
+        assert!(acc.judge(&mut s, 0, Some(0.5)).improved);
+        assert!(acc.judge(&mut s, 1, Some(0.6)).improved);
+        let r = acc.judge(&mut s, 2, Some(0.4));
+        assert!(!r.improved && !r.early);
+        // Without validation the latest epoch is the best.
+        assert!(acc.judge(&mut s, 3, None).improved);
+    }
+
+    #[test]
+    fn a_step_budget_stops_after_that_many_steps_of_this_process() {
+        let flag = AtomicBool::new(false);
+        let mut r = StopRequest::new(&flag, Some(3));
+        r.steps_this_process = 2;
+        assert!(!r.asked(0));
+        assert!(r.asked(1));
+        flag.store(true, Ordering::SeqCst);
+        assert!(StopRequest::new(&flag, None).asked(0));
+    }
+}
