@@ -42,14 +42,8 @@ pub enum Scaling {
 /// How to read a table.
 #[derive(Debug, Clone, Default)]
 pub struct TableSpec {
-    /// The label column's name (`None` with `sklearn_header`: the last column).
-    pub label: Option<String>,
-    /// The feature columns, in order (default: every column but the label).
-    pub features: Option<Vec<String>>,
-    /// Columns to treat as categorical even if their values are numbers (columns with a
-    /// non-numeric value are categorical anyway).
-    pub categorical: Vec<String>,
-    /// scikit-learn's first line (`n_samples,n_features,class names…`) instead of names.
+    /// scikit-learn's first line (`n_samples,n_features,class names…`) instead of names;
+    /// the label is then the last column.
     pub sklearn_header: bool,
 }
 
@@ -153,17 +147,6 @@ impl Table {
             rows,
             lines,
             class_names,
-        })
-    }
-
-    /// The index of column `name`, or an error listing the columns.
-    pub fn column(&self, name: &str) -> Result<usize, DataError> {
-        self.columns.iter().position(|c| c == name).ok_or_else(|| {
-            format_err(
-                &self.file,
-                1,
-                format!("no column {name:?}; the columns are {:?}", self.columns),
-            )
         })
     }
 }
@@ -371,10 +354,7 @@ mod tests {
     #[test]
     fn sklearn_layout_names_columns_and_checks_the_counts() {
         let (_d, p) = write("3,2,class_0,class_1\n1.0,2.0,0\n3.0,4.0,1\n5.0,6.0,0\n");
-        let spec = TableSpec {
-            sklearn_header: true,
-            ..Default::default()
-        };
+        let spec = TableSpec { sklearn_header: true };
         let t = Table::read(&p, &spec).unwrap();
         assert_eq!(t.columns, ["x0", "x1", "label"]);
         assert_eq!(t.rows.len(), 3);

@@ -497,13 +497,8 @@ impl StepSums {
     }
 }
 
-/// What an epoch's training part gave: the epoch's running sums (those before a resume
-/// included) and this process's share of it.
+/// What an epoch's training part gave besides the running sums in the state.
 struct TrainedEpoch {
-    loss_sum: f64,
-    loss_n: u64,
-    correct: u64,
-    seen: u64,
     /// Examples trained since this process started the epoch.
     seen_now: u64,
     seconds: f64,
@@ -576,13 +571,8 @@ impl Run<'_> {
             }
         }
         bar.finish_and_clear();
-        let (loss_sum, loss_n, correct, seen) = self.state.epoch_sums;
         Ok(Some(TrainedEpoch {
-            loss_sum,
-            loss_n,
-            correct,
-            seen,
-            seen_now: seen - seen_before,
+            seen_now: self.state.epoch_sums.3 - seen_before,
             seconds: started.elapsed().as_secs_f64(),
         }))
     }
@@ -597,11 +587,12 @@ impl Run<'_> {
         rule: &EarlyStopping,
     ) -> Result<Verdict, TrainError> {
         let epoch = self.state.epoch;
+        let (loss_sum, loss_n, correct, seen) = self.state.epoch_sums;
         self.log.epoch(EpochRecord {
             epoch,
             step: self.state.optimizer_step,
-            train_loss: trained.loss_sum / trained.loss_n.max(1) as f64,
-            train_accuracy: trained.correct as f64 / trained.seen.max(1) as f64,
+            train_loss: loss_sum / loss_n.max(1) as f64,
+            train_accuracy: correct as f64 / seen.max(1) as f64,
             val_loss: val.map(|e| e.loss),
             val_accuracy: val.map(|e| e.report.accuracy),
             val_macro_f1: val.map(|e| e.report.macro_f1),
