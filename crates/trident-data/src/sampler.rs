@@ -191,6 +191,41 @@ pub fn split_indices(len: usize, val: f64, test: f64, seed: u64) -> (Vec<usize>,
     (idx, val_set, test_set)
 }
 
+/// Like [`split_indices`], but within each class: class `k`'s examples (those with
+/// `labels[i] == k`) are shuffled by (seed, k) and split by the fractions (each rounded to
+/// the nearest count, and never all of a class in the held-out sets), so every split keeps
+/// the class proportions — scikit-learn's `train_test_split(stratify=y)`. The returned
+/// index lists are sorted.
+pub fn stratified_split(
+    labels: &[usize],
+    val: f64,
+    test: f64,
+    seed: u64,
+) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+    let classes = labels.iter().max().map_or(0, |&m| m + 1);
+    let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); classes];
+    for (i, &l) in labels.iter().enumerate() {
+        by_class[l].push(i);
+    }
+    let (mut tr, mut va, mut te) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, mut idx) in by_class.into_iter().enumerate() {
+        let mut rng = crate::rng::SplitMix64::from_parts(&[seed, 0x5742_A71F, k as u64]);
+        for i in (1..idx.len()).rev() {
+            idx.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let n = idx.len();
+        let n_test = ((n as f64 * test).round() as usize).min(n.saturating_sub(1));
+        let n_val = ((n as f64 * val).round() as usize).min(n.saturating_sub(1 + n_test));
+        te.extend(idx.drain(n - n_test..));
+        va.extend(idx.drain(n - n_test - n_val..));
+        tr.extend(idx);
+    }
+    for s in [&mut tr, &mut va, &mut te] {
+        s.sort_unstable();
+    }
+    (tr, va, te)
+}
+
 /// The examples of a dataset at chosen indices.
 pub struct Subset<D> {
     inner: std::sync::Arc<D>,
@@ -235,5 +270,51 @@ mod split_tests {
         assert_eq!(all, (0..103).collect::<Vec<_>>());
         assert_eq!(split_indices(103, 0.1, 0.2, 4), (a.clone(), b, c));
         assert_ne!(split_indices(103, 0.1, 0.2, 5).0, a);
+    }
+
+    #[test]
+    fn stratified_splits_keep_each_class_in_proportion() {
+        // Three classes of different sizes, interleaved.
+        let labels: Vec<usize> = (0..100)
+            .map(|i| {
+                if i % 10 == 9 {
+                    2
+                } else if i % 3 == 0 {
+                    1
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let count = |s: &[usize], k: usize| s.iter().filter(|&&i| labels[i] == k).count();
+        let (a, b, c) = stratified_split(&labels, 0.1, 0.2, 3);
+        let per = |s: &[usize]| (0..3).map(|k| count(s, k)).collect::<Vec<_>>();
+        let total = per(&(0..100).collect::<Vec<_>>());
+        assert_eq!(
+            per(&c),
+            total
+                .iter()
+                .map(|&n| (n as f64 * 0.2).round() as usize)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            per(&b),
+            total
+                .iter()
+                .map(|&n| (n as f64 * 0.1).round() as usize)
+                .collect::<Vec<_>>()
+        );
+        let mut all: Vec<usize> = a.iter().chain(&b).chain(&c).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..100).collect::<Vec<_>>(), "disjoint and complete");
+        assert_eq!(stratified_split(&labels, 0.1, 0.2, 3), (a.clone(), b, c.clone()));
+        assert_ne!(
+            stratified_split(&labels, 0.1, 0.2, 4).2,
+            c,
+            "another seed, another split"
+        );
+        // A class of one example stays in training.
+        let (a, _, c) = stratified_split(&[0, 0, 0, 0, 1], 0.0, 0.5, 0);
+        assert!(a.contains(&4) && c.len() == 2);
     }
 }

@@ -62,6 +62,24 @@ pub struct Table {
     pub class_names: Option<Vec<String>>,
 }
 
+/// A cell as read: trimmed, `None` when empty or one of [`NA_VALUES`].
+fn cell(c: &str) -> Option<String> {
+    let c = c.trim();
+    (!c.is_empty() && !NA_VALUES.contains(&c)).then(|| c.to_string())
+}
+
+/// The cells of one CSV line (quotes as in a file; empty and NA cells are `None`).
+pub fn parse_row(line: &str) -> Result<Vec<Option<String>>, String> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(line.as_bytes());
+    match reader.records().next() {
+        Some(Ok(rec)) => Ok(rec.iter().map(cell).collect()),
+        Some(Err(e)) => Err(e.to_string()),
+        None => Err("an empty row".into()),
+    }
+}
+
 fn format_err(file: &Path, line: u64, message: impl Into<String>) -> DataError {
     DataError::Format {
         file: file.into(),
@@ -119,14 +137,7 @@ impl Table {
                     format!("{} cells, the header has {} columns", rec.len(), columns.len()),
                 ));
             }
-            rows.push(
-                rec.iter()
-                    .map(|c| {
-                        let c = c.trim();
-                        (!c.is_empty() && !NA_VALUES.contains(&c)).then(|| c.to_string())
-                    })
-                    .collect(),
-            );
+            rows.push(rec.iter().map(cell).collect());
             lines.push(line);
         }
         if let Some(n) = expected_rows {
@@ -148,6 +159,83 @@ impl Table {
             lines,
             class_names,
         })
+    }
+}
+
+impl Table {
+    /// The index of the column `name`.
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c == name)
+    }
+
+    /// The class names and each row's class (`None` where the label cell is missing).
+    ///
+    /// With scikit-learn's layout the label cells are class numbers `0..k` into the class
+    /// names of the first line (`classes`, when given, renames them and must have `k`
+    /// names). Otherwise the cells are the class names: `classes` fixes their order (a
+    /// cell outside it is an error naming its line), or they are the sorted distinct cells.
+    pub fn class_labels(
+        &self,
+        label: usize,
+        classes: Option<&[String]>,
+    ) -> Result<(Vec<String>, Vec<Option<usize>>), DataError> {
+        let cells = self.rows.iter().map(|r| r[label].as_deref());
+        if let Some(names) = &self.class_names {
+            let names = match classes {
+                Some(c) if c.len() != names.len() => {
+                    return Err(format_err(
+                        &self.file,
+                        1,
+                        format!(
+                            "data.classes has {} names, the file's first line {} ({names:?})",
+                            c.len(),
+                            names.len()
+                        ),
+                    ))
+                }
+                Some(c) => c.to_vec(),
+                None => names.clone(),
+            };
+            let labels = cells
+                .zip(&self.lines)
+                .map(|(cell, &line)| match cell {
+                    None => Ok(None),
+                    Some(v) => match v.parse::<usize>() {
+                        Ok(k) if k < names.len() => Ok(Some(k)),
+                        _ => Err(format_err(
+                            &self.file,
+                            line,
+                            format!("label {v:?} is not a class number 0..{}", names.len()),
+                        )),
+                    },
+                })
+                .collect::<Result<_, _>>()?;
+            return Ok((names, labels));
+        }
+        let names: Vec<String> = match classes {
+            Some(c) => c.to_vec(),
+            None => {
+                let set: std::collections::BTreeSet<&str> = cells.clone().flatten().collect();
+                set.into_iter().map(str::to_string).collect()
+            }
+        };
+        let labels = cells
+            .zip(&self.lines)
+            .map(|(cell, &line)| match cell {
+                None => Ok(None),
+                Some(v) => names.iter().position(|n| n == v).map(Some).ok_or_else(|| {
+                    format_err(
+                        &self.file,
+                        line,
+                        format!(
+                            "label {v:?} is not one of the classes {names:?} (column {:?})",
+                            self.columns[label]
+                        ),
+                    )
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((names, labels))
     }
 }
 
@@ -260,6 +348,51 @@ impl Encoder {
             missing,
             scaling,
         })
+    }
+
+    /// The names of the columns the encoder reads, in order.
+    pub fn column_names(&self) -> Vec<&str> {
+        self.columns
+            .iter()
+            .map(|c| match c {
+                ColumnCode::Numeric { name, .. } | ColumnCode::Categorical { name, .. } => name.as_str(),
+            })
+            .collect()
+    }
+
+    /// Where each column the encoder reads is in `table`; an error names those it lacks.
+    pub fn locate(&self, table: &Table) -> Result<Vec<usize>, DataError> {
+        let names = self.column_names();
+        let missing: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| table.column_index(n).is_none())
+            .collect();
+        if !missing.is_empty() {
+            return Err(format_err(
+                &table.file,
+                1,
+                format!("lacks the model's feature columns {missing:?} (the model reads {names:?})"),
+            ));
+        }
+        Ok(names
+            .iter()
+            .map(|n| table.column_index(n).expect("checked"))
+            .collect())
+    }
+
+    /// [`encode`](Self::encode) of row `r` of `table`, whose feature columns are `at`
+    /// ([`locate`](Self::locate)); an error names the file and line.
+    pub fn encode_row(
+        &self,
+        table: &Table,
+        r: usize,
+        at: &[usize],
+        out: &mut Vec<f32>,
+    ) -> Result<Option<()>, DataError> {
+        let cells: Vec<Option<&str>> = at.iter().map(|&c| table.rows[r][c].as_deref()).collect();
+        self.encode(&cells, out)
+            .map_err(|m| format_err(&table.file, table.lines[r], m))
     }
 
     /// Features per row.
@@ -403,6 +536,56 @@ mod tests {
         assert!(e.contains("\"mass\"") && e.contains("not a number"), "{e}");
         let e = drop.encode(&[Some("A")], &mut out).unwrap_err();
         assert!(e.contains("1 feature values, the model takes 2"), "{e}");
+    }
+
+    #[test]
+    fn labels_are_class_numbers_in_the_sklearn_layout_and_names_otherwise() {
+        let (_d, p) = write("3,1,a,b\n1.0,1\n2.0,0\n3.0,NA\n");
+        let t = Table::read(&p, &TableSpec { sklearn_header: true }).unwrap();
+        let (names, labels) = t.class_labels(1, None).unwrap();
+        assert_eq!(
+            (names, labels),
+            (vec!["a".to_string(), "b".into()], vec![Some(1), Some(0), None])
+        );
+        let e = t.class_labels(1, Some(&["x".into()])).unwrap_err().to_string();
+        assert!(e.contains("data.classes has 1 names"), "{e}");
+        let (_d, p) = write("3,1,a,b\n1.0,1\n2.0,2\n3.0,0\n");
+        let t = Table::read(&p, &TableSpec { sklearn_header: true }).unwrap();
+        let e = t.class_labels(1, None).unwrap_err().to_string();
+        assert!(
+            e.ends_with("t.csv:3: label \"2\" is not a class number 0..2"),
+            "{e}"
+        );
+
+        let (_d, p) = write("x,species\n1,Gentoo\n2,Adelie\n3,Gentoo\n");
+        let t = Table::read(&p, &TableSpec::default()).unwrap();
+        let (names, labels) = t.class_labels(1, None).unwrap();
+        assert_eq!(names, ["Adelie", "Gentoo"]);
+        assert_eq!(labels, [Some(1), Some(0), Some(1)]);
+        let e = t
+            .class_labels(1, Some(&["Gentoo".into()]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with(
+                "t.csv:3: label \"Adelie\" is not one of the classes [\"Gentoo\"] (column \"species\")"
+            ),
+            "{e}"
+        );
+        // The encoder finds its columns by name, in another file's order.
+        let enc = Encoder::fit(&t, &[0], &[], &[0, 1, 2], Missing::Drop, Scaling::None).unwrap();
+        let (_d, p) = write("species,x\nGentoo,7\n");
+        let other = Table::read(&p, &TableSpec::default()).unwrap();
+        let at = enc.locate(&other).unwrap();
+        let mut out = Vec::new();
+        enc.encode_row(&other, 0, &at, &mut out).unwrap().unwrap();
+        assert_eq!(out, [7.0]);
+        let (_d, p) = write("species,y\nGentoo,7\n");
+        let e = enc
+            .locate(&Table::read(&p, &TableSpec::default()).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lacks the model's feature columns [\"x\"]"), "{e}");
     }
 
     #[test]
