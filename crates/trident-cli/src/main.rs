@@ -27,7 +27,7 @@ enum Command {
     Distill(learn::TrainArgs),
     /// Evaluate a checkpoint: metrics per class, ROC-AUC and a confusion matrix.
     Eval(learn::EvalArgs),
-    /// Classify texts with a checkpoint; one JSON line per text.
+    /// Classify texts, images or table rows with a checkpoint; one JSON line each.
     Predict(learn::PredictArgs),
     /// Export a checkpoint as an ONNX file (portable or ONNX Runtime-fused, fp32 or int8).
     Export(export::ExportArgs),
@@ -39,6 +39,18 @@ enum Command {
     Recommend(Box<bench::RecommendArgs>),
     /// The whole story on VADER: train, distill, evaluate, package, serve, load-test, report.
     Quickstart(quickstart::QuickstartArgs),
+}
+
+/// Commands whose output is read by another program (`trident predict … | head`) end
+/// quietly when it stops reading, as Unix tools do, instead of panicking on a write to a
+/// closed pipe (Rust ignores SIGPIPE, so the write fails). Not for the server, whose
+/// sockets must not end the process.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restores the default disposition of one signal, before any thread is started
+    // by these commands; no handler is installed.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -59,8 +71,14 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(*args),
         Command::Train(args) => learn::train(args, false),
         Command::Distill(args) => learn::train(args, true),
-        Command::Eval(args) => learn::eval(args),
-        Command::Predict(args) => learn::predict(args),
+        Command::Eval(args) => {
+            quiet_on_closed_stdout();
+            learn::eval(args)
+        }
+        Command::Predict(args) => {
+            quiet_on_closed_stdout();
+            learn::predict(args)
+        }
         Command::Export(args) => export::run(args),
         Command::Package(args) => package::run(args),
         Command::Bench(args) => bench::run(*args),
