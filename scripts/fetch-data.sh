@@ -4,7 +4,7 @@
 # downloaded from a model hub. Everything lands in data/ (git-ignored).
 #
 #   scripts/fetch-data.sh            # all
-#   scripts/fetch-data.sh vader      # one of: vader minilm fashion
+#   scripts/fetch-data.sh vader      # one of: vader minilm fashion tabular
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p data
@@ -51,6 +51,27 @@ if has fashion; then
   fi
   ln -sfn /usr/share/datasets/fashion-mnist data/fashion-mnist
   echo "fashion: $(ls data/fashion-mnist/ | tr '\n' ' ')"
+fi
+
+if has tabular; then
+  # scikit-learn's bundled wine and breast-cancer tables (first line: n_samples,n_features,
+  # class names) and palmerpenguins' penguins.csv (a header, NA cells, categorical columns).
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+    --python-version 3.11 scikit-learn==1.9.1 palmerpenguins==0.1.6 -d "$tmp"
+  python3 - "$tmp" <<'PY'
+import sys, zipfile, glob, os
+os.makedirs("data/tabular", exist_ok=True)
+wanted = {"sklearn/datasets/data/wine_data.csv", "sklearn/datasets/data/breast_cancer.csv",
+          "sklearn/datasets/data/iris.csv", "palmerpenguins/data/penguins.csv"}
+for wheel in glob.glob(os.path.join(sys.argv[1], "*.whl")):
+    with zipfile.ZipFile(wheel) as z:
+        for name in set(z.namelist()) & wanted:
+            with z.open(name) as src, open(os.path.join("data/tabular", os.path.basename(name)), "wb") as dst:
+                dst.write(src.read())
+PY
+  rm -rf "$tmp"
+  echo "tabular: $(ls data/tabular | tr '\n' ' ')"
 fi
 
 # Not data, but what training runs fast on: OpenBLAS (Debian), which the dense layers load at

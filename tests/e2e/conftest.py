@@ -191,7 +191,7 @@ class TridentServer:
         with self._cond:
             engines = set(re.findall(r"loading with (\w+)", "\n".join(self.lines)))
         # Trident's own native backends (pre-processing, repeat) run on no ONNX engine.
-        engines -= {"tokenizer", "image", "repeat"}
+        engines -= {"tokenizer", "image", "table", "repeat"}
         # Empty when nothing is loaded at start (explicit mode without --load-model).
         assert engines <= {name}, f"expected every model on {name}, log shows {engines}"
 

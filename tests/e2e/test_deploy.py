@@ -1,8 +1,9 @@
 """Train → package → serve → classify, with NVIDIA's tritonclient unchanged.
 
-A small text model (the tiny BERT fixture, fine-tuned here) and a small image model (the
-CNN, trained here on generated PNGs) are trained by `trident train`, packaged by `trident
-package` (ensemble + native tokenizer/image pre-processing + exported ONNX) and served by
+A small text model (the tiny BERT fixture, fine-tuned here), a small image model (the
+CNN, trained here on generated PNGs) and a table model (an MLP on generated rows with a
+categorical column and missing cells) are trained by `trident train`, packaged by `trident
+package` (ensemble + native tokenizer/image/table pre-processing + exported ONNX) and served by
 `trident serve`. Their answers must equal `trident predict`'s label and score.
 """
 
@@ -131,6 +132,43 @@ lr = 1e-2
     return work / "image_run" / "best", samples
 
 
+TABLE_ROWS = [("Biscoe", 4900.0, 39.0), ("Dream", 3600.0, 49.5), ("", 3700.0, 38.5), ("Atlantis", 3650.0, 48.0)]
+
+
+def train_table(work: Path) -> Path:
+    rng = np.random.default_rng(7)
+    lines = ["island,mass_g,bill_mm,species"]
+    for i in range(120):
+        k = i % 3
+        island = ["Torgersen", "Biscoe", "Dream"][k] if rng.random() < 0.7 else "Dream"
+        mass = 3500 + 1200 * (k == 1) + 300 * rng.random()
+        bill = 38 + 10 * (k == 2) + 3 * rng.random()
+        island = "NA" if i % 29 == 4 else island
+        lines.append(f"{island},{mass:.0f},{bill:.1f},{['Adelie', 'Gentoo', 'Chinstrap'][k]}")
+    (work / "table.csv").write_text("\n".join(lines) + "\n")
+    (work / "table.toml").write_text(
+        """
+[run]
+dir = "table_run"
+seed = 2
+[data]
+kind = "table"
+file = "table.csv"
+missing = "impute"
+[loader]
+batch_size = 16
+[model]
+kind = "mlp"
+hidden = [8]
+[train]
+epochs = 10
+lr = 3e-2
+"""
+    )
+    run(["train", "--config", "table.toml"], work)
+    return work / "table_run" / "best"
+
+
 def predict(model: Path, inputs: list[str], cwd: Path) -> list[dict]:
     return [json.loads(line) for line in run(["predict", "--model", str(model), *inputs], cwd).splitlines()]
 
@@ -140,7 +178,9 @@ def deployed(tmp_path_factory):
     work = tmp_path_factory.mktemp("deploy")
     text_ckpt = train_text(work)
     image_ckpt, images = train_image(work)
+    table_ckpt = train_table(work)
     repo = work / "models"
+    run(["package", "--model", str(table_ckpt), "--repository", str(repo), "--name", "penguins"], work)
     run(["package", "--model", str(text_ckpt), "--repository", str(repo), "--name", "sentiment"], work)
     run(["package", "--model", str(image_ckpt), "--repository", str(repo), "--name", "shapes"], work)
     # A long batching window, so that concurrent requests are seen to merge.
@@ -178,7 +218,7 @@ def deployed(tmp_path_factory):
     srv = TridentServer(repo, extra_args=["--cache-config", "local,size=1048576"])
     try:
         srv.wait_started()
-        names = ["sentiment", "shapes", "batched", "warm_file", "cached"] + (["sentiment_int8"] if fused else [])
+        names = ["sentiment", "shapes", "penguins", "batched", "warm_file", "cached"] + (["sentiment_int8"] if fused else [])
         srv.wait_models(names, ["warm_broken"], timeout=120)
     except BaseException:
         srv.stop()
@@ -188,6 +228,7 @@ def deployed(tmp_path_factory):
         "work": work,
         "text": text_ckpt,
         "image": image_ckpt,
+        "table": table_ckpt,
         "images": images,
         "fused": fused,
     }
@@ -241,6 +282,41 @@ def test_image_model_answers_like_trident_predict(deployed):
         scores = [parse(e)[0] for e in row]
         assert scores[0] >= scores[1] and abs(sum(scores) - 1) < 1e-5
         assert {parse(e)[2] for e in row} == set(w["scores"])
+
+
+def table_inputs(rows) -> list[httpclient.InferInput]:
+    island = httpclient.InferInput("island", [len(rows), 1], "BYTES")
+    island.set_data_from_numpy(np.array([[r[0].encode()] for r in rows], dtype=object))
+    mass = httpclient.InferInput("mass_g", [len(rows), 1], "FP32")
+    mass.set_data_from_numpy(np.array([[r[1]] for r in rows], dtype=np.float32))
+    bill = httpclient.InferInput("bill_mm", [len(rows), 1], "FP32")
+    bill.set_data_from_numpy(np.array([[r[2]] for r in rows], dtype=np.float32))
+    return [island, mass, bill]
+
+
+def test_table_model_answers_like_trident_predict(deployed):
+    """Cells in, one input per column; the package's encoder scales, one-hot encodes and
+    imputes exactly as training did (an empty island is missing, an unseen one all zeros)."""
+    client = deployed["server"].client()
+    meta = client.get_model_metadata("penguins")
+    assert {i["name"]: i["datatype"] for i in meta["inputs"]} == {"island": "BYTES", "mass_g": "FP32", "bill_mm": "FP32"}
+    want = predict(deployed["table"], [f"{r[0]},{r[1]:g},{r[2]:g}" for r in TABLE_ROWS], deployed["work"])
+    outputs = [httpclient.InferRequestedOutput("probabilities", class_count=3)]
+    r = client.infer("penguins", table_inputs(TABLE_ROWS), outputs=outputs)
+    top = r.as_numpy("probabilities")
+    assert top.shape == (4, 3)
+    for row, w in zip(top, want):
+        score, _, label = parse(row[0])
+        assert label == w["label"] and abs(score - w["score"]) <= 1.5e-4, (row, w)
+    assert [w["label"] for w in want[:2]] == ["Gentoo", "Chinstrap"], want
+    # A missing mass (NaN) is imputed too; a request without a column is the client's error.
+    rows = [("Biscoe", float("nan"), 39.0)]
+    nan = predict(deployed["table"], ["Biscoe,NA,39"], deployed["work"])[0]
+    score, _, label = parse(client.infer("penguins", table_inputs(rows), outputs=outputs).as_numpy("probabilities")[0][0])
+    assert label == nan["label"] and abs(score - nan["score"]) <= 1.5e-4
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("penguins", table_inputs(rows)[:2], outputs=outputs)
+    assert "bill_mm" in str(e.value), str(e.value)
 
 
 def test_int8_fused_model_keeps_the_labels(deployed):

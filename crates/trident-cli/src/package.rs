@@ -1,14 +1,15 @@
 //! `trident package`: a checkpoint as a ready-to-serve Triton model repository entry —
-//! the ensemble `<name>` (text or image bytes in; logits and class probabilities out, the
+//! the ensemble `<name>` (text or image bytes, or a table row's cells, in; logits and class probabilities out, the
 //! labels attached for the classification extension), its native pre-processing model
-//! `<name>_preprocess` (`backend: "tokenizer"` or `"image"`, the checkpoint's own length
-//! rule or image spec) and the exported ONNX model `<name>_onnx`, each with dynamic
+//! `<name>_preprocess` (`backend: "tokenizer"`, `"image"` or `"table"`, the checkpoint's own
+//! length rule, image spec or fitted feature encoder) and the exported ONNX model `<name>_onnx`, each with dynamic
 //! batching and warm-up. `--archive` writes the same folders as SageMaker's
 //! `model.tar.gz` (model folders at the top of the archive).
 
 use anyhow::{bail, Context};
 use clap::Args;
 use std::path::{Path, PathBuf};
+use trident_data::table::ColumnCode;
 use trident_export::{Flavour, Io, Options, Precision};
 use trident_zoo::{InputSpec, Model};
 
@@ -162,8 +163,8 @@ fn folders(
     };
 
     // Pre-processing: the checkpoint's tokenizer and length rule, or its image spec.
-    let (pre_config, pre_files, raw_name) = match model.card.input {
-        InputSpec::Text { max_len, truncate } => {
+    let (pre_config, pre_files, raw_inputs) = match &model.card.input {
+        &InputSpec::Text { max_len, truncate } => {
             let tokenizer = std::fs::read(args.model.join("tokenizer.json"))
                 .with_context(|| format!("{}: the checkpoint's tokenizer.json", args.model.display()))?;
             let outputs: Vec<Io> = exported.inputs.clone();
@@ -178,22 +179,56 @@ fn folders(
                 tensors("output", &outputs, None),
                 warmup(std::slice::from_ref(&text), 1),
             );
-            (config, vec![("1/tokenizer.json".to_string(), tokenizer)], "TEXT")
+            (
+                config,
+                vec![("1/tokenizer.json".to_string(), tokenizer)],
+                vec![text],
+            )
         }
-        InputSpec::Image {
+        &InputSpec::Image {
             channels,
             height,
             width,
             mean,
             std,
         } => {
+            let image = Io {
+                name: "IMAGE".into(),
+                ..raw.clone()
+            };
             let config = format!(
                 "name: \"{pre}\"\nbackend: \"image\"\n{}{}{}parameters [\n  {{ key: \"channels\" value {{ string_value: \"{channels}\" }} }},\n  {{ key: \"height\" value {{ string_value: \"{height}\" }} }},\n  {{ key: \"width\" value {{ string_value: \"{width}\" }} }},\n  {{ key: \"mean\" value {{ string_value: \"{mean}\" }} }},\n  {{ key: \"std\" value {{ string_value: \"{std}\" }} }}\n]\n",
                 batching(args),
-                tensor("input", &Io { name: "IMAGE".into(), ..raw.clone() }, ""),
+                tensor("input", &image, ""),
                 tensors("output", &exported.inputs, None),
             );
-            (config, vec![("1/.keep".to_string(), Vec::new())], "IMAGE")
+            (config, vec![("1/.keep".to_string(), Vec::new())], vec![image])
+        }
+        InputSpec::Table { encoder, .. } => {
+            // One input per feature column: numbers as FP32 (NaN: missing), categories as text.
+            let columns: Vec<Io> = encoder
+                .columns
+                .iter()
+                .map(|c| match c {
+                    ColumnCode::Numeric { name, .. } => Io {
+                        name: name.clone(),
+                        data_type: "TYPE_FP32",
+                        dims: vec![1],
+                    },
+                    ColumnCode::Categorical { name, .. } => Io {
+                        name: name.clone(),
+                        ..raw.clone()
+                    },
+                })
+                .collect();
+            let config = format!(
+                "name: \"{pre}\"\nbackend: \"table\"\n{}{}{}",
+                batching(args),
+                tensors("input", &columns, None),
+                tensors("output", &exported.inputs, None),
+            );
+            let file = serde_json::to_vec_pretty(encoder)?;
+            (config, vec![("1/encoder.json".to_string(), file)], columns)
         }
     };
     let engine = match (opts.flavour, opts.precision) {
@@ -203,7 +238,7 @@ fn folders(
     };
     let seq = match model.card.input {
         InputSpec::Text { max_len, .. } => max_len.min(16) as i64,
-        InputSpec::Image { .. } => 1,
+        InputSpec::Image { .. } | InputSpec::Table { .. } => 1,
     };
     let onnx_config = format!(
         "name: \"{onnx}\"\nplatform: \"onnxruntime_onnx\"\n{}{}{}{}{engine}",
@@ -229,12 +264,16 @@ fn folders(
         .iter()
         .map(|o| (o.name.as_str(), o.name.as_str()))
         .collect();
+    let raw_names: Vec<(&str, &str)> = raw_inputs
+        .iter()
+        .map(|i| (i.name.as_str(), i.name.as_str()))
+        .collect();
     let ensemble = format!(
         "name: \"{name}\"\nplatform: \"ensemble\"\nmax_batch_size: {}\n{}{}ensemble_scheduling {{\n  step [\n    {{\n      model_name: \"{pre}\"\n      model_version: -1\n      input_map [\n{}\n      ]\n      output_map [\n{}\n      ]\n    }},\n    {{\n      model_name: \"{onnx}\"\n      model_version: -1\n      input_map [\n{}\n      ]\n      output_map [\n{}\n      ]\n    }}\n  ]\n}}\n",
         args.max_batch_size,
-        tensor("input", &Io { name: raw_name.into(), ..raw.clone() }, ""),
+        tensors("input", &raw_inputs, None),
         tensors("output", &exported.outputs, Some("labels.txt")),
-        map(&[(raw_name, raw_name)]),
+        map(&raw_names),
         map(&pre_out),
         map(&pre_out),
         map(&onnx_out),

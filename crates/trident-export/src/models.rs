@@ -21,6 +21,12 @@ pub fn export(model: &Model, opts: Options) -> anyhow::Result<Exported> {
         (Net::Cnn(_), ModelConfig::Cnn { width, .. }) => ("cnn", cnn(&mut w, *width, &model.card.input)?),
         (Net::Rnn(_), ModelConfig::Lstm(r)) => ("lstm", rnn(&mut w, r, true)?),
         (Net::Rnn(_), ModelConfig::Gru(r)) => ("gru", rnn(&mut w, r, false)?),
+        (
+            Net::Mlp(_),
+            ModelConfig::Mlp {
+                hidden, activation, ..
+            },
+        ) => ("mlp", mlp(&mut w, hidden.len(), activation, &model.card.input)?),
         _ => bail!("the model card does not match the network it built"),
     };
     let (logits, inputs) = inputs;
@@ -263,6 +269,43 @@ fn cnn(w: &mut Writer, _width: usize, spec: &InputSpec) -> anyhow::Result<Built>
     let h = w.linear(&h, "fc1")?;
     let h = w.g.op("Relu", &[&h], &[]);
     Ok((w.linear(&h, "fc2")?, vec![io]))
+}
+
+/// The MLP on encoded table rows, `features` FP32 `[batch, width]` (the output of the
+/// checkpoint's encoder: scaled numeric columns, one-hot categorical ones).
+fn mlp(w: &mut Writer, hidden: usize, activation: &str, spec: &InputSpec) -> anyhow::Result<Built> {
+    let InputSpec::Table { encoder, .. } = spec else {
+        bail!("an mlp whose card does not describe a table")
+    };
+    let width = encoder.width() as i64;
+    let mut h = w.g.input("features", Elem::Float, &[BATCH, Dim::Fixed(width)]);
+    for i in 0..hidden {
+        h = match activation {
+            "gelu" => {
+                let (y, b) = w.linear_split(&h, &format!("layers.{i}"))?;
+                w.bias_gelu(&y, &b)
+            }
+            _ => {
+                let y = w.linear(&h, &format!("layers.{i}"))?;
+                let op = match activation {
+                    "relu" => "Relu",
+                    "sigmoid" => "Sigmoid",
+                    "tanh" => "Tanh",
+                    other => bail!("mlp activation {other:?} has no ONNX export"),
+                };
+                w.g.op(op, &[&y], &[])
+            }
+        };
+    }
+    let logits = w.linear(&h, &format!("layers.{hidden}"))?;
+    Ok((
+        logits,
+        vec![Io {
+            name: "features".into(),
+            data_type: "TYPE_FP32",
+            dims: vec![width],
+        }],
+    ))
 }
 
 /// PyTorch's gate blocks reordered to ONNX's: LSTM i,f,g,o → i,o,f,c; GRU r,z,n → z,r,h.

@@ -46,6 +46,21 @@ pub enum ModelConfig {
     Lstm(RnnModel),
     /// Embedding + BiGRU text classifier.
     Gru(RnnModel),
+    /// A multi-layer perceptron on tabular features: `hidden` layers of these widths, each
+    /// followed by `activation` and dropout; no hidden layer is softmax regression.
+    Mlp {
+        #[serde(default)]
+        hidden: Vec<usize>,
+        /// relu, gelu, sigmoid or tanh.
+        #[serde(default = "relu")]
+        activation: String,
+        #[serde(default)]
+        dropout: f32,
+    },
+}
+
+fn relu() -> String {
+    "relu".into()
 }
 
 /// Width overrides of a BERT student (`model.hidden`, `model.heads`, `model.intermediate`).
@@ -148,6 +163,12 @@ pub enum InputSpec {
         width: usize,
         mean: f32,
         std: f32,
+    },
+    /// Rows of a table: the label column's name and the feature transform fitted on the
+    /// training rows (the columns it reads, scaling, one-hot levels, missing values).
+    Table {
+        label: String,
+        encoder: trident_data::table::Encoder,
     },
 }
 

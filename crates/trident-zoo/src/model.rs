@@ -20,13 +20,15 @@ pub enum Batch {
     Text(TextBatch, Vec<usize>),
     /// `[batch, channels, h, w]` images.
     Image(Tensor, Vec<usize>),
+    /// `[batch, features]` encoded table rows.
+    Features(Tensor, Vec<usize>),
 }
 
 impl Batch {
     /// Examples in the batch.
     pub fn len(&self) -> usize {
         match self {
-            Batch::Text(_, l) | Batch::Image(_, l) => l.len(),
+            Batch::Text(_, l) | Batch::Image(_, l) | Batch::Features(_, l) => l.len(),
         }
     }
 
@@ -39,6 +41,7 @@ impl Batch {
     pub fn row(&self, i: usize) -> candle_core::Result<Batch> {
         match self {
             Batch::Image(x, l) => Ok(Batch::Image(x.narrow(0, i, 1)?, vec![l[i]])),
+            Batch::Features(x, l) => Ok(Batch::Features(x.narrow(0, i, 1)?, vec![l[i]])),
             Batch::Text(b, l) => {
                 let len = b
                     .mask
@@ -61,12 +64,13 @@ impl Batch {
 }
 
 impl trident_train::distill::RowKeys for Batch {
-    /// Images: the bytes of each normalised image (an augmented view is another key).
-    /// Text: the unpadded token ids of each row (padding depends on the batch).
+    /// Images and table rows: the bytes of each normalised image or encoded row (an
+    /// augmented view is another key). Text: the unpadded token ids of each row (padding
+    /// depends on the batch).
     fn row_keys(&self) -> candle_core::Result<Vec<u64>> {
         use trident_train::distill::{fnv1a, FNV_START};
         match self {
-            Batch::Image(x, _) => {
+            Batch::Image(x, _) | Batch::Features(x, _) => {
                 let rows = x.flatten_from(1)?.to_vec2::<f32>()?;
                 Ok(rows
                     .iter()
@@ -131,6 +135,7 @@ pub enum Net {
     Vit(Vit),
     Cnn(Cnn),
     Rnn(RnnClassifier),
+    Mlp(trident_nn::layers::Mlp),
 }
 
 /// A network, its parameters and (for text) its tokenizer.
@@ -150,6 +155,7 @@ impl TrainStep for Model {
             (Batch::Text(b, l), Net::Rnn(m)) => (m.forward(&b.ids, &b.mask, ctx)?, l),
             (Batch::Image(x, l), Net::Vit(m)) => (m.forward(x, ctx)?, l),
             (Batch::Image(x, l), Net::Cnn(m)) => (m.forward(x, ctx)?, l),
+            (Batch::Features(x, l), Net::Mlp(m)) => (m.forward(x, ctx)?, l),
             _ => candle_core::bail!("batch kind does not match the model"),
         };
         let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
@@ -409,6 +415,33 @@ impl Model {
                 )?;
                 (Net::Rnn(m), Some(Arc::new(tok)))
             }
+            ModelConfig::Mlp {
+                hidden,
+                activation,
+                dropout,
+            } => {
+                let InputSpec::Table { encoder, .. } = &card.input else {
+                    bail!("mlp needs table input (data.kind = \"table\")")
+                };
+                let act = match trident_nn::layers::Activation::by_name(activation) {
+                    Some(trident_nn::layers::Activation::Softmax) | None => {
+                        bail!("model.activation = {activation:?}: expected one of relu, gelu, sigmoid, tanh")
+                    }
+                    Some(a) => a,
+                };
+                if hidden.contains(&0) {
+                    bail!("model.hidden = {hidden:?}: every hidden width must be at least 1");
+                }
+                if !(0.0..1.0).contains(dropout) {
+                    bail!("model.dropout = {dropout}: must be in [0, 1)");
+                }
+                let sizes: Vec<usize> = std::iter::once(encoder.width())
+                    .chain(hidden.iter().copied())
+                    .chain(std::iter::once(classes))
+                    .collect();
+                let m = trident_nn::layers::Mlp::new(&params.builder(seed, None), &sizes, act, *dropout)?;
+                (Net::Mlp(m), None)
+            }
         };
         if let Some(dir) = weights_dir {
             let file = dir.join("model.safetensors");
@@ -490,17 +523,14 @@ impl Model {
             InputSpec::Text { max_len, truncate } => {
                 Some(trident_data::tokenize::LengthRule { max_len, truncate })
             }
-            InputSpec::Image { .. } => None,
+            InputSpec::Image { .. } | InputSpec::Table { .. } => None,
         }
     }
 
     /// Tokenises one text under the card's length rule; `what` names it in errors.
     pub fn tokenize(&self, text: &str, what: &dyn Fn() -> String) -> anyhow::Result<Vec<u32>> {
-        let tok = self
-            .tokenizer
-            .as_ref()
-            .context("this model takes images, not text")?;
-        let rule = self.length_rule().context("this model takes images, not text")?;
+        let tok = self.tokenizer.as_ref().context("this model does not take text")?;
+        let rule = self.length_rule().context("this model does not take text")?;
         tok.encode_within(text, rule).map_err(|e| match e {
             EncodeError::TooLong { tokens, max_len } => anyhow::anyhow!(
                 "{}: {tokens} tokens, longer than data.max_len = {max_len} (set data.truncate = true to cut)",

@@ -202,6 +202,48 @@ pub enum DataConfig {
         #[serde(default)]
         augment: bool,
     },
+    /// Rows of a CSV table: feature columns (numeric, or categorical one-hot) and a label
+    /// column; split into train/val/test by seed, within each class.
+    Table {
+        file: PathBuf,
+        /// The first line is scikit-learn's `n_samples,n_features,class names…` (its
+        /// bundled CSVs); the columns are then `x0…` and `label`, the last.
+        #[serde(default)]
+        sklearn_header: bool,
+        /// The label column (default: the last column).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        label: Option<String>,
+        /// The feature columns (default: every column but the label and `ignore`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        features: Option<Vec<String>>,
+        /// Columns left out of the default features.
+        #[serde(default)]
+        ignore: Vec<String>,
+        /// Columns read as categories even where every value is a number (a column with a
+        /// value that is not a number is categorical anyway).
+        #[serde(default)]
+        categorical: Vec<String>,
+        /// Rows with a missing feature: `drop` them, or `impute` (numeric: the training
+        /// mean; categorical: the most frequent training level). A row without a label is
+        /// always dropped.
+        #[serde(default)]
+        missing: trident_data::table::Missing,
+        /// Numeric columns: `zscore`, `minmax` or `none`, fitted on the training rows.
+        #[serde(default)]
+        scaling: trident_data::table::Scaling,
+        /// Class names in index order (default: scikit-learn's first line, or the sorted
+        /// label values).
+        #[serde(default)]
+        classes: Option<Vec<String>>,
+        #[serde(default = "tenth")]
+        val_fraction: f64,
+        #[serde(default = "fifth")]
+        test_fraction: f64,
+    },
+}
+
+fn fifth() -> f64 {
+    0.2
 }
 
 fn one_f() -> usize {
@@ -247,7 +289,7 @@ impl DataConfig {
                 max_train: *max_train,
                 augment: *augment,
             }),
-            DataConfig::Text { .. } => None,
+            DataConfig::Text { .. } | DataConfig::Table { .. } => None,
         }
     }
 }
@@ -365,7 +407,25 @@ impl RunConfig {
                     "model.kind must be an image model (vit, cnn) for image data"
                 );
             }
+            DataConfig::Table {
+                val_fraction,
+                test_fraction,
+                ..
+            } => {
+                anyhow::ensure!(
+                    *val_fraction >= 0.0 && *test_fraction >= 0.0 && val_fraction + test_fraction < 1.0,
+                    "data.val_fraction + data.test_fraction must be in [0, 1)"
+                );
+                anyhow::ensure!(
+                    matches!(self.model, ModelConfig::Mlp { .. }),
+                    "model.kind must be mlp for table data"
+                );
+            }
         }
+        anyhow::ensure!(
+            !matches!(self.model, ModelConfig::Mlp { .. }) || matches!(self.data, DataConfig::Table { .. }),
+            "model.kind = \"mlp\" takes table data (data.kind = \"table\")"
+        );
         Ok(())
     }
 }

@@ -10,7 +10,7 @@ use config::DistillMode;
 use config::{DataConfig, RunConfig};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use task::{image_splits, read_text, text_splits, InputSpec, Model, ModelCard, Splits};
+use task::{image_splits, read_text, table_splits, text_splits, InputSpec, Model, ModelCard, Splits};
 use trident_data::Dataset;
 use trident_nn::Ctx;
 use trident_train::distill::{teacher_fingerprint, Distill, LogitCache};
@@ -172,9 +172,10 @@ pub struct PredictArgs {
     /// A checkpoint directory (`<run>/best` or `<run>/last`).
     #[arg(long)]
     model: PathBuf,
-    /// Texts to classify for a text model, PNG/JPEG files for an image model (one JSON
-    /// line of output each).
-    #[arg(required = true, value_name = "TEXT_OR_IMAGE")]
+    /// Texts to classify for a text model, PNG/JPEG files for an image model, for a table
+    /// model CSV rows of feature values in the model's column order or CSV files whose
+    /// header names the columns (one JSON line of output per text, image or row).
+    #[arg(required = true, value_name = "INPUT")]
     inputs: Vec<String>,
 }
 
@@ -198,7 +199,12 @@ fn card_for(c: &RunConfig, classes: Vec<String>, image: Option<(usize, usize, us
                 std: *std,
             }
         }
-        (_, None) => unreachable!("image shape is known for image data"),
+        (DataConfig::Idx { .. } | DataConfig::Folder { .. }, None) => {
+            unreachable!("image shape is known for image data")
+        }
+        (DataConfig::Table { .. }, _) => {
+            unreachable!("a table's card is built with its encoder (table_card)")
+        }
     };
     ModelCard {
         model: c.model.clone(),
@@ -255,6 +261,19 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
             let model = Model::build(&card, c.run.seed, None)?;
             run(&c, &args, model, splits, &replicas)
         }
+        DataConfig::Table { .. } => {
+            let t = table_splits(&c, None)?;
+            let card = ModelCard {
+                model: c.model.clone(),
+                classes: t.classes,
+                input: InputSpec::Table {
+                    label: t.label,
+                    encoder: t.encoder,
+                },
+            };
+            let model = Model::build(&card, c.run.seed, None)?;
+            run(&c, &args, model, t.splits, &replicas)
+        }
     }
 }
 
@@ -307,8 +326,19 @@ fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<(Model,
                 )
             }
         }
+        (InputSpec::Table { .. }, InputSpec::Table { .. }) => {
+            let t = serde_json::to_string(&teacher.card.input)?;
+            let s = serde_json::to_string(&student.card.input)?;
+            if t != s {
+                bail!(
+                    "distill.teacher = {}: it reads the table as {t}, the student as {s} (both models \
+                     see the same batches: use the teacher's label, feature columns and scaling)",
+                    dir.display()
+                )
+            }
+        }
         _ => bail!(
-            "distill.teacher = {}: one model takes text and the other images",
+            "distill.teacher = {}: the teacher and the student take different kinds of input",
             dir.display()
         ),
     }
@@ -806,8 +836,17 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
                 *files = vec![f.clone()];
                 (*val_fraction, *test_fraction) = (0.0, 0.0);
             }
+            DataConfig::Table {
+                file,
+                val_fraction,
+                test_fraction,
+                ..
+            } => {
+                *file = f.clone();
+                (*val_fraction, *test_fraction) = (0.0, 0.0);
+            }
             DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
-                bail!("--data takes a text file; image runs evaluate their configured test set")
+                bail!("--data takes a text or table file; image runs evaluate their configured test set")
             }
         }
     }
@@ -830,6 +869,25 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
             let (s, _, _) = image_splits(&c)?;
             let loader = pick(false, &args.split, s)?;
+            match &onnx {
+                Some(step) => evaluate(step, &loader, classes.len())?,
+                None => evaluate(&model, &loader, classes.len())?,
+            }
+        }
+        DataConfig::Table { .. } => {
+            let InputSpec::Table { label, encoder } = &model.card.input else {
+                bail!(
+                    "{}: the run reads a table, the model does not",
+                    args.model.display()
+                )
+            };
+            let fitted = task::Fitted {
+                label,
+                encoder,
+                classes: &classes,
+            };
+            let t = table_splits(&c, Some(fitted))?;
+            let loader = pick(args.data.is_some(), &args.split, t.splits)?;
             match &onnx {
                 Some(step) => evaluate(step, &loader, classes.len())?,
                 None => evaluate(&model, &loader, classes.len())?,
@@ -918,12 +976,17 @@ impl TrainStep for OnnxStep {
                 ],
                 l,
             ),
-            task::Batch::Image(x, l) => {
+            task::Batch::Image(x, l) | task::Batch::Features(x, l) => {
                 let shape = x.dims().iter().map(|&d| d as i64).collect();
                 let v = x.flatten_all()?.to_vec1::<f32>()?;
+                let name = if matches!(batch, task::Batch::Image(..)) {
+                    "pixel_values"
+                } else {
+                    "features"
+                };
                 (
                     vec![(
-                        "pixel_values".to_string(),
+                        name.to_string(),
                         T::from_f32(shape, &v).map_err(|e| err(e.to_string()))?,
                     )],
                     l,
@@ -981,13 +1044,15 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
     let classes = &model.card.classes;
     for (i, input) in args.inputs.iter().enumerate() {
-        let (key, batch) = match (&model.card.input, &model.tokenizer) {
+        // (what the output line names the input by, the input, its batch of one)
+        let items: Vec<(&str, String, task::Batch)> = match (&model.card.input, &model.tokenizer) {
             (task::InputSpec::Text { .. }, Some(tok)) => {
                 let ids = model.tokenize(input, &|| format!("text {}", i + 1))?;
-                (
+                vec![(
                     "text",
+                    input.clone(),
                     task::Batch::Text(trident_nn::bert::pad_batch(tok, &[ids])?, vec![0]),
-                )
+                )]
             }
             (task::InputSpec::Text { .. }, None) => {
                 anyhow::bail!("{}: a text model without a tokenizer", args.model.display())
@@ -1004,29 +1069,78 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
             ) => {
                 let pixels = trident_data::folder::decode_image(Path::new(input), channels, (height, width))?;
                 let image = trident_data::idx::Image { pixels, label: 0 };
-                (
+                vec![(
                     "file",
+                    input.clone(),
                     task::image_collate((channels, height, width), mean, std)(vec![image])?,
-                )
+                )]
             }
+            (task::InputSpec::Table { encoder, .. }, _) => table_rows(encoder, input, i)?,
         };
-        let out = model.forward(&batch, &Ctx::eval())?;
-        let probs = trident_nn::ops::softmax_last_dim(&out.logits)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let best = probs
-            .iter()
-            .enumerate()
-            .fold(0, |b, (j, &p)| if p > probs[b] { j } else { b });
-        let scores: serde_json::Map<String, serde_json::Value> = classes
-            .iter()
-            .zip(&probs)
-            .map(|(c, &p)| (c.clone(), serde_json::json!((p as f64 * 1e4).round() / 1e4)))
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({key: input, "label": classes[best], "score": (probs[best] as f64 * 1e4).round() / 1e4, "scores": scores})
-        );
+        for (key, name, batch) in items {
+            let out = model.forward(&batch, &Ctx::eval())?;
+            let probs = trident_nn::ops::softmax_last_dim(&out.logits)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let best = probs
+                .iter()
+                .enumerate()
+                .fold(0, |b, (j, &p)| if p > probs[b] { j } else { b });
+            let scores: serde_json::Map<String, serde_json::Value> = classes
+                .iter()
+                .zip(&probs)
+                .map(|(c, &p)| (c.clone(), serde_json::json!((p as f64 * 1e4).round() / 1e4)))
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({key: name, "label": classes[best], "score": (probs[best] as f64 * 1e4).round() / 1e4, "scores": scores})
+            );
+        }
     }
     Ok(())
+}
+
+/// `predict`'s rows for a table model: every row of a CSV file whose header names the
+/// model's feature columns (other columns, the label among them, are ignored), or one row
+/// of values in the model's column order (`45.1,14.5,Biscoe`; empty or NA is missing).
+fn table_rows(
+    encoder: &trident_data::table::Encoder,
+    input: &str,
+    i: usize,
+) -> anyhow::Result<Vec<(&'static str, String, task::Batch)>> {
+    use trident_data::table::{parse_row, Table, TableSpec};
+    let one =
+        |x: Vec<f32>| -> anyhow::Result<task::Batch> { Ok(task::features_collate(x.len())(vec![(x, 0)])?) };
+    let dropped = |what: String| {
+        anyhow::anyhow!(
+            "{what}: a feature is missing, and the model was trained with data.missing = \"drop\" \
+             (it has no value to put in its place; retrain with missing = \"impute\" to predict such rows)"
+        )
+    };
+    let path = Path::new(input);
+    if path.is_file() {
+        let table = Table::read(path, &TableSpec::default())?;
+        let at = encoder.locate(&table)?;
+        let mut items = Vec::with_capacity(table.rows.len());
+        for r in 0..table.rows.len() {
+            let mut x = Vec::new();
+            let name = format!("{}:{}", path.display(), table.lines[r]);
+            if encoder.encode_row(&table, r, &at, &mut x)?.is_none() {
+                return Err(dropped(name));
+            }
+            items.push(("row", name, one(x)?));
+        }
+        return Ok(items);
+    }
+    let cells = parse_row(input).map_err(|e| anyhow::anyhow!("row {}: {e}", i + 1))?;
+    let refs: Vec<Option<&str>> = cells.iter().map(|c| c.as_deref()).collect();
+    let mut x = Vec::new();
+    match encoder.encode(&refs, &mut x) {
+        Ok(Some(())) => Ok(vec![("row", input.to_string(), one(x)?)]),
+        Ok(None) => Err(dropped(format!("row {}", i + 1))),
+        Err(e) => bail!(
+            "row {} ({input:?}): {e}; or give a CSV file whose header names the columns",
+            i + 1
+        ),
+    }
 }

@@ -6,7 +6,8 @@ use anyhow::{bail, Context};
 use std::sync::Arc;
 use trident_data::folder::ImageFolder;
 use trident_data::idx::IdxImages;
-use trident_data::sampler::{split_indices, Subset};
+use trident_data::sampler::{split_indices, stratified_split, Subset};
+use trident_data::table::{Encoder, Missing, Table, TableSpec};
 use trident_data::text::{ScoreBins, TextClassification, TextFormat, TextSpec};
 use trident_data::{DataError, DataLoader, Dataset, LoaderConfig};
 use trident_nn::bert::TextBatch;
@@ -264,7 +265,7 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
                 shape,
             )
         }
-        DataConfig::Text { .. } => bail!("not image data"),
+        DataConfig::Text { .. } | DataConfig::Table { .. } => bail!("not image data"),
     };
     let (train, test) = (
         ImageSet {
@@ -303,4 +304,219 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
         classes,
         shape,
     ))
+}
+
+/// Encoded table rows (`width` features each) with labels.
+pub struct FeatureSet {
+    x: Vec<f32>,
+    width: usize,
+    labels: Vec<usize>,
+}
+
+impl Dataset for FeatureSet {
+    type Item = (Vec<f32>, usize);
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+    fn get(&self, i: usize) -> Result<Self::Item, DataError> {
+        Ok((
+            self.x[i * self.width..(i + 1) * self.width].to_vec(),
+            self.labels[i],
+        ))
+    }
+}
+
+/// Stacks encoded rows into a `[n, width]` batch.
+pub fn features_collate(
+    width: usize,
+) -> impl Fn(Vec<(Vec<f32>, usize)>) -> Result<Batch, DataError> + Send + Sync + 'static {
+    move |items| {
+        let n = items.len();
+        let mut x = Vec::with_capacity(n * width);
+        let mut labels = Vec::with_capacity(n);
+        for (row, label) in items {
+            x.extend(row);
+            labels.push(label);
+        }
+        let x = trident_nn::Tensor::from_vec(x, (n, width), &trident_nn::Device::Cpu)
+            .map_err(|e| DataError::Batch(e.to_string()))?;
+        Ok(Batch::Features(x, labels))
+    }
+}
+
+/// A checkpoint's table model: what it reads, to encode new rows the way it was trained.
+pub struct Fitted<'a> {
+    pub label: &'a str,
+    pub encoder: &'a Encoder,
+    pub classes: &'a [String],
+}
+
+/// A run's table: loaders, class names, the label column and the feature encoder.
+pub struct TableData {
+    pub splits: Splits<FeatureSet>,
+    pub classes: Vec<String>,
+    pub label: String,
+    pub encoder: Encoder,
+}
+
+/// The rows of a `table` run, split within each class by the run's seed. Without `fitted`
+/// the encoder is fitted on the training rows only (those kept by the missing-value
+/// policy); with it (evaluation of a checkpoint), the checkpoint's encoder, label column
+/// and classes are used as they are.
+pub fn table_splits(c: &RunConfig, fitted: Option<Fitted>) -> anyhow::Result<TableData> {
+    let DataConfig::Table {
+        file,
+        sklearn_header,
+        label,
+        features,
+        ignore,
+        categorical,
+        missing,
+        scaling,
+        classes,
+        val_fraction,
+        test_fraction,
+    } = &c.data
+    else {
+        bail!("not table data")
+    };
+    let table = Table::read(
+        file,
+        &TableSpec {
+            sklearn_header: *sklearn_header,
+        },
+    )?;
+    let column = |name: &str, key: &str| {
+        table.column_index(name).with_context(|| {
+            format!(
+                "{} = {name:?}: {} has no such column (its columns: {:?})",
+                key,
+                file.display(),
+                table.columns
+            )
+        })
+    };
+    let label_name = match (&fitted, label) {
+        (Some(f), _) => f.label.to_string(),
+        (None, Some(l)) => l.clone(),
+        (None, None) => table.columns.last().cloned().context("the table has no column")?,
+    };
+    let label_col = column(&label_name, "data.label")?;
+    let wanted = fitted.as_ref().map(|f| f.classes).or(classes.as_deref());
+    let (classes, labels) = table.class_labels(label_col, wanted)?;
+    if classes.len() < 2 {
+        bail!("{}: the label column {label_name:?} holds {} class(es) {classes:?}; a classifier needs at least 2", file.display(), classes.len());
+    }
+    let labelled: Vec<usize> = (0..table.rows.len()).filter(|&r| labels[r].is_some()).collect();
+    let unlabelled = table.rows.len() - labelled.len();
+    let y: Vec<usize> = labelled.iter().map(|&r| labels[r].expect("labelled")).collect();
+    let (tr, va, te) = stratified_split(&y, *val_fraction, *test_fraction, c.run.seed);
+    let encoder = match &fitted {
+        Some(f) => f.encoder.clone(),
+        None => {
+            for name in ignore.iter().chain(categorical) {
+                column(name, "data.ignore / data.categorical")?;
+            }
+            let cols: Vec<usize> = match features {
+                Some(names) => names
+                    .iter()
+                    .map(|n| column(n, "data.features"))
+                    .collect::<anyhow::Result<_>>()?,
+                None => (0..table.columns.len())
+                    .filter(|&i| i != label_col && !ignore.contains(&table.columns[i]))
+                    .collect(),
+            };
+            if cols.is_empty() {
+                bail!("{}: no feature column is left", file.display());
+            }
+            if cols.contains(&label_col) {
+                bail!("data.features lists the label column {label_name:?}");
+            }
+            // Under `drop`, the rows the model trains on are the complete ones: fit on those.
+            let fit_rows: Vec<usize> = tr
+                .iter()
+                .map(|&i| labelled[i])
+                .filter(|&r| *missing == Missing::Impute || cols.iter().all(|&k| table.rows[r][k].is_some()))
+                .collect();
+            Encoder::fit(&table, &cols, categorical, &fit_rows, *missing, *scaling)?
+        }
+    };
+    let at = encoder.locate(&table)?;
+    let width = encoder.width();
+    let (mut x, mut ys) = (Vec::new(), Vec::new());
+    let mut keep = |split: &[usize]| -> anyhow::Result<(Vec<usize>, usize)> {
+        let (mut kept, mut dropped) = (Vec::new(), 0);
+        for &i in split {
+            let r = labelled[i];
+            match encoder.encode_row(&table, r, &at, &mut x)? {
+                Some(()) => {
+                    kept.push(ys.len());
+                    ys.push(y[i]);
+                }
+                None => dropped += 1,
+            }
+        }
+        Ok((kept, dropped))
+    };
+    let (tr, d_tr) = keep(&tr)?;
+    let (va, d_va) = keep(&va)?;
+    let (te, d_te) = keep(&te)?;
+    let dropped = d_tr + d_va + d_te;
+    let levels: Vec<String> = encoder
+        .columns
+        .iter()
+        .filter_map(|c| match c {
+            trident_data::table::ColumnCode::Categorical { name, levels, .. } => {
+                Some(format!("{name} ({} levels)", levels.len()))
+            }
+            _ => None,
+        })
+        .collect();
+    eprintln!(
+        "table {}: {} rows; {} features from {} columns{}; scaling {:?}; missing values: {:?}{}{}",
+        file.display(),
+        table.rows.len(),
+        width,
+        encoder.columns.len(),
+        if levels.is_empty() {
+            String::new()
+        } else {
+            format!(", one-hot {}", levels.join(", "))
+        },
+        encoder.scaling,
+        encoder.missing,
+        if dropped > 0 {
+            format!(" ({dropped} rows dropped: {d_tr} train / {d_va} val / {d_te} test)")
+        } else {
+            String::new()
+        },
+        if unlabelled > 0 {
+            format!("; {unlabelled} rows without a label left out")
+        } else {
+            String::new()
+        },
+    );
+    let set = Arc::new(FeatureSet { x, width, labels: ys });
+    let sizes = (tr.len(), va.len(), te.len());
+    if tr.is_empty() && fitted.is_none() {
+        bail!("{}: no training row is left", file.display());
+    }
+    let mk = |idx: Vec<usize>, train: bool| {
+        DataLoader::new(
+            Arc::new(Subset::new(set.clone(), idx)),
+            loader_config(c, train),
+            features_collate(width),
+        )
+    };
+    Ok(TableData {
+        splits: Splits {
+            val: (!va.is_empty()).then(|| mk(va, false)),
+            test: mk(te, false),
+            train: mk(tr, true),
+            sizes,
+        },
+        classes,
+        label: label_name,
+        encoder,
+    })
 }

@@ -9,6 +9,7 @@
 
 pub mod image;
 pub mod repeat;
+pub mod table;
 pub mod tokenizer;
 #[cfg(feature = "tract")]
 pub mod tract;

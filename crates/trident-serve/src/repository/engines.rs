@@ -6,6 +6,7 @@
 
 use crate::backend::image::ImageBackend;
 use crate::backend::repeat::RepeatBackend;
+use crate::backend::table::TableBackend;
 use crate::backend::tokenizer::TokenizerBackend;
 use crate::backend::{ort_engine, tract_engine, Backend};
 use std::sync::{Arc, OnceLock};
@@ -38,6 +39,7 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
         match config.backend.as_str() {
             "tokenizer" => return Ok(native(&TOKENIZER, || Arc::new(TokenizerBackend))),
             "image" => return Ok(native(&IMAGE, || Arc::new(ImageBackend))),
+            "table" => return Ok(native(&TABLE, || Arc::new(TableBackend))),
             "repeat" => return Ok(native(&REPEAT, || Arc::new(RepeatBackend))),
             _ => {}
         }
@@ -48,7 +50,7 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
         return Err(format!(
             "platform '{}' / backend '{}' is not supported: Trident serves ONNX models \
              (platform \"onnxruntime_onnx\" or backend \"onnxruntime\"), ensembles (platform \"ensemble\") \
-             its own pre-processing (backend \"tokenizer\" or \"image\") and Triton's example \
+             its own pre-processing (backend \"tokenizer\", \"image\" or \"table\") and Triton's example \
              decoupled backend (backend \"repeat\")",
             config.platform, config.backend
         ));
@@ -83,6 +85,7 @@ pub(super) fn select(config: &ModelConfig, default: OnnxEngine) -> Result<Engine
 
 static TOKENIZER: OnceLock<Arc<dyn Backend>> = OnceLock::new();
 static IMAGE: OnceLock<Arc<dyn Backend>> = OnceLock::new();
+static TABLE: OnceLock<Arc<dyn Backend>> = OnceLock::new();
 static REPEAT: OnceLock<Arc<dyn Backend>> = OnceLock::new();
 
 fn native(cell: &'static OnceLock<Arc<dyn Backend>>, make: fn() -> Arc<dyn Backend>) -> Engine {
@@ -96,6 +99,7 @@ fn native(cell: &'static OnceLock<Arc<dyn Backend>>, make: fn() -> Arc<dyn Backe
 pub(super) fn default_filename(config: &ModelConfig) -> &'static str {
     match (config.platform.as_str(), config.backend.as_str()) {
         ("", "tokenizer") => "tokenizer.json",
+        ("", "table") => "encoder.json",
         ("", "image") | ("", "repeat") => "",
         _ => "model.onnx",
     }
