@@ -374,7 +374,8 @@ impl std::fmt::Debug for Activation {
 }
 
 impl Activation {
-    /// By name, as configs write it (`relu`, `gelu`, `sigmoid`, `tanh`, `softmax`).
+    /// By name, as configs write it (`relu`, `gelu`, `sigmoid`, `tanh`, `softmax`, or one
+    /// registered with [`crate::custom::register_activation`]).
     pub fn by_name(name: &str) -> Option<Self> {
         Some(match name {
             "relu" => Activation::Relu,
@@ -382,7 +383,7 @@ impl Activation {
             "sigmoid" => Activation::Sigmoid,
             "tanh" => Activation::Tanh,
             "softmax" => Activation::Softmax,
-            _ => return None,
+            _ => Activation::Custom(crate::custom::activation(name)?),
         })
     }
 

@@ -21,6 +21,7 @@ pub mod bert;
 pub mod bf16;
 pub mod blas;
 pub mod blocks;
+pub mod custom;
 pub mod dense;
 pub mod layers;
 pub mod math;
@@ -34,6 +35,7 @@ pub mod trace;
 pub mod transformer;
 pub mod vision;
 
-pub use candle_core::{DType, Device, Result, Tensor, Var};
+pub use candle_core::{DType, Device, Error, Result, Tensor, Var};
+pub use custom::gradcheck;
 pub use layers::Ctx;
 pub use params::{GradSink, Init, Loaded, Param, ParamBuilder, Params};
