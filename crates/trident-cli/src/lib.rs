@@ -1,4 +1,17 @@
 //! `trident`: train, distill, serve and load-test deep-learning models from one binary.
+//!
+//! The command line is a library so that a program can register its own layers and
+//! activations (`trident_nn::custom`) and then be `trident`, with every command:
+//! ```no_run
+//! fn main() -> anyhow::Result<()> {
+//!     trident_nn::custom::register_activation(
+//!         "softsign",
+//!         trident_nn::custom::elementwise("softsign", |x| x / (1.0 + x.abs()), |x| 1.0 / (1.0 + x.abs()).powi(2)),
+//!     );
+//!     trident_cli::run()
+//! }
+//! ```
+//! (`examples/custom_layer` is such a program.)
 
 mod bench;
 mod export;
@@ -53,7 +66,8 @@ fn quiet_on_closed_stdout() {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// The `trident` command line: parses the process's arguments and runs the command.
+pub fn run() -> anyhow::Result<()> {
     // ONNX Runtime writes a usage database under $HOME/.cache unless this is set (the
     // environment option `with_telemetry(false)` does not stop it). Set here, before any
     // thread exists, so no other thread can be reading the environment meanwhile.

@@ -258,5 +258,51 @@ fn bad_tables_are_refused_naming_the_column_or_line() {
     )
     .unwrap();
     let e = failed(&trident(&["train", "--config", &cfg], d));
-    assert!(e.contains("model.kind must be mlp for table data"), "{e}");
+    assert!(
+        e.contains("model.kind must be mlp or sequential for table data"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_sequential_model_of_built_in_layers_exports_and_unregistered_names_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let data = write_table(d);
+    let cfg = config(d, &data, "seq", "missing = \"impute\"");
+    let seq = r#"kind = "sequential"
+layers = [{ kind = "linear", out = 8 }, { kind = "activation", name = "gelu" }, { kind = "dropout", p = 0.1 }, { kind = "layer_norm" }]"#;
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, text.replace("kind = \"mlp\"\nhidden = [8]", seq)).unwrap();
+    ok(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    let acc = test_accuracy(&d.join("seq"));
+    assert!(acc >= 0.9, "test accuracy {acc}");
+    ok(&trident(&["export", "--model", "seq/best", "--out", "s.onnx"], d));
+    let out = ok(&trident(
+        &[
+            "eval", "--model", "seq/best", "--onnx", "s.onnx", "--engine", "tract",
+        ],
+        d,
+    ));
+    assert!(
+        out.starts_with(&format!("examples 30  accuracy {acc:.4}")),
+        "{out}"
+    );
+
+    // A custom activation or layer this binary has not registered.
+    for (from, to) in [
+        ("hidden = [8]", "hidden = [8]\nactivation = \"swish\""),
+        (
+            "kind = \"mlp\"\nhidden = [8]",
+            "kind = \"sequential\"\nlayers = [{ kind = \"gated\", out = 4 }]",
+        ),
+    ] {
+        let bad = config(d, &data, "bad", "");
+        std::fs::write(&bad, std::fs::read_to_string(&bad).unwrap().replace(from, to)).unwrap();
+        let e = failed(&trident(&["train", "--config", bad.to_str().unwrap()], d));
+        assert!(
+            e.contains("is neither built in") && e.contains("registered by the program that runs Trident"),
+            "{e}"
+        );
+    }
 }

@@ -27,6 +27,9 @@ pub fn export(model: &Model, opts: Options) -> anyhow::Result<Exported> {
                 hidden, activation, ..
             },
         ) => ("mlp", mlp(&mut w, hidden.len(), activation, &model.card.input)?),
+        (Net::Sequential(_), ModelConfig::Sequential(m)) => {
+            ("sequential", sequential(&mut w, &m.layers, &model.card.input)?)
+        }
         _ => bail!("the model card does not match the network it built"),
     };
     let (logits, inputs) = inputs;
@@ -273,31 +276,78 @@ fn cnn(w: &mut Writer, _width: usize, spec: &InputSpec) -> anyhow::Result<Built>
 
 /// The MLP on encoded table rows, `features` FP32 `[batch, width]` (the output of the
 /// checkpoint's encoder: scaled numeric columns, one-hot categorical ones).
-fn mlp(w: &mut Writer, hidden: usize, activation: &str, spec: &InputSpec) -> anyhow::Result<Built> {
+fn mlp(w: &mut Writer, hidden: usize, activation_name: &str, spec: &InputSpec) -> anyhow::Result<Built> {
     let InputSpec::Table { encoder, .. } = spec else {
         bail!("an mlp whose card does not describe a table")
     };
     let width = encoder.width() as i64;
     let mut h = w.g.input("features", Elem::Float, &[BATCH, Dim::Fixed(width)]);
     for i in 0..hidden {
-        h = match activation {
+        h = match activation_name {
             "gelu" => {
                 let (y, b) = w.linear_split(&h, &format!("layers.{i}"))?;
                 w.bias_gelu(&y, &b)
             }
             _ => {
                 let y = w.linear(&h, &format!("layers.{i}"))?;
-                let op = match activation {
-                    "relu" => "Relu",
-                    "sigmoid" => "Sigmoid",
-                    "tanh" => "Tanh",
-                    other => bail!("mlp activation {other:?} has no ONNX export"),
-                };
-                w.g.op(op, &[&y], &[])
+                activation(w, &y, activation_name).with_context(|| {
+                    format!("the custom activation {activation_name:?} has no ONNX export")
+                })?
             }
         };
     }
     let logits = w.linear(&h, &format!("layers.{hidden}"))?;
+    Ok((
+        logits,
+        vec![Io {
+            name: "features".into(),
+            data_type: "TYPE_FP32",
+            dims: vec![width],
+        }],
+    ))
+}
+
+/// An activation by name, as ONNX operators (`None`: not one of the built-in ones).
+fn activation(w: &mut Writer, x: &str, name: &str) -> Option<String> {
+    Some(match name {
+        "relu" => w.g.op("Relu", &[x], &[]),
+        "sigmoid" => w.g.op("Sigmoid", &[x], &[]),
+        "tanh" => w.g.op("Tanh", &[x], &[]),
+        "gelu" => {
+            let zero = w.g.float_scalar(0.0);
+            w.bias_gelu(x, &zero)
+        }
+        _ => return None,
+    })
+}
+
+/// A `sequential` stack of built-in layers on encoded table rows (dropout is the identity
+/// in evaluation); a registered layer or activation has no ONNX form here and is named.
+fn sequential(w: &mut Writer, layers: &[serde_json::Value], spec: &InputSpec) -> anyhow::Result<Built> {
+    let InputSpec::Table { encoder, .. } = spec else {
+        bail!("a sequential model whose card does not describe a table")
+    };
+    let width = encoder.width() as i64;
+    let mut h = w.g.input("features", Elem::Float, &[BATCH, Dim::Fixed(width)]);
+    for (i, layer) in layers.iter().enumerate() {
+        let kind = layer.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+        let prefix = format!("layers.{i}");
+        h = match kind {
+            "linear" => w.linear(&h, &prefix)?,
+            "dropout" => h,
+            "layer_norm" => w.layer_norm(&h, &prefix, 1e-5)?,
+            "activation" => {
+                let name = layer.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+                activation(w, &h, name).with_context(|| {
+                    format!("model.layers[{i}]: the custom activation {name:?} has no ONNX export")
+                })?
+            }
+            other => bail!(
+                "model.layers[{i}]: the custom layer {other:?} has no ONNX export (built-in layers only)"
+            ),
+        };
+    }
+    let logits = w.linear(&h, "head")?;
     Ok((
         logits,
         vec![Io {

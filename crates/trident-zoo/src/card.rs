@@ -57,6 +57,17 @@ pub enum ModelConfig {
         #[serde(default)]
         dropout: f32,
     },
+    /// A stack of layers named one by one, a user's registered layers among them.
+    Sequential(SequentialModel),
+}
+
+/// `[model] kind = "sequential"`: `layers = [{ kind = "linear", out = 32 }, { kind =
+/// "activation", name = "relu" }, …]`, built-in or registered kinds
+/// (`trident_nn::custom`), then a linear head to the classes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SequentialModel {
+    pub layers: Vec<serde_json::Value>,
 }
 
 fn relu() -> String {

@@ -136,6 +136,7 @@ pub enum Net {
     Cnn(Cnn),
     Rnn(RnnClassifier),
     Mlp(trident_nn::layers::Mlp),
+    Sequential(trident_nn::custom::Sequential),
 }
 
 /// A network, its parameters and (for text) its tokenizer.
@@ -156,6 +157,7 @@ impl TrainStep for Model {
             (Batch::Image(x, l), Net::Vit(m)) => (m.forward(x, ctx)?, l),
             (Batch::Image(x, l), Net::Cnn(m)) => (m.forward(x, ctx)?, l),
             (Batch::Features(x, l), Net::Mlp(m)) => (m.forward(x, ctx)?, l),
+            (Batch::Features(x, l), Net::Sequential(m)) => (m.forward(x, ctx)?, l),
             _ => candle_core::bail!("batch kind does not match the model"),
         };
         let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
@@ -425,7 +427,10 @@ impl Model {
                 };
                 let act = match trident_nn::layers::Activation::by_name(activation) {
                     Some(trident_nn::layers::Activation::Softmax) | None => {
-                        bail!("model.activation = {activation:?}: expected one of relu, gelu, sigmoid, tanh")
+                        bail!(
+                            "model.activation: {}",
+                            trident_nn::custom::unknown("activation", activation)
+                        )
                     }
                     Some(a) => a,
                 };
@@ -441,6 +446,18 @@ impl Model {
                     .collect();
                 let m = trident_nn::layers::Mlp::new(&params.builder(seed, None), &sizes, act, *dropout)?;
                 (Net::Mlp(m), None)
+            }
+            ModelConfig::Sequential(m) => {
+                let InputSpec::Table { encoder, .. } = &card.input else {
+                    bail!("sequential needs table input (data.kind = \"table\")")
+                };
+                let net = trident_nn::custom::Sequential::new(
+                    &params.builder(seed, None),
+                    &m.layers,
+                    encoder.width(),
+                    classes,
+                )?;
+                (Net::Sequential(net), None)
             }
         };
         if let Some(dir) = weights_dir {

@@ -417,14 +417,15 @@ impl RunConfig {
                     "data.val_fraction + data.test_fraction must be in [0, 1)"
                 );
                 anyhow::ensure!(
-                    matches!(self.model, ModelConfig::Mlp { .. }),
-                    "model.kind must be mlp for table data"
+                    matches!(self.model, ModelConfig::Mlp { .. } | ModelConfig::Sequential(_)),
+                    "model.kind must be mlp or sequential for table data"
                 );
             }
         }
         anyhow::ensure!(
-            !matches!(self.model, ModelConfig::Mlp { .. }) || matches!(self.data, DataConfig::Table { .. }),
-            "model.kind = \"mlp\" takes table data (data.kind = \"table\")"
+            !matches!(self.model, ModelConfig::Mlp { .. } | ModelConfig::Sequential(_))
+                || matches!(self.data, DataConfig::Table { .. }),
+            "model.kind = \"mlp\" or \"sequential\" takes table data (data.kind = \"table\")"
         );
         Ok(())
     }
