@@ -45,6 +45,17 @@ pub struct TableSpec {
     /// scikit-learn's first line (`n_samples,n_features,class names…`) instead of names;
     /// the label is then the last column.
     pub sklearn_header: bool,
+    /// The cell separator; `None`: whichever of `,` `;` tab occurs most in the first line
+    /// (a comma when none does).
+    pub delimiter: Option<u8>,
+}
+
+/// The separator [`TableSpec::delimiter`] `None` picks for a file starting with `first`.
+pub fn sniff_delimiter(first: &str) -> u8 {
+    [b',', b';', b'\t']
+        .into_iter()
+        .max_by_key(|&d| (first.bytes().filter(|&b| b == d).count(), d == b','))
+        .unwrap_or(b',')
 }
 
 /// A table read from a file: column names and the rows' cells, with `None` for missing.
@@ -68,10 +79,12 @@ fn cell(c: &str) -> Option<String> {
     (!c.is_empty() && !NA_VALUES.contains(&c)).then(|| c.to_string())
 }
 
-/// The cells of one CSV line (quotes as in a file; empty and NA cells are `None`).
+/// The cells of one CSV line (quotes as in a file; empty and NA cells are `None`), cut at
+/// the separator [`sniff_delimiter`] picks for it.
 pub fn parse_row(line: &str) -> Result<Vec<Option<String>>, String> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
+        .delimiter(sniff_delimiter(line))
         .from_reader(line.as_bytes());
     match reader.records().next() {
         Some(Ok(rec)) => Ok(rec.iter().map(cell).collect()),
@@ -95,9 +108,13 @@ impl Table {
             file: file.into(),
             source,
         })?;
+        let delimiter = spec
+            .delimiter
+            .unwrap_or_else(|| sniff_delimiter(text.lines().next().unwrap_or_default()));
         let mut reader = csv::ReaderBuilder::new()
             .has_headers(false)
             .flexible(true)
+            .delimiter(delimiter)
             .from_reader(text.as_bytes());
         let mut records = reader.records().enumerate();
         let Some((_, first)) = records.next() else {
@@ -487,7 +504,10 @@ mod tests {
     #[test]
     fn sklearn_layout_names_columns_and_checks_the_counts() {
         let (_d, p) = write("3,2,class_0,class_1\n1.0,2.0,0\n3.0,4.0,1\n5.0,6.0,0\n");
-        let spec = TableSpec { sklearn_header: true };
+        let spec = TableSpec {
+            sklearn_header: true,
+            ..TableSpec::default()
+        };
         let t = Table::read(&p, &spec).unwrap();
         assert_eq!(t.columns, ["x0", "x1", "label"]);
         assert_eq!(t.rows.len(), 3);
@@ -541,7 +561,14 @@ mod tests {
     #[test]
     fn labels_are_class_numbers_in_the_sklearn_layout_and_names_otherwise() {
         let (_d, p) = write("3,1,a,b\n1.0,1\n2.0,0\n3.0,NA\n");
-        let t = Table::read(&p, &TableSpec { sklearn_header: true }).unwrap();
+        let t = Table::read(
+            &p,
+            &TableSpec {
+                sklearn_header: true,
+                ..TableSpec::default()
+            },
+        )
+        .unwrap();
         let (names, labels) = t.class_labels(1, None).unwrap();
         assert_eq!(
             (names, labels),
@@ -550,7 +577,14 @@ mod tests {
         let e = t.class_labels(1, Some(&["x".into()])).unwrap_err().to_string();
         assert!(e.contains("data.classes has 1 names"), "{e}");
         let (_d, p) = write("3,1,a,b\n1.0,1\n2.0,2\n3.0,0\n");
-        let t = Table::read(&p, &TableSpec { sklearn_header: true }).unwrap();
+        let t = Table::read(
+            &p,
+            &TableSpec {
+                sklearn_header: true,
+                ..TableSpec::default()
+            },
+        )
+        .unwrap();
         let e = t.class_labels(1, None).unwrap_err().to_string();
         assert!(
             e.ends_with("t.csv:3: label \"2\" is not a class number 0..2"),
@@ -586,6 +620,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("lacks the model's feature columns [\"x\"]"), "{e}");
+    }
+
+    #[test]
+    fn semicolons_and_tabs_are_found_in_the_first_line() {
+        let (_d, p) = write("fixed acidity;pH;quality\n7,4;3.51;5\n");
+        let e = Table::read(&p, &TableSpec::default()).unwrap();
+        assert_eq!(e.columns, ["fixed acidity", "pH", "quality"]);
+        assert_eq!(e.rows[0][0].as_deref(), Some("7,4"));
+        let (_d, p) = write("a\tb\n1\t2\n");
+        assert_eq!(Table::read(&p, &TableSpec::default()).unwrap().rows[0].len(), 2);
+        let spec = TableSpec {
+            delimiter: Some(b','),
+            ..TableSpec::default()
+        };
+        let (_d, p) = write("a;b,c\n1;2,3\n");
+        assert_eq!(Table::read(&p, &spec).unwrap().columns, ["a;b", "c"]);
+        assert_eq!(sniff_delimiter("x"), b',');
+        assert_eq!(parse_row("Biscoe;45.1").unwrap().len(), 2);
     }
 
     #[test]

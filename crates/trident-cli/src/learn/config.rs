@@ -210,6 +210,10 @@ pub enum DataConfig {
         /// bundled CSVs); the columns are then `x0…` and `label`, the last.
         #[serde(default)]
         sklearn_header: bool,
+        /// The cell separator, one character (default: whichever of `,` `;` tab the first
+        /// line holds most).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        delimiter: Option<char>,
         /// The label column (default: the last column).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         label: Option<String>,
@@ -410,8 +414,15 @@ impl RunConfig {
             DataConfig::Table {
                 val_fraction,
                 test_fraction,
+                delimiter,
                 ..
             } => {
+                if let Some(d) = delimiter {
+                    anyhow::ensure!(
+                        d.is_ascii() && !matches!(d, '"' | '\n' | '\r'),
+                        "data.delimiter {d:?}: one ASCII character other than a quote or a line break"
+                    );
+                }
                 anyhow::ensure!(
                     *val_fraction >= 0.0 && *test_fraction >= 0.0 && val_fraction + test_fraction < 1.0,
                     "data.val_fraction + data.test_fraction must be in [0, 1)"

@@ -367,6 +367,7 @@ pub fn table_splits(c: &RunConfig, fitted: Option<Fitted>) -> anyhow::Result<Tab
     let DataConfig::Table {
         file,
         sklearn_header,
+        delimiter,
         label,
         features,
         ignore,
@@ -384,6 +385,7 @@ pub fn table_splits(c: &RunConfig, fitted: Option<Fitted>) -> anyhow::Result<Tab
         file,
         &TableSpec {
             sklearn_header: *sklearn_header,
+            delimiter: delimiter.map(|d| d as u8),
         },
     )?;
     let column = |name: &str, key: &str| {
