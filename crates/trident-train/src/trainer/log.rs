@@ -1,5 +1,5 @@
-//! What a run tells: the progress bar (or a line per tenth of an epoch when the output is
-//! not a terminal), `metrics.jsonl` (one record per epoch, rewritten atomically),
+//! What a run tells: the progress bar (or, when the output is not a terminal, a line per
+//! tenth of an epoch, at most one every [`LINE_EVERY`]), `metrics.jsonl` (one record per epoch, rewritten atomically),
 //! TensorBoard scalars per logged step and per epoch, the epoch's summary line and the
 //! training-curve plots. Only rank 0 of a data-parallel group writes files.
 
@@ -8,6 +8,16 @@ use crate::plot;
 use crate::tensorboard::EventWriter;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// Without a terminal, the shortest time between two progress lines: a log file of a run
+/// whose epochs take milliseconds (small tables) gets its epoch summaries, not a line per
+/// batch.
+pub const LINE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The shortest time between two redraws of the training-curve plots during a run; they
+/// are drawn again when it ends. Drawing them after every epoch cost more than training
+/// an epoch of a small table.
+pub const PLOT_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A run's log.
 pub struct RunLog {
@@ -18,6 +28,10 @@ pub struct RunLog {
     pub records: Vec<EpochRecord>,
     progress: bool,
     epochs: u64,
+    /// When the last progress line was printed (or the log opened).
+    last_line: std::cell::Cell<std::time::Instant>,
+    /// When the plots were last drawn, and how many records they showed.
+    last_plot: std::cell::Cell<Option<(std::time::Instant, usize)>>,
 }
 
 impl RunLog {
@@ -53,6 +67,8 @@ impl RunLog {
             records,
             progress,
             epochs,
+            last_line: std::cell::Cell::new(std::time::Instant::now()),
+            last_plot: std::cell::Cell::new(None),
         })
     }
 
@@ -80,7 +96,7 @@ impl RunLog {
 
     /// After an optimizer step: the bar's message (`loss`, the epoch's mean so far, and
     /// the rate), a line per tenth of the epoch when the bar is hidden (`batch` of
-    /// `per_epoch`; `group` batches per step).
+    /// `per_epoch`; `group` batches per step), at most one every [`LINE_EVERY`].
     #[allow(clippy::too_many_arguments)]
     pub fn step_message(
         &self,
@@ -93,8 +109,13 @@ impl RunLog {
         rate: f64,
     ) {
         let msg = format!("loss {mean_loss:.4}  {rate:.1} ex/s");
-        if self.progress && bar.is_hidden() && batch % (per_epoch / 10).max(1) < group {
+        if self.progress
+            && bar.is_hidden()
+            && batch % (per_epoch / 10).max(1) < group
+            && self.last_line.get().elapsed() >= LINE_EVERY
+        {
             // Not a terminal (a log file): a line per tenth of the epoch instead.
+            self.last_line.set(std::time::Instant::now());
             eprintln!(
                 "epoch {}/{} batch {batch}/{per_epoch}  {msg}",
                 epoch + 1,
@@ -145,8 +166,27 @@ impl RunLog {
     pub fn plots(&self) -> Result<(), TrainError> {
         if self.writes() {
             plot::training_curves(&self.run_dir, &self.records)?;
+            self.last_plot
+                .set(Some((std::time::Instant::now(), self.records.len())));
         }
         Ok(())
+    }
+
+    /// [`plots`](Self::plots) when they were never drawn or [`PLOT_EVERY`] has passed.
+    pub fn plots_periodically(&self) -> Result<(), TrainError> {
+        match self.last_plot.get() {
+            Some((at, _)) if at.elapsed() < PLOT_EVERY => Ok(()),
+            _ => self.plots(),
+        }
+    }
+
+    /// [`plots`](Self::plots) when records were added since they were last drawn (a run's
+    /// end).
+    pub fn plots_if_behind(&self) -> Result<(), TrainError> {
+        match self.last_plot.get() {
+            Some((_, shown)) if shown == self.records.len() => Ok(()),
+            _ => self.plots(),
+        }
     }
 }
 

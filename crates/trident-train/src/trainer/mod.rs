@@ -375,6 +375,8 @@ impl Trainer {
                 break;
             }
         }
+        // The curves as the run ends (during it, they are redrawn at most every PLOT_EVERY).
+        run.log.plots_if_behind()?;
         Ok(FitSummary {
             profile: run.profiler.finish(self.progress)?,
             records: run.log.records,
@@ -615,7 +617,7 @@ impl Run<'_> {
             self.checkpoints.save_best(params, &self.state, &self.updater)?;
         }
         self.checkpoints.save_last(params, &self.state, &self.updater)?;
-        self.log.plots()?;
+        self.log.plots_periodically()?;
         Ok(verdict)
     }
 
