@@ -274,14 +274,27 @@ fn cnn(w: &mut Writer, _width: usize, spec: &InputSpec) -> anyhow::Result<Built>
     Ok((w.linear(&h, "fc2")?, vec![io]))
 }
 
-/// The MLP on encoded table rows, `features` FP32 `[batch, width]` (the output of the
-/// checkpoint's encoder: scaled numeric columns, one-hot categorical ones).
-fn mlp(w: &mut Writer, hidden: usize, activation_name: &str, spec: &InputSpec) -> anyhow::Result<Built> {
+/// The input `features` FP32 `[batch, width]` of a table model: the encoded row (scaled
+/// numeric columns, one-hot categorical ones) its card's encoder gives.
+fn features_input(w: &mut Writer, spec: &InputSpec) -> anyhow::Result<(String, Io)> {
     let InputSpec::Table { encoder, .. } = spec else {
-        bail!("an mlp whose card does not describe a table")
+        bail!("a table model whose card does not describe a table")
     };
     let width = encoder.width() as i64;
-    let mut h = w.g.input("features", Elem::Float, &[BATCH, Dim::Fixed(width)]);
+    let x = w.g.input("features", Elem::Float, &[BATCH, Dim::Fixed(width)]);
+    Ok((
+        x,
+        Io {
+            name: "features".into(),
+            data_type: "TYPE_FP32",
+            dims: vec![width],
+        },
+    ))
+}
+
+/// The MLP on encoded table rows ([`features_input`]).
+fn mlp(w: &mut Writer, hidden: usize, activation_name: &str, spec: &InputSpec) -> anyhow::Result<Built> {
+    let (mut h, io) = features_input(w, spec)?;
     for i in 0..hidden {
         h = match activation_name {
             "gelu" => {
@@ -296,15 +309,7 @@ fn mlp(w: &mut Writer, hidden: usize, activation_name: &str, spec: &InputSpec) -
             }
         };
     }
-    let logits = w.linear(&h, &format!("layers.{hidden}"))?;
-    Ok((
-        logits,
-        vec![Io {
-            name: "features".into(),
-            data_type: "TYPE_FP32",
-            dims: vec![width],
-        }],
-    ))
+    Ok((w.linear(&h, &format!("layers.{hidden}"))?, vec![io]))
 }
 
 /// An activation by name, as ONNX operators (`None`: not one of the built-in ones).
@@ -324,11 +329,7 @@ fn activation(w: &mut Writer, x: &str, name: &str) -> Option<String> {
 /// A `sequential` stack of built-in layers on encoded table rows (dropout is the identity
 /// in evaluation); a registered layer or activation has no ONNX form here and is named.
 fn sequential(w: &mut Writer, layers: &[serde_json::Value], spec: &InputSpec) -> anyhow::Result<Built> {
-    let InputSpec::Table { encoder, .. } = spec else {
-        bail!("a sequential model whose card does not describe a table")
-    };
-    let width = encoder.width() as i64;
-    let mut h = w.g.input("features", Elem::Float, &[BATCH, Dim::Fixed(width)]);
+    let (mut h, io) = features_input(w, spec)?;
     for (i, layer) in layers.iter().enumerate() {
         let kind = layer.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
         let prefix = format!("layers.{i}");
@@ -347,15 +348,7 @@ fn sequential(w: &mut Writer, layers: &[serde_json::Value], spec: &InputSpec) ->
             ),
         };
     }
-    let logits = w.linear(&h, "head")?;
-    Ok((
-        logits,
-        vec![Io {
-            name: "features".into(),
-            data_type: "TYPE_FP32",
-            dims: vec![width],
-        }],
-    ))
+    Ok((w.linear(&h, "head")?, vec![io]))
 }
 
 /// PyTorch's gate blocks reordered to ONNX's: LSTM i,f,g,o → i,o,f,c; GRU r,z,n → z,r,h.
