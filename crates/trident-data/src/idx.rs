@@ -4,8 +4,6 @@
 //! one big-endian u32 per dimension, then the data row-major.
 
 use crate::{DataError, Dataset};
-use flate2::read::GzDecoder;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// An IDX array of unsigned bytes.
@@ -19,19 +17,7 @@ pub struct IdxArray {
 
 /// Reads an IDX file of unsigned bytes; `.gz` (by magic number, not name) is decompressed.
 pub fn read_idx(file: &Path) -> Result<IdxArray, DataError> {
-    let raw = std::fs::read(file).map_err(|source| DataError::Io {
-        file: file.into(),
-        source,
-    })?;
-    let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        GzDecoder::new(raw.as_slice())
-            .read_to_end(&mut out)
-            .map_err(|e| format_error(file, format!("corrupt gzip data: {e}")))?;
-        out
-    } else {
-        raw
-    };
+    let bytes = crate::read_file(file)?;
     parse_idx(&bytes).map_err(|m| format_error(file, m))
 }
 

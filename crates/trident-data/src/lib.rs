@@ -43,6 +43,27 @@ pub trait Dataset: Send + Sync {
     }
 }
 
+/// A file's bytes; gzip data (found by its magic number, not the name) is decompressed.
+/// Errors name the file.
+pub fn read_file(file: &std::path::Path) -> Result<Vec<u8>, DataError> {
+    let raw = std::fs::read(file).map_err(|source| DataError::Io {
+        file: file.into(),
+        source,
+    })?;
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(raw);
+    }
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(raw.as_slice()), &mut out).map_err(|e| {
+        DataError::Format {
+            file: file.into(),
+            line: 0,
+            message: format!("corrupt gzip data: {e}"),
+        }
+    })?;
+    Ok(out)
+}
+
 /// Why data could not be read. Messages name the file and, where it applies, the line.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {

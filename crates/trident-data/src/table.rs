@@ -3,7 +3,8 @@
 //! (z-score or min-max), categorical ones one-hot, missing values imputed — fitted on the
 //! training rows only, so that evaluation, prediction and serving apply the same transform.
 //!
-//! Two layouts are read: a header line of column names, and scikit-learn's bundled CSVs,
+//! Plain or gzip-compressed files. Two layouts are read: a header line of column names,
+//! and scikit-learn's bundled CSVs,
 //! whose first line is `n_samples,n_features,class names…` and whose label is the last
 //! column (`sklearn_header`; the counts are checked).
 
@@ -104,10 +105,8 @@ fn format_err(file: &Path, line: u64, message: impl Into<String>) -> DataError {
 impl Table {
     /// Reads `file`.
     pub fn read(file: &Path, spec: &TableSpec) -> Result<Table, DataError> {
-        let text = std::fs::read_to_string(file).map_err(|source| DataError::Io {
-            file: file.into(),
-            source,
-        })?;
+        let text = String::from_utf8(crate::read_file(file)?)
+            .map_err(|e| format_err(file, 0, format!("not UTF-8 text: {e}")))?;
         let delimiter = spec
             .delimiter
             .unwrap_or_else(|| sniff_delimiter(text.lines().next().unwrap_or_default()));
@@ -638,6 +637,25 @@ mod tests {
         assert_eq!(Table::read(&p, &spec).unwrap().columns, ["a;b", "c"]);
         assert_eq!(sniff_delimiter("x"), b',');
         assert_eq!(parse_row("Biscoe;45.1").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn gzip_files_are_read_like_plain_ones() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.csv.gz");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"2,1,a,b\n0.5,1\n1.5,0\n").unwrap();
+        std::fs::write(&p, gz.finish().unwrap()).unwrap();
+        let spec = TableSpec {
+            sklearn_header: true,
+            ..TableSpec::default()
+        };
+        let t = Table::read(&p, &spec).unwrap();
+        assert_eq!((t.rows.len(), t.columns.len()), (2, 2));
+        std::fs::write(&p, [0x1f, 0x8b, 0, 1, 2]).unwrap();
+        let e = Table::read(&p, &spec).unwrap_err().to_string();
+        assert!(e.contains("t.csv.gz:0: corrupt gzip data"), "{e}");
     }
 
     #[test]
