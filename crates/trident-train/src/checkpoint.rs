@@ -129,6 +129,36 @@ pub fn save(
     finish(&tmp, dir, params, Some(optimizer), state, extra)
 }
 
+/// Writes checkpoint `dir` as a copy of checkpoint `from`, which was just written with the
+/// same state: each file hard-linked where the file system allows it (a checkpoint's files
+/// are never changed in place — a checkpoint is always replaced whole — so sharing them is
+/// safe), copied and synced where it does not; then swapped in like a written checkpoint.
+/// Half the writing of an epoch that is the best so far (`best/` then `last/`).
+pub fn save_copy(from: &Path, dir: &Path) -> Result<(), CheckpointError> {
+    let tag = format!("tmp-{}", std::process::id());
+    let tmp = match begin(dir, &tag) {
+        Ok(tmp) => tmp,
+        Err(e) => return Err(write_failed(dir, &tmp_path(dir, &tag), e)),
+    };
+    let fill = || -> Result<(), CheckpointError> {
+        for entry in fs::read_dir(from).map_err(io(from))? {
+            let entry = entry.map_err(io(from))?;
+            if !entry.file_type().map_err(io(&entry.path()))?.is_file() {
+                continue;
+            }
+            let target = tmp.join(entry.file_name());
+            if fs::hard_link(entry.path(), &target).is_err() {
+                fs::copy(entry.path(), &target).map_err(io(&target))?;
+                sync_file(&target)?;
+            }
+        }
+        // The new directory entries, durable before the swap.
+        sync_file(&tmp)
+    };
+    fill().map_err(|e| write_failed(dir, &tmp, e))?;
+    swap(&tmp, dir)
+}
+
 /// Starts writing checkpoint `dir`: an empty temporary sibling `.<name>.<tag>` (any older
 /// one removed), returned. Data-parallel ranks agree on `tag` and write their optimizer
 /// shards into it before rank 0 calls [`finish`].
@@ -575,6 +605,48 @@ mod tests {
         assert_eq!(names(dir.path()), ["last"]);
         assert_eq!(load(&ck, &params, &mut opt2).unwrap(), state);
         assert!(ck.join("note.txt").exists());
+    }
+
+    #[test]
+    fn a_copied_checkpoint_shares_the_files_and_survives_the_original_being_replaced() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (best, last) = (dir.path().join("best"), dir.path().join("last"));
+        let (params, opt, state) = small();
+        save(
+            &best,
+            &params,
+            &opt,
+            &state,
+            &[("note.txt".into(), b"hi".to_vec())],
+        )
+        .unwrap();
+        save_copy(&best, &last).unwrap();
+        assert_eq!(names(&best), names(&last));
+        for n in names(&best) {
+            let (a, b) = (
+                fs::metadata(best.join(&n)).unwrap(),
+                fs::metadata(last.join(&n)).unwrap(),
+            );
+            assert_eq!(a.ino(), b.ino(), "{n}: hard-linked on one file system");
+        }
+        verify(&last, &[]).unwrap();
+        let before = fs::read(last.join("model.safetensors")).unwrap();
+        // `best` replaced by another state: the copy keeps its own files.
+        let (params2, opt2, mut state2) = small();
+        state2.epoch += 1;
+        save(&best, &params2, &opt2, &state2, &[]).unwrap();
+        assert_eq!(fs::read(last.join("model.safetensors")).unwrap(), before);
+        verify(&last, &[]).unwrap();
+        assert_eq!(read_state(&last).unwrap().epoch, state.epoch);
+        assert!(
+            !fs::read_dir(dir.path()).unwrap().any(|e| e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with('.')),
+            "no temporary directory is left"
+        );
     }
 
     #[test]

@@ -152,6 +152,20 @@ impl<'a> Checkpoints<'a> {
         self.save(&self.best, params, state, updater)
     }
 
+    /// Writes `last` as a copy of `best`, just written at the same state (files shared
+    /// by hard links where possible): what an epoch that is the best so far writes instead
+    /// of the whole checkpoint a second time.
+    pub fn save_last_as_best(&self) -> Result<(), TrainError> {
+        if self.lead() {
+            checkpoint::save_copy(&self.best, &self.last)?;
+        }
+        if let Some(d) = self.dp {
+            // Nobody runs ahead of a checkpoint that is still being written.
+            d.comm.barrier()?;
+        }
+        Ok(())
+    }
+
     fn save(
         &self,
         dir: &Path,
