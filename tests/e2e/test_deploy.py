@@ -317,6 +317,20 @@ def test_table_model_answers_like_trident_predict(deployed):
     with pytest.raises(InferenceServerException) as e:
         client.infer("penguins", table_inputs(rows)[:2], outputs=outputs)
     assert "bill_mm" in str(e.value), str(e.value)
+    # The same rows over gRPC (typed inputs, raw contents) answer the same.
+    import tritonclient.grpc as grpcclient
+
+    g = deployed["server"].grpc_client()
+    inputs = []
+    for name, dtype, col in [("island", "BYTES", 0), ("mass_g", "FP32", 1), ("bill_mm", "FP32", 2)]:
+        inp = grpcclient.InferInput(name, [len(TABLE_ROWS), 1], dtype)
+        values = [[r[col].encode() if dtype == "BYTES" else r[col]] for r in TABLE_ROWS]
+        inp.set_data_from_numpy(np.array(values, dtype=object if dtype == "BYTES" else np.float32))
+        inputs.append(inp)
+    top = g.infer("penguins", inputs, outputs=[grpcclient.InferRequestedOutput("probabilities", class_count=3)])
+    for row, w in zip(top.as_numpy("probabilities"), want):
+        score, _, label = parse(row[0])
+        assert label == w["label"] and abs(score - w["score"]) <= 1.5e-4, (row, w)
 
 
 def test_int8_fused_model_keeps_the_labels(deployed):
