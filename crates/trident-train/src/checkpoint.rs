@@ -240,16 +240,22 @@ fn write_files(
             .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", opt.display())))?;
     }
     let json = serde_json::to_vec_pretty(state).expect("state serialises");
-    write_file(&tmp.join("state.json"), &json)?;
+    let state_file = tmp.join("state.json");
+    write_file(&state_file, &json)?;
     for (n, bytes) in extra {
         write_file(&tmp.join(n), bytes)?;
     }
+    // The safetensors writer (0.8) makes its files through a temporary file of mode 0600,
+    // whatever the umask: other users of a shared run directory, or a container's non-root
+    // user, could not read the weights. Every file gets the mode a plain file of ours got.
+    let mode = fs::metadata(&state_file).map_err(io(&state_file))?.permissions();
     // Every file of the directory (data-parallel ranks' optimizer shards too), read back.
     let mut files = Vec::new();
     for entry in fs::read_dir(tmp).map_err(io(tmp))? {
         let entry = entry.map_err(io(tmp))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if entry.file_type().map_err(io(&entry.path()))?.is_file() && name != MANIFEST {
+            fs::set_permissions(entry.path(), mode.clone()).map_err(io(&entry.path()))?;
             files.push(name);
         }
     }
@@ -631,6 +637,11 @@ mod tests {
             assert_eq!(a.ino(), b.ino(), "{n}: hard-linked on one file system");
         }
         verify(&last, &[]).unwrap();
+        // Every file with the mode of a plain file (the safetensors writer's are 0600).
+        let mode = |n: &str| fs::metadata(last.join(n)).unwrap().permissions();
+        for n in ["model.safetensors", "optimizer.safetensors", "note.txt", MANIFEST] {
+            assert_eq!(mode(n), mode("state.json"), "{n}");
+        }
         let before = fs::read(last.join("model.safetensors")).unwrap();
         // `best` replaced by another state: the copy keeps its own files.
         let (params2, opt2, mut state2) = small();
