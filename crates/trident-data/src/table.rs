@@ -74,8 +74,9 @@ pub struct Table {
     pub class_names: Option<Vec<String>>,
 }
 
-/// A cell as read: trimmed, `None` when empty or one of [`NA_VALUES`].
-fn cell(c: &str) -> Option<String> {
+/// A cell as read: trimmed, `None` when empty or one of [`NA_VALUES`] (files, `predict`'s
+/// rows and the server's table backend read cells alike).
+pub fn cell(c: &str) -> Option<String> {
     let c = c.trim();
     (!c.is_empty() && !NA_VALUES.contains(&c)).then(|| c.to_string())
 }
@@ -176,9 +177,7 @@ impl Table {
             class_names,
         })
     }
-}
 
-impl Table {
     /// The index of the column `name`.
     pub fn column_index(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c == name)
@@ -196,59 +195,47 @@ impl Table {
         classes: Option<&[String]>,
     ) -> Result<(Vec<String>, Vec<Option<usize>>), DataError> {
         let cells = self.rows.iter().map(|r| r[label].as_deref());
-        if let Some(names) = &self.class_names {
-            let names = match classes {
-                Some(c) if c.len() != names.len() => {
-                    return Err(format_err(
-                        &self.file,
-                        1,
-                        format!(
-                            "data.classes has {} names, the file's first line {} ({names:?})",
-                            c.len(),
-                            names.len()
-                        ),
-                    ))
-                }
-                Some(c) => c.to_vec(),
-                None => names.clone(),
-            };
-            let labels = cells
-                .zip(&self.lines)
-                .map(|(cell, &line)| match cell {
-                    None => Ok(None),
-                    Some(v) => match v.parse::<usize>() {
-                        Ok(k) if k < names.len() => Ok(Some(k)),
-                        _ => Err(format_err(
-                            &self.file,
-                            line,
-                            format!("label {v:?} is not a class number 0..{}", names.len()),
-                        )),
-                    },
-                })
-                .collect::<Result<_, _>>()?;
-            return Ok((names, labels));
-        }
-        let names: Vec<String> = match classes {
-            Some(c) => c.to_vec(),
-            None => {
+        let names: Vec<String> = match (&self.class_names, classes) {
+            (Some(names), Some(c)) if c.len() != names.len() => {
+                return Err(format_err(
+                    &self.file,
+                    1,
+                    format!(
+                        "data.classes has {} names, the file's first line {} ({names:?})",
+                        c.len(),
+                        names.len()
+                    ),
+                ))
+            }
+            (_, Some(c)) => c.to_vec(),
+            (Some(names), None) => names.clone(),
+            (None, None) => {
                 let set: std::collections::BTreeSet<&str> = cells.clone().flatten().collect();
                 set.into_iter().map(str::to_string).collect()
             }
         };
+        // scikit-learn's layout: class numbers; otherwise class names.
+        let numbered = self.class_names.is_some();
         let labels = cells
             .zip(&self.lines)
-            .map(|(cell, &line)| match cell {
-                None => Ok(None),
-                Some(v) => names.iter().position(|n| n == v).map(Some).ok_or_else(|| {
-                    format_err(
-                        &self.file,
-                        line,
+            .map(|(cell, &line)| {
+                let Some(v) = cell else { return Ok(None) };
+                let class = if numbered {
+                    v.parse::<usize>().ok().filter(|&k| k < names.len())
+                } else {
+                    names.iter().position(|n| n == v)
+                };
+                class.map(Some).ok_or_else(|| {
+                    let message = if numbered {
+                        format!("label {v:?} is not a class number 0..{}", names.len())
+                    } else {
                         format!(
                             "label {v:?} is not one of the classes {names:?} (column {:?})",
                             self.columns[label]
-                        ),
-                    )
-                }),
+                        )
+                    };
+                    format_err(&self.file, line, message)
+                })
             })
             .collect::<Result<_, _>>()?;
         Ok((names, labels))
@@ -379,22 +366,21 @@ impl Encoder {
     /// Where each column the encoder reads is in `table`; an error names those it lacks.
     pub fn locate(&self, table: &Table) -> Result<Vec<usize>, DataError> {
         let names = self.column_names();
-        let missing: Vec<&str> = names
-            .iter()
-            .copied()
-            .filter(|n| table.column_index(n).is_none())
-            .collect();
-        if !missing.is_empty() {
+        let found: Vec<Option<usize>> = names.iter().map(|n| table.column_index(n)).collect();
+        if found.contains(&None) {
+            let missing: Vec<&str> = names
+                .iter()
+                .zip(&found)
+                .filter(|(_, f)| f.is_none())
+                .map(|(n, _)| *n)
+                .collect();
             return Err(format_err(
                 &table.file,
                 1,
                 format!("lacks the model's feature columns {missing:?} (the model reads {names:?})"),
             ));
         }
-        Ok(names
-            .iter()
-            .map(|n| table.column_index(n).expect("checked"))
-            .collect())
+        Ok(found.into_iter().flatten().collect())
     }
 
     /// [`encode`](Self::encode) of row `r` of `table`, whose feature columns are `at`
@@ -409,6 +395,33 @@ impl Encoder {
         let cells: Vec<Option<&str>> = at.iter().map(|&c| table.rows[r][c].as_deref()).collect();
         self.encode(&cells, out)
             .map_err(|m| format_err(&table.file, table.lines[r], m))
+    }
+
+    /// What the encoder does, in a line: `5 features from 3 columns, one-hot island (3
+    /// levels); scaling Zscore; missing values: Impute`.
+    pub fn summary(&self) -> String {
+        let levels: Vec<String> = self
+            .columns
+            .iter()
+            .filter_map(|c| match c {
+                ColumnCode::Categorical { name, levels, .. } => {
+                    Some(format!("{name} ({} levels)", levels.len()))
+                }
+                ColumnCode::Numeric { .. } => None,
+            })
+            .collect();
+        let one_hot = if levels.is_empty() {
+            String::new()
+        } else {
+            format!(", one-hot {}", levels.join(", "))
+        };
+        format!(
+            "{} features from {} columns{one_hot}; scaling {:?}; missing values: {:?}",
+            self.width(),
+            self.columns.len(),
+            self.scaling,
+            self.missing
+        )
     }
 
     /// Features per row.
@@ -445,13 +458,7 @@ impl Encoder {
                 "{} feature values, the model takes {} ({:?})",
                 cells.len(),
                 self.columns.len(),
-                self.columns
-                    .iter()
-                    .map(|c| match c {
-                        ColumnCode::Numeric { name, .. } | ColumnCode::Categorical { name, .. } =>
-                            name.as_str(),
-                    })
-                    .collect::<Vec<_>>()
+                self.column_names()
             ));
         }
         if self.missing == Missing::Drop && cells.iter().any(Option::is_none) {
@@ -493,6 +500,13 @@ impl Encoder {
 mod tests {
     use super::*;
 
+    fn sklearn() -> TableSpec {
+        TableSpec {
+            sklearn_header: true,
+            ..TableSpec::default()
+        }
+    }
+
     fn write(text: &str) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("t.csv");
@@ -503,10 +517,7 @@ mod tests {
     #[test]
     fn sklearn_layout_names_columns_and_checks_the_counts() {
         let (_d, p) = write("3,2,class_0,class_1\n1.0,2.0,0\n3.0,4.0,1\n5.0,6.0,0\n");
-        let spec = TableSpec {
-            sklearn_header: true,
-            ..TableSpec::default()
-        };
+        let spec = sklearn();
         let t = Table::read(&p, &spec).unwrap();
         assert_eq!(t.columns, ["x0", "x1", "label"]);
         assert_eq!(t.rows.len(), 3);
@@ -560,14 +571,7 @@ mod tests {
     #[test]
     fn labels_are_class_numbers_in_the_sklearn_layout_and_names_otherwise() {
         let (_d, p) = write("3,1,a,b\n1.0,1\n2.0,0\n3.0,NA\n");
-        let t = Table::read(
-            &p,
-            &TableSpec {
-                sklearn_header: true,
-                ..TableSpec::default()
-            },
-        )
-        .unwrap();
+        let t = Table::read(&p, &sklearn()).unwrap();
         let (names, labels) = t.class_labels(1, None).unwrap();
         assert_eq!(
             (names, labels),
@@ -576,14 +580,7 @@ mod tests {
         let e = t.class_labels(1, Some(&["x".into()])).unwrap_err().to_string();
         assert!(e.contains("data.classes has 1 names"), "{e}");
         let (_d, p) = write("3,1,a,b\n1.0,1\n2.0,2\n3.0,0\n");
-        let t = Table::read(
-            &p,
-            &TableSpec {
-                sklearn_header: true,
-                ..TableSpec::default()
-            },
-        )
-        .unwrap();
+        let t = Table::read(&p, &sklearn()).unwrap();
         let e = t.class_labels(1, None).unwrap_err().to_string();
         assert!(
             e.ends_with("t.csv:3: label \"2\" is not a class number 0..2"),
@@ -647,10 +644,7 @@ mod tests {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         gz.write_all(b"2,1,a,b\n0.5,1\n1.5,0\n").unwrap();
         std::fs::write(&p, gz.finish().unwrap()).unwrap();
-        let spec = TableSpec {
-            sklearn_header: true,
-            ..TableSpec::default()
-        };
+        let spec = sklearn();
         let t = Table::read(&p, &spec).unwrap();
         assert_eq!((t.rows.len(), t.columns.len()), (2, 2));
         std::fs::write(&p, [0x1f, 0x8b, 0, 1, 2]).unwrap();

@@ -14,7 +14,7 @@ use super::{Backend, BackendError, LoadOptions, Model, ModelInstance, ModelIo, T
 use std::path::Path;
 use std::sync::Arc;
 use trident_core::{DataType, Tensor};
-use trident_data::table::{ColumnCode, Encoder, NA_VALUES};
+use trident_data::table::{cell, ColumnCode, Encoder};
 
 /// The native table pre-processing backend.
 pub struct TableBackend;
@@ -97,12 +97,7 @@ fn column_cells(name: &str, t: &Tensor) -> Result<Vec<Option<String>>, BackendEr
         DataType::Bytes => trident_core::tensor::bytes_elements(t.data())
             .map_err(|e| bad(e.to_string()))?
             .into_iter()
-            .map(|e| {
-                let s = std::str::from_utf8(e)
-                    .map_err(|_| bad("not UTF-8".into()))?
-                    .trim();
-                Ok((!s.is_empty() && !NA_VALUES.contains(&s)).then(|| s.to_string()))
-            })
+            .map(|e| Ok(cell(std::str::from_utf8(e).map_err(|_| bad("not UTF-8".into()))?)))
             .collect(),
         other => Err(bad(format!("type {other:?}: FP32 or BYTES"))),
     }
