@@ -151,6 +151,15 @@ pub fn unknown(what: &str, name: &str) -> String {
     )
 }
 
+/// The activation a config names (`mlp`'s `activation`, a `sequential` `activation`
+/// layer): a built-in one other than softmax, or a registered one; else [`unknown`]'s reason.
+pub fn activation_by_name(name: &str) -> std::result::Result<crate::layers::Activation, String> {
+    match crate::layers::Activation::by_name(name) {
+        Some(crate::layers::Activation::Softmax) | None => Err(unknown("activation", name)),
+        Some(a) => Ok(a),
+    }
+}
+
 /// One graph node computing `f` element by element, whose backward pass multiplies the
 /// incoming gradient by `df` (the derivative of `f`, hand-written): an activation without
 /// the intermediate tensors of a composed one. Runs on f32 and f64 tensors.
@@ -270,12 +279,7 @@ impl Sequential {
                         .get("name")
                         .and_then(|n| n.as_str())
                         .ok_or_else(|| err(i, "activation needs name = \"…\"".into()))?;
-                    match crate::layers::Activation::by_name(name) {
-                        Some(crate::layers::Activation::Softmax) | None => {
-                            return Err(err(i, unknown("activation", name)))
-                        }
-                        Some(a) => Step::Activation(a),
-                    }
+                    Step::Activation(activation_by_name(name).map_err(|m| err(i, m))?)
                 }
                 "dropout" => {
                     only(&["p"])?;
@@ -376,13 +380,10 @@ pub fn gradcheck(
     let mut rng = trident_data::rng::SplitMix64::new(0x6772_6164);
     let w: Vec<f64> = (0..n).map(|_| 0.5 + rng.next_f32() as f64).collect();
     let w = Tensor::from_vec(w, y.shape(), y.device())?.to_dtype(y.dtype())?;
-    let loss = |y: &Tensor| -> Result<f64> {
-        (y * &w)?
-            .sum_all()?
-            .to_dtype(candle_core::DType::F64)?
-            .to_scalar::<f64>()
-    };
-    let grads = (y.mul(&w)?).sum_all()?.backward()?;
+    let weighted = |y: &Tensor| (y * &w)?.sum_all();
+    let loss =
+        |y: &Tensor| -> Result<f64> { weighted(y)?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>() };
+    let grads = weighted(&y)?.backward()?;
     let mut report = GradCheck {
         checked: 0,
         worst: None,
@@ -398,24 +399,30 @@ pub fn gradcheck(
             .flatten_all()?
             .to_dtype(candle_core::DType::F64)?
             .to_vec1()?;
-        for (i, &a) in analytic.iter().enumerate() {
-            let at = |v: f64| -> Result<f64> {
-                let mut p = values.clone();
-                p[i] = v;
-                var.set(
-                    &Tensor::from_vec(p, original.shape(), original.device())?.to_dtype(original.dtype())?,
-                )?;
-                loss(&f()?)
-            };
-            let numeric = (at(values[i] + eps)? - at(values[i] - eps)?) / (2.0 * eps);
-            let ratio = (a - numeric).abs() / (atol + rtol * numeric.abs());
-            report.checked += 1;
-            if ratio > report.ratio || report.worst.is_none() {
-                report.ratio = ratio;
-                report.worst = Some((name.to_string(), i, a, numeric));
+        // Every element perturbed in turn; the variable restored whatever happens.
+        let checked = (|| -> Result<()> {
+            for (i, &a) in analytic.iter().enumerate() {
+                let at = |v: f64| -> Result<f64> {
+                    let mut p = values.clone();
+                    p[i] = v;
+                    var.set(
+                        &Tensor::from_vec(p, original.shape(), original.device())?
+                            .to_dtype(original.dtype())?,
+                    )?;
+                    loss(&f()?)
+                };
+                let numeric = (at(values[i] + eps)? - at(values[i] - eps)?) / (2.0 * eps);
+                let ratio = (a - numeric).abs() / (atol + rtol * numeric.abs());
+                report.checked += 1;
+                if ratio > report.ratio || report.worst.is_none() {
+                    report.ratio = ratio;
+                    report.worst = Some((name.to_string(), i, a, numeric));
+                }
             }
-        }
+            Ok(())
+        })();
         var.set(&original)?;
+        checked?;
     }
     Ok(report)
 }

@@ -417,48 +417,7 @@ impl Model {
                 )?;
                 (Net::Rnn(m), Some(Arc::new(tok)))
             }
-            ModelConfig::Mlp {
-                hidden,
-                activation,
-                dropout,
-            } => {
-                let InputSpec::Table { encoder, .. } = &card.input else {
-                    bail!("mlp needs table input (data.kind = \"table\")")
-                };
-                let act = match trident_nn::layers::Activation::by_name(activation) {
-                    Some(trident_nn::layers::Activation::Softmax) | None => {
-                        bail!(
-                            "model.activation: {}",
-                            trident_nn::custom::unknown("activation", activation)
-                        )
-                    }
-                    Some(a) => a,
-                };
-                if hidden.contains(&0) {
-                    bail!("model.hidden = {hidden:?}: every hidden width must be at least 1");
-                }
-                if !(0.0..1.0).contains(dropout) {
-                    bail!("model.dropout = {dropout}: must be in [0, 1)");
-                }
-                let sizes: Vec<usize> = std::iter::once(encoder.width())
-                    .chain(hidden.iter().copied())
-                    .chain(std::iter::once(classes))
-                    .collect();
-                let m = trident_nn::layers::Mlp::new(&params.builder(seed, None), &sizes, act, *dropout)?;
-                (Net::Mlp(m), None)
-            }
-            ModelConfig::Sequential(m) => {
-                let InputSpec::Table { encoder, .. } = &card.input else {
-                    bail!("sequential needs table input (data.kind = \"table\")")
-                };
-                let net = trident_nn::custom::Sequential::new(
-                    &params.builder(seed, None),
-                    &m.layers,
-                    encoder.width(),
-                    classes,
-                )?;
-                (Net::Sequential(net), None)
-            }
+            ModelConfig::Mlp { .. } | ModelConfig::Sequential(_) => (table_net(card, &params, seed)?, None),
         };
         if let Some(dir) = weights_dir {
             let file = dir.join("model.safetensors");
@@ -556,6 +515,39 @@ impl Model {
             e => anyhow::anyhow!("{}: {e}", what()),
         })
     }
+}
+
+/// The network of a table model (`mlp` or `sequential`) on the card's encoded rows.
+fn table_net(card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Net> {
+    let InputSpec::Table { encoder, .. } = &card.input else {
+        bail!("mlp and sequential models take table input (data.kind = \"table\")")
+    };
+    let (pb, width, classes) = (params.builder(seed, None), encoder.width(), card.classes.len());
+    Ok(match &card.model {
+        ModelConfig::Mlp {
+            hidden,
+            activation,
+            dropout,
+        } => {
+            let act = trident_nn::custom::activation_by_name(activation)
+                .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
+            if hidden.contains(&0) {
+                bail!("model.hidden = {hidden:?}: every hidden width must be at least 1");
+            }
+            if !(0.0..1.0).contains(dropout) {
+                bail!("model.dropout = {dropout}: must be in [0, 1)");
+            }
+            let sizes: Vec<usize> = std::iter::once(width)
+                .chain(hidden.iter().copied())
+                .chain(std::iter::once(classes))
+                .collect();
+            Net::Mlp(trident_nn::layers::Mlp::new(&pb, &sizes, act, *dropout)?)
+        }
+        ModelConfig::Sequential(m) => Net::Sequential(trident_nn::custom::Sequential::new(
+            &pb, &m.layers, width, classes,
+        )?),
+        _ => bail!("not a table model"),
+    })
 }
 
 /// Normalises images and stacks them into a `[n, c, h, w]` batch (training, evaluation and
