@@ -121,12 +121,14 @@ pub fn save(
     state: &TrainerState,
     extra: &[(String, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
-    let tag = format!("tmp-{}", std::process::id());
-    let tmp = match begin(dir, &tag) {
-        Ok(tmp) => tmp,
-        Err(e) => return Err(write_failed(dir, &tmp_path(dir, &tag), e)),
-    };
+    let tmp = begin_own(dir)?;
     finish(&tmp, dir, params, Some(optimizer), state, extra)
+}
+
+/// [`begin`] with this process's tag (a write not shared with data-parallel ranks).
+fn begin_own(dir: &Path) -> Result<PathBuf, CheckpointError> {
+    let tag = format!("tmp-{}", std::process::id());
+    begin(dir, &tag).map_err(|e| write_failed(dir, &tmp_path(dir, &tag), e))
 }
 
 /// Writes checkpoint `dir` as a copy of checkpoint `from`, which was just written with the
@@ -135,11 +137,7 @@ pub fn save(
 /// safe), copied and synced where it does not; then swapped in like a written checkpoint.
 /// Half the writing of an epoch that is the best so far (`best/` then `last/`).
 pub fn save_copy(from: &Path, dir: &Path) -> Result<(), CheckpointError> {
-    let tag = format!("tmp-{}", std::process::id());
-    let tmp = match begin(dir, &tag) {
-        Ok(tmp) => tmp,
-        Err(e) => return Err(write_failed(dir, &tmp_path(dir, &tag), e)),
-    };
+    let tmp = begin_own(dir)?;
     let fill = || -> Result<(), CheckpointError> {
         for entry in fs::read_dir(from).map_err(io(from))? {
             let entry = entry.map_err(io(from))?;
