@@ -46,8 +46,11 @@ pub struct PackageArgs {
     force: bool,
 }
 
-/// One model folder: relative path → contents.
-type Folder = (String, Vec<(String, Vec<u8>)>);
+/// Files of a model folder: relative path → contents.
+type Files = Vec<(String, Vec<u8>)>;
+
+/// One model folder: its name and files.
+type Folder = (String, Files);
 
 pub fn run(args: PackageArgs) -> anyhow::Result<()> {
     let opts = Options {
@@ -156,81 +159,9 @@ fn folders(
     let name = &args.name;
     let (pre, onnx) = (format!("{name}_preprocess"), format!("{name}_onnx"));
     let labels = model.card.classes.join("\n") + "\n";
-    let raw = Io {
-        name: String::new(),
-        data_type: "TYPE_STRING",
-        dims: vec![1],
-    };
+    // Pre-processing: the checkpoint's tokenizer and length rule, image spec or encoder.
+    let (pre_config, pre_files, raw_inputs) = preprocess(args, model, exported, &pre)?;
 
-    // Pre-processing: the checkpoint's tokenizer and length rule, or its image spec.
-    let (pre_config, pre_files, raw_inputs) = match &model.card.input {
-        &InputSpec::Text { max_len, truncate } => {
-            let tokenizer = std::fs::read(args.model.join("tokenizer.json"))
-                .with_context(|| format!("{}: the checkpoint's tokenizer.json", args.model.display()))?;
-            let outputs: Vec<Io> = exported.inputs.clone();
-            let text = Io {
-                name: "TEXT".into(),
-                ..raw.clone()
-            };
-            let config = format!(
-                "name: \"{pre}\"\nbackend: \"tokenizer\"\n{}{}{}{}parameters [\n  {{ key: \"max_length\" value {{ string_value: \"{max_len}\" }} }},\n  {{ key: \"truncation\" value {{ string_value: \"{truncate}\" }} }},\n  {{ key: \"padding\" value {{ string_value: \"longest\" }} }}\n]\n",
-                batching(args),
-                tensor("input", &text, ""),
-                tensors("output", &outputs, None),
-                warmup(std::slice::from_ref(&text), 1),
-            );
-            (
-                config,
-                vec![("1/tokenizer.json".to_string(), tokenizer)],
-                vec![text],
-            )
-        }
-        &InputSpec::Image {
-            channels,
-            height,
-            width,
-            mean,
-            std,
-        } => {
-            let image = Io {
-                name: "IMAGE".into(),
-                ..raw.clone()
-            };
-            let config = format!(
-                "name: \"{pre}\"\nbackend: \"image\"\n{}{}{}parameters [\n  {{ key: \"channels\" value {{ string_value: \"{channels}\" }} }},\n  {{ key: \"height\" value {{ string_value: \"{height}\" }} }},\n  {{ key: \"width\" value {{ string_value: \"{width}\" }} }},\n  {{ key: \"mean\" value {{ string_value: \"{mean}\" }} }},\n  {{ key: \"std\" value {{ string_value: \"{std}\" }} }}\n]\n",
-                batching(args),
-                tensor("input", &image, ""),
-                tensors("output", &exported.inputs, None),
-            );
-            (config, vec![("1/.keep".to_string(), Vec::new())], vec![image])
-        }
-        InputSpec::Table { encoder, .. } => {
-            // One input per feature column: numbers as FP32 (NaN: missing), categories as text.
-            let columns: Vec<Io> = encoder
-                .columns
-                .iter()
-                .map(|c| match c {
-                    ColumnCode::Numeric { name, .. } => Io {
-                        name: name.clone(),
-                        data_type: "TYPE_FP32",
-                        dims: vec![1],
-                    },
-                    ColumnCode::Categorical { name, .. } => Io {
-                        name: name.clone(),
-                        ..raw.clone()
-                    },
-                })
-                .collect();
-            let config = format!(
-                "name: \"{pre}\"\nbackend: \"table\"\n{}{}{}",
-                batching(args),
-                tensors("input", &columns, None),
-                tensors("output", &exported.inputs, None),
-            );
-            let file = serde_json::to_vec_pretty(encoder)?;
-            (config, vec![("1/encoder.json".to_string(), file)], columns)
-        }
-    };
     let engine = match (opts.flavour, opts.precision) {
         (Flavour::Portable, Precision::Fp32) => String::new(),
         // Contrib operators: ONNX Runtime only.
@@ -302,6 +233,90 @@ fn folders(
             ],
         ),
     ])
+}
+
+/// The pre-processing model `pre` of a package: its `config.pbtxt`, its version folder's
+/// files, and the raw inputs the ensemble takes — text (the checkpoint's tokenizer and
+/// length rule), an image (its size and normalisation) or a table row's cells (its fitted
+/// encoder; one input per column, numbers as FP32 with NaN for missing, categories as text).
+fn preprocess(
+    args: &PackageArgs,
+    model: &Model,
+    exported: &trident_export::Exported,
+    pre: &str,
+) -> anyhow::Result<(String, Files, Vec<Io>)> {
+    let raw = Io {
+        name: String::new(),
+        data_type: "TYPE_STRING",
+        dims: vec![1],
+    };
+    Ok(match &model.card.input {
+        &InputSpec::Text { max_len, truncate } => {
+            let tokenizer = std::fs::read(args.model.join("tokenizer.json"))
+                .with_context(|| format!("{}: the checkpoint's tokenizer.json", args.model.display()))?;
+            let outputs: Vec<Io> = exported.inputs.clone();
+            let text = Io {
+                name: "TEXT".into(),
+                ..raw.clone()
+            };
+            let config = format!(
+                "name: \"{pre}\"\nbackend: \"tokenizer\"\n{}{}{}{}parameters [\n  {{ key: \"max_length\" value {{ string_value: \"{max_len}\" }} }},\n  {{ key: \"truncation\" value {{ string_value: \"{truncate}\" }} }},\n  {{ key: \"padding\" value {{ string_value: \"longest\" }} }}\n]\n",
+                batching(args),
+                tensor("input", &text, ""),
+                tensors("output", &outputs, None),
+                warmup(std::slice::from_ref(&text), 1),
+            );
+            (
+                config,
+                vec![("1/tokenizer.json".to_string(), tokenizer)],
+                vec![text],
+            )
+        }
+        &InputSpec::Image {
+            channels,
+            height,
+            width,
+            mean,
+            std,
+        } => {
+            let image = Io {
+                name: "IMAGE".into(),
+                ..raw.clone()
+            };
+            let config = format!(
+                "name: \"{pre}\"\nbackend: \"image\"\n{}{}{}parameters [\n  {{ key: \"channels\" value {{ string_value: \"{channels}\" }} }},\n  {{ key: \"height\" value {{ string_value: \"{height}\" }} }},\n  {{ key: \"width\" value {{ string_value: \"{width}\" }} }},\n  {{ key: \"mean\" value {{ string_value: \"{mean}\" }} }},\n  {{ key: \"std\" value {{ string_value: \"{std}\" }} }}\n]\n",
+                batching(args),
+                tensor("input", &image, ""),
+                tensors("output", &exported.inputs, None),
+            );
+            (config, vec![("1/.keep".to_string(), Vec::new())], vec![image])
+        }
+        InputSpec::Table { encoder, .. } => {
+            let columns: Vec<Io> = encoder
+                .columns
+                .iter()
+                .map(|c| match c {
+                    ColumnCode::Numeric { name, .. } => Io {
+                        name: name.clone(),
+                        data_type: "TYPE_FP32",
+                        dims: vec![1],
+                    },
+                    ColumnCode::Categorical { name, .. } => Io {
+                        name: name.clone(),
+                        ..raw.clone()
+                    },
+                })
+                .collect();
+            let config = format!(
+                "name: \"{pre}\"\nbackend: \"table\"\n{}{}{}",
+                batching(args),
+                tensors("input", &columns, None),
+                tensors("output", &exported.inputs, None),
+            );
+            let file = serde_json::to_vec_pretty(encoder)?;
+            (config, vec![("1/encoder.json".to_string(), file)], columns)
+        }
+    })
 }
 
 /// Each folder is written beside its final place, synced, and renamed into it.

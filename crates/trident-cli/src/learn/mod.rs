@@ -203,7 +203,7 @@ fn card_for(c: &RunConfig, classes: Vec<String>, image: Option<(usize, usize, us
             unreachable!("image shape is known for image data")
         }
         (DataConfig::Table { .. }, _) => {
-            unreachable!("a table's card is built with its encoder (table_card)")
+            unreachable!("a table's card holds its fitted encoder: `train` builds it from table_splits")
         }
     };
     ModelCard {
@@ -300,13 +300,18 @@ fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<(Model,
         )
     }
     match (&teacher.card.input, &student.card.input) {
-        (InputSpec::Image { .. }, InputSpec::Image { .. }) => {
+        (InputSpec::Image { .. }, InputSpec::Image { .. })
+        | (InputSpec::Table { .. }, InputSpec::Table { .. }) => {
             let t = serde_json::to_string(&teacher.card.input)?;
             let s = serde_json::to_string(&student.card.input)?;
             if t != s {
+                let what = match teacher.card.input {
+                    InputSpec::Image { .. } => "image size and mean/std",
+                    _ => "label, feature columns and scaling",
+                };
                 bail!(
                     "distill.teacher = {}: it was trained on input {t}, the student's data gives {s} \
-                     (both models see the same batches: use the teacher's image size and mean/std)",
+                     (both models see the same batches: use the teacher's {what})",
                     dir.display()
                 )
             }
@@ -322,17 +327,6 @@ fn load_teacher(c: &RunConfig, student: &Model) -> anyhow::Result<Option<(Model,
                 bail!(
                     "distill.teacher = {}: its tokenizer.json differs from the student's (both models \
                      read the same token ids: give the student the teacher's tokenizer)",
-                    dir.display()
-                )
-            }
-        }
-        (InputSpec::Table { .. }, InputSpec::Table { .. }) => {
-            let t = serde_json::to_string(&teacher.card.input)?;
-            let s = serde_json::to_string(&student.card.input)?;
-            if t != s {
-                bail!(
-                    "distill.teacher = {}: it reads the table as {t}, the student as {s} (both models \
-                     see the same batches: use the teacher's label, feature columns and scaling)",
                     dir.display()
                 )
             }
@@ -861,18 +855,12 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
             }
             let s = text_splits(&c, &model, &set)?;
             let loader = pick(args.data.is_some(), &args.split, s)?;
-            match &onnx {
-                Some(step) => evaluate(step, &loader, classes.len())?,
-                None => evaluate(&model, &loader, classes.len())?,
-            }
+            evaluate_either(onnx.as_ref(), &model, &loader)?
         }
         DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
             let (s, _, _) = image_splits(&c)?;
             let loader = pick(false, &args.split, s)?;
-            match &onnx {
-                Some(step) => evaluate(step, &loader, classes.len())?,
-                None => evaluate(&model, &loader, classes.len())?,
-            }
+            evaluate_either(onnx.as_ref(), &model, &loader)?
         }
         DataConfig::Table { .. } => {
             let InputSpec::Table { label, encoder } = &model.card.input else {
@@ -888,10 +876,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
             };
             let t = table_splits(&c, Some(fitted))?;
             let loader = pick(args.data.is_some(), &args.split, t.splits)?;
-            match &onnx {
-                Some(step) => evaluate(step, &loader, classes.len())?,
-                None => evaluate(&model, &loader, classes.len())?,
-            }
+            evaluate_either(onnx.as_ref(), &model, &loader)?
         }
     };
     let suffix = if onnx.is_some() { "-onnx" } else { "" };
@@ -979,10 +964,10 @@ impl TrainStep for OnnxStep {
             task::Batch::Image(x, l) | task::Batch::Features(x, l) => {
                 let shape = x.dims().iter().map(|&d| d as i64).collect();
                 let v = x.flatten_all()?.to_vec1::<f32>()?;
-                let name = if matches!(batch, task::Batch::Image(..)) {
-                    "pixel_values"
-                } else {
-                    "features"
+                // The graph's input name (trident_export): images, or encoded table rows.
+                let name = match batch {
+                    task::Batch::Image(..) => "pixel_values",
+                    _ => "features",
                 };
                 (
                     vec![(
@@ -1025,6 +1010,19 @@ impl TrainStep for OnnxStep {
     }
 }
 
+/// The checkpoint, or its exported graph when `--onnx` gave one, on `loader`.
+fn evaluate_either<D: Dataset + 'static>(
+    onnx: Option<&OnnxStep>,
+    model: &Model,
+    loader: &trident_data::DataLoader<D, task::Batch>,
+) -> anyhow::Result<trident_train::trainer::Evaluation> {
+    let classes = model.card.classes.len();
+    Ok(match onnx {
+        Some(step) => evaluate(step, loader, classes)?,
+        None => evaluate(model, loader, classes)?,
+    })
+}
+
 fn pick<D: Dataset>(
     whole_file: bool,
     split: &str,
@@ -1044,13 +1042,13 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
     let classes = &model.card.classes;
     for (i, input) in args.inputs.iter().enumerate() {
-        // (what the output line names the input by, the input, its batch of one)
-        let items: Vec<(&str, String, task::Batch)> = match (&model.card.input, &model.tokenizer) {
+        // (what an output line names its input by, each row's input, their batch)
+        let items: Vec<(&str, Vec<String>, task::Batch)> = match (&model.card.input, &model.tokenizer) {
             (task::InputSpec::Text { .. }, Some(tok)) => {
                 let ids = model.tokenize(input, &|| format!("text {}", i + 1))?;
                 vec![(
                     "text",
-                    input.clone(),
+                    vec![input.clone()],
                     task::Batch::Text(trident_nn::bert::pad_batch(tok, &[ids])?, vec![0]),
                 )]
             }
@@ -1071,46 +1069,54 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
                 let image = trident_data::idx::Image { pixels, label: 0 };
                 vec![(
                     "file",
-                    input.clone(),
+                    vec![input.clone()],
                     task::image_collate((channels, height, width), mean, std)(vec![image])?,
                 )]
             }
             (task::InputSpec::Table { encoder, .. }, _) => table_rows(encoder, input, i)?,
         };
-        for (key, name, batch) in items {
+        for (key, names, batch) in items {
             let out = model.forward(&batch, &Ctx::eval())?;
-            let probs = trident_nn::ops::softmax_last_dim(&out.logits)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            let best = probs
-                .iter()
-                .enumerate()
-                .fold(0, |b, (j, &p)| if p > probs[b] { j } else { b });
-            let scores: serde_json::Map<String, serde_json::Value> = classes
-                .iter()
-                .zip(&probs)
-                .map(|(c, &p)| (c.clone(), serde_json::json!((p as f64 * 1e4).round() / 1e4)))
-                .collect();
-            println!(
-                "{}",
-                serde_json::json!({key: name, "label": classes[best], "score": (probs[best] as f64 * 1e4).round() / 1e4, "scores": scores})
-            );
+            let rows = trident_nn::ops::softmax_last_dim(&out.logits)?.to_vec2::<f32>()?;
+            for (name, probs) in names.iter().zip(&rows) {
+                let best = probs
+                    .iter()
+                    .enumerate()
+                    .fold(0, |b, (j, &p)| if p > probs[b] { j } else { b });
+                let scores: serde_json::Map<String, serde_json::Value> = classes
+                    .iter()
+                    .zip(probs)
+                    .map(|(c, &p)| (c.clone(), serde_json::json!((p as f64 * 1e4).round() / 1e4)))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({key: name, "label": classes[best], "score": (probs[best] as f64 * 1e4).round() / 1e4, "scores": scores})
+                );
+            }
         }
     }
     Ok(())
 }
 
 /// `predict`'s rows for a table model: every row of a CSV file whose header names the
-/// model's feature columns (other columns, the label among them, are ignored), or one row
-/// of values in the model's column order (`45.1,14.5,Biscoe`; empty or NA is missing).
+/// model's feature columns (other columns, the label among them, are ignored), in batches of
+/// [`PREDICT_BATCH`] rows, or one row of values in the model's column order
+/// (`45.1,14.5,Biscoe`; empty or NA is missing).
 fn table_rows(
     encoder: &trident_data::table::Encoder,
     input: &str,
     i: usize,
-) -> anyhow::Result<Vec<(&'static str, String, task::Batch)>> {
+) -> anyhow::Result<Vec<(&'static str, Vec<String>, task::Batch)>> {
     use trident_data::table::{parse_row, Table, TableSpec};
-    let one =
-        |x: Vec<f32>| -> anyhow::Result<task::Batch> { Ok(task::features_collate(x.len())(vec![(x, 0)])?) };
+    let batch =
+        |names: Vec<String>, x: Vec<f32>| -> anyhow::Result<(&'static str, Vec<String>, task::Batch)> {
+            let rows = names.len();
+            let b = task::Batch::Features(
+                trident_nn::Tensor::from_vec(x, (rows, encoder.width()), &trident_nn::Device::Cpu)?,
+                vec![0; rows],
+            );
+            Ok(("row", names, b))
+        };
     let dropped = |what: String| {
         anyhow::anyhow!(
             "{what}: a feature is missing, and the model was trained with data.missing = \"drop\" \
@@ -1121,14 +1127,17 @@ fn table_rows(
     if path.is_file() {
         let table = Table::read(path, &TableSpec::default())?;
         let at = encoder.locate(&table)?;
-        let mut items = Vec::with_capacity(table.rows.len());
-        for r in 0..table.rows.len() {
-            let mut x = Vec::new();
-            let name = format!("{}:{}", path.display(), table.lines[r]);
-            if encoder.encode_row(&table, r, &at, &mut x)?.is_none() {
-                return Err(dropped(name));
+        let mut items = Vec::new();
+        for chunk in (0..table.rows.len()).collect::<Vec<_>>().chunks(PREDICT_BATCH) {
+            let (mut names, mut x) = (Vec::with_capacity(chunk.len()), Vec::new());
+            for &r in chunk {
+                let name = format!("{}:{}", path.display(), table.lines[r]);
+                if encoder.encode_row(&table, r, &at, &mut x)?.is_none() {
+                    return Err(dropped(name));
+                }
+                names.push(name);
             }
-            items.push(("row", name, one(x)?));
+            items.push(batch(names, x)?);
         }
         return Ok(items);
     }
@@ -1136,7 +1145,7 @@ fn table_rows(
     let refs: Vec<Option<&str>> = cells.iter().map(|c| c.as_deref()).collect();
     let mut x = Vec::new();
     match encoder.encode(&refs, &mut x) {
-        Ok(Some(())) => Ok(vec![("row", input.to_string(), one(x)?)]),
+        Ok(Some(())) => Ok(vec![batch(vec![input.to_string()], x)?]),
         Ok(None) => Err(dropped(format!("row {}", i + 1))),
         Err(e) => bail!(
             "row {} ({input:?}): {e}; or give a CSV file whose header names the columns",
@@ -1144,3 +1153,6 @@ fn table_rows(
         ),
     }
 }
+
+/// Rows of a CSV file `predict` runs through the model at once.
+const PREDICT_BATCH: usize = 1024;

@@ -369,124 +369,59 @@ pub fn table_splits(c: &RunConfig, fitted: Option<Fitted>) -> anyhow::Result<Tab
         sklearn_header,
         delimiter,
         label,
-        features,
-        ignore,
-        categorical,
-        missing,
-        scaling,
         classes,
         val_fraction,
         test_fraction,
+        ..
     } = &c.data
     else {
         bail!("not table data")
     };
-    let table = Table::read(
-        file,
-        &TableSpec {
-            sklearn_header: *sklearn_header,
-            delimiter: delimiter.map(|d| d as u8),
-        },
-    )?;
-    let column = |name: &str, key: &str| {
-        table.column_index(name).with_context(|| {
-            format!(
-                "{} = {name:?}: {} has no such column (its columns: {:?})",
-                key,
-                file.display(),
-                table.columns
-            )
-        })
+    let spec = TableSpec {
+        sklearn_header: *sklearn_header,
+        delimiter: delimiter.map(|d| d as u8),
     };
+    let table = Table::read(file, &spec)?;
     let label_name = match (&fitted, label) {
         (Some(f), _) => f.label.to_string(),
         (None, Some(l)) => l.clone(),
         (None, None) => table.columns.last().cloned().context("the table has no column")?,
     };
-    let label_col = column(&label_name, "data.label")?;
+    let label_col = column_of(&table, &label_name, "data.label")?;
     let wanted = fitted.as_ref().map(|f| f.classes).or(classes.as_deref());
     let (classes, labels) = table.class_labels(label_col, wanted)?;
     if classes.len() < 2 {
-        bail!("{}: the label column {label_name:?} holds {} class(es) {classes:?}; a classifier needs at least 2", file.display(), classes.len());
+        bail!(
+            "{}: the label column {label_name:?} holds {} class(es) {classes:?}; a classifier needs at least 2",
+            file.display(),
+            classes.len()
+        );
     }
-    let labelled: Vec<usize> = (0..table.rows.len()).filter(|&r| labels[r].is_some()).collect();
+    // (table row, class) of every row that has a label, split within each class.
+    let labelled: Vec<(usize, usize)> = labels
+        .iter()
+        .enumerate()
+        .filter_map(|(r, l)| l.map(|l| (r, l)))
+        .collect();
     let unlabelled = table.rows.len() - labelled.len();
-    let y: Vec<usize> = labelled.iter().map(|&r| labels[r].expect("labelled")).collect();
-    let (tr, va, te) = stratified_split(&y, *val_fraction, *test_fraction, c.run.seed);
+    let y: Vec<usize> = labelled.iter().map(|&(_, l)| l).collect();
+    let splits = stratified_split(&y, *val_fraction, *test_fraction, c.run.seed);
+    let rows = |split: &[usize]| -> Vec<(usize, usize)> { split.iter().map(|&i| labelled[i]).collect() };
     let encoder = match &fitted {
         Some(f) => f.encoder.clone(),
-        None => {
-            for name in ignore.iter().chain(categorical) {
-                column(name, "data.ignore / data.categorical")?;
-            }
-            let cols: Vec<usize> = match features {
-                Some(names) => names
-                    .iter()
-                    .map(|n| column(n, "data.features"))
-                    .collect::<anyhow::Result<_>>()?,
-                None => (0..table.columns.len())
-                    .filter(|&i| i != label_col && !ignore.contains(&table.columns[i]))
-                    .collect(),
-            };
-            if cols.is_empty() {
-                bail!("{}: no feature column is left", file.display());
-            }
-            if cols.contains(&label_col) {
-                bail!("data.features lists the label column {label_name:?}");
-            }
-            // Under `drop`, the rows the model trains on are the complete ones: fit on those.
-            let fit_rows: Vec<usize> = tr
-                .iter()
-                .map(|&i| labelled[i])
-                .filter(|&r| *missing == Missing::Impute || cols.iter().all(|&k| table.rows[r][k].is_some()))
-                .collect();
-            Encoder::fit(&table, &cols, categorical, &fit_rows, *missing, *scaling)?
-        }
+        None => fit_encoder(&c.data, &table, label_col, &rows(&splits.0))?,
     };
     let at = encoder.locate(&table)?;
-    let width = encoder.width();
     let (mut x, mut ys) = (Vec::new(), Vec::new());
-    let mut keep = |split: &[usize]| -> anyhow::Result<(Vec<usize>, usize)> {
-        let (mut kept, mut dropped) = (Vec::new(), 0);
-        for &i in split {
-            let r = labelled[i];
-            match encoder.encode_row(&table, r, &at, &mut x)? {
-                Some(()) => {
-                    kept.push(ys.len());
-                    ys.push(y[i]);
-                }
-                None => dropped += 1,
-            }
-        }
-        Ok((kept, dropped))
-    };
-    let (tr, d_tr) = keep(&tr)?;
-    let (va, d_va) = keep(&va)?;
-    let (te, d_te) = keep(&te)?;
+    let (tr, d_tr) = encode_rows(&encoder, &table, &at, &rows(&splits.0), &mut x, &mut ys)?;
+    let (va, d_va) = encode_rows(&encoder, &table, &at, &rows(&splits.1), &mut x, &mut ys)?;
+    let (te, d_te) = encode_rows(&encoder, &table, &at, &rows(&splits.2), &mut x, &mut ys)?;
     let dropped = d_tr + d_va + d_te;
-    let levels: Vec<String> = encoder
-        .columns
-        .iter()
-        .filter_map(|c| match c {
-            trident_data::table::ColumnCode::Categorical { name, levels, .. } => {
-                Some(format!("{name} ({} levels)", levels.len()))
-            }
-            _ => None,
-        })
-        .collect();
     eprintln!(
-        "table {}: {} rows; {} features from {} columns{}; scaling {:?}; missing values: {:?}{}{}",
+        "table {}: {} rows; {}{}{}",
         file.display(),
         table.rows.len(),
-        width,
-        encoder.columns.len(),
-        if levels.is_empty() {
-            String::new()
-        } else {
-            format!(", one-hot {}", levels.join(", "))
-        },
-        encoder.scaling,
-        encoder.missing,
+        encoder.summary(),
         if dropped > 0 {
             format!(" ({dropped} rows dropped: {d_tr} train / {d_va} val / {d_te} test)")
         } else {
@@ -498,11 +433,12 @@ pub fn table_splits(c: &RunConfig, fitted: Option<Fitted>) -> anyhow::Result<Tab
             String::new()
         },
     );
-    let set = Arc::new(FeatureSet { x, width, labels: ys });
-    let sizes = (tr.len(), va.len(), te.len());
     if tr.is_empty() && fitted.is_none() {
         bail!("{}: no training row is left", file.display());
     }
+    let width = encoder.width();
+    let set = Arc::new(FeatureSet { x, width, labels: ys });
+    let sizes = (tr.len(), va.len(), te.len());
     let mk = |idx: Vec<usize>, train: bool| {
         DataLoader::new(
             Arc::new(Subset::new(set.clone(), idx)),
@@ -521,4 +457,94 @@ pub fn table_splits(c: &RunConfig, fitted: Option<Fitted>) -> anyhow::Result<Tab
         label: label_name,
         encoder,
     })
+}
+
+/// The column `name` of `table`; the error names the config key and the file's columns.
+fn column_of(table: &Table, name: &str, key: &str) -> anyhow::Result<usize> {
+    table.column_index(name).with_context(|| {
+        format!(
+            "{key} = {name:?}: {} has no such column (its columns: {:?})",
+            table.file.display(),
+            table.columns
+        )
+    })
+}
+
+/// A new encoder for a `table` run: its feature columns (`data.features`, or every column
+/// but the label and `data.ignore`), fitted on the training rows `train` ((row, class)) —
+/// under `missing = "drop"` on the complete ones, the rows the model will train on.
+fn fit_encoder(
+    data: &DataConfig,
+    table: &Table,
+    label_col: usize,
+    train: &[(usize, usize)],
+) -> anyhow::Result<Encoder> {
+    let DataConfig::Table {
+        features,
+        ignore,
+        categorical,
+        missing,
+        scaling,
+        ..
+    } = data
+    else {
+        bail!("not table data")
+    };
+    for name in ignore.iter().chain(categorical) {
+        column_of(table, name, "data.ignore / data.categorical")?;
+    }
+    let cols: Vec<usize> = match features {
+        Some(names) => names
+            .iter()
+            .map(|n| column_of(table, n, "data.features"))
+            .collect::<anyhow::Result<_>>()?,
+        None => (0..table.columns.len())
+            .filter(|&i| i != label_col && !ignore.contains(&table.columns[i]))
+            .collect(),
+    };
+    if cols.is_empty() {
+        bail!("{}: no feature column is left", table.file.display());
+    }
+    if cols.contains(&label_col) {
+        bail!(
+            "data.features lists the label column {:?}",
+            table.columns[label_col]
+        );
+    }
+    let fit_rows: Vec<usize> = train
+        .iter()
+        .map(|&(r, _)| r)
+        .filter(|&r| *missing == Missing::Impute || cols.iter().all(|&k| table.rows[r][k].is_some()))
+        .collect();
+    Ok(Encoder::fit(
+        table,
+        &cols,
+        categorical,
+        &fit_rows,
+        *missing,
+        *scaling,
+    )?)
+}
+
+/// Encodes `rows` ((table row, class)) onto `x` and `ys`: the indices they got there, and
+/// how many the missing-value policy dropped.
+fn encode_rows(
+    encoder: &Encoder,
+    table: &Table,
+    at: &[usize],
+    rows: &[(usize, usize)],
+    x: &mut Vec<f32>,
+    ys: &mut Vec<usize>,
+) -> anyhow::Result<(Vec<usize>, usize)> {
+    let (mut kept, mut dropped) = (Vec::new(), 0);
+    for &(r, class) in rows {
+        match encoder.encode_row(table, r, at, x)? {
+            Some(()) => {
+                kept.push(ys.len());
+                ys.push(class);
+            }
+            None => dropped += 1,
+        }
+    }
+    Ok((kept, dropped))
 }
