@@ -169,6 +169,44 @@ lr = 3e-2
     return work / "table_run" / "best"
 
 
+def train_autoencoders(work: Path) -> tuple[Path, Path]:
+    """A dense autoencoder of the "bright" images and one of the Adelie table rows, on the
+    data train_image and train_table wrote."""
+    (work / "image_ae.toml").write_text(
+        """
+[run]
+dir = "image_ae_run"
+seed = 1
+[data]
+kind = "folder"
+train_dir = "shapes/train"
+test_dir = "shapes/test"
+height = 8
+width = 8
+[anomaly]
+normal = ["bright"]
+[loader]
+batch_size = 8
+[model]
+kind = "autoencoder"
+hidden = [16]
+code = 4
+[train]
+epochs = 4
+lr = 1e-2
+"""
+    )
+    (work / "table_ae.toml").write_text(
+        (work / "table.toml").read_text()
+        .replace('dir = "table_run"', 'dir = "table_ae_run"')
+        .replace('kind = "mlp"\nhidden = [8]', 'kind = "autoencoder"\nhidden = [8]\ncode = 2\nactivation = "tanh"')
+        .replace("[loader]", '[anomaly]\nnormal = ["Adelie"]\n[loader]')
+    )
+    run(["train", "--config", "image_ae.toml"], work)
+    run(["train", "--config", "table_ae.toml"], work)
+    return work / "image_ae_run" / "best", work / "table_ae_run" / "best"
+
+
 def predict(model: Path, inputs: list[str], cwd: Path) -> list[dict]:
     return [json.loads(line) for line in run(["predict", "--model", str(model), *inputs], cwd).splitlines()]
 
@@ -179,7 +217,10 @@ def deployed(tmp_path_factory):
     text_ckpt = train_text(work)
     image_ckpt, images = train_image(work)
     table_ckpt = train_table(work)
+    image_ae, table_ae = train_autoencoders(work)
     repo = work / "models"
+    run(["package", "--model", str(image_ae), "--repository", str(repo), "--name", "shapes_ae"], work)
+    run(["package", "--model", str(table_ae), "--repository", str(repo), "--name", "penguins_ae"], work)
     run(["package", "--model", str(table_ckpt), "--repository", str(repo), "--name", "penguins"], work)
     run(["package", "--model", str(text_ckpt), "--repository", str(repo), "--name", "sentiment"], work)
     run(["package", "--model", str(image_ckpt), "--repository", str(repo), "--name", "shapes"], work)
@@ -218,7 +259,8 @@ def deployed(tmp_path_factory):
     srv = TridentServer(repo, extra_args=["--cache-config", "local,size=1048576"])
     try:
         srv.wait_started()
-        names = ["sentiment", "shapes", "penguins", "batched", "warm_file", "cached"] + (["sentiment_int8"] if fused else [])
+        names = ["sentiment", "shapes", "penguins", "shapes_ae", "penguins_ae", "batched", "warm_file", "cached"]
+        names += ["sentiment_int8"] if fused else []
         srv.wait_models(names, ["warm_broken"], timeout=120)
     except BaseException:
         srv.stop()
@@ -229,6 +271,8 @@ def deployed(tmp_path_factory):
         "text": text_ckpt,
         "image": image_ckpt,
         "table": table_ckpt,
+        "image_ae": image_ae,
+        "table_ae": table_ae,
         "images": images,
         "fused": fused,
     }
@@ -331,6 +375,45 @@ def test_table_model_answers_like_trident_predict(deployed):
     for row, w in zip(top.as_numpy("probabilities"), want):
         score, _, label = parse(row[0])
         assert label == w["label"] and abs(score - w["score"]) <= 1.5e-4, (row, w)
+
+
+def test_autoencoders_score_like_trident_predict(deployed):
+    """Packaged autoencoders (image bytes, or one input per table column, in): the
+    reconstruction and its error per example, over HTTP and gRPC, as `trident predict`
+    scores the same inputs."""
+    import tritonclient.grpc as grpcclient
+
+    srv, work = deployed["server"], deployed["work"]
+    client, g = srv.client(), srv.grpc_client()
+    meta = client.get_model_metadata("shapes_ae")
+    assert {o["name"]: o["shape"] for o in meta["outputs"]} == {
+        "reconstruction": [-1, 1, 8, 8],
+        "reconstruction_error": [-1, 1],
+    }, meta
+    files = deployed["images"]
+    want = [w["reconstruction_error"] for w in predict(deployed["image_ae"], [str(f) for f in files], work)]
+    inp = httpclient.InferInput("IMAGE", [len(files), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[f.read_bytes()] for f in files], dtype=object))
+    r = client.infer("shapes_ae", [inp])
+    got = r.as_numpy("reconstruction_error")[:, 0]
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-6), (got, want)
+    rec = r.as_numpy("reconstruction")
+    assert rec.shape == (3, 1, 8, 8) and rec.min() >= 0 and rec.max() <= 1  # a sigmoid decoder
+    # The dark image (an anomaly: only bright ones were learnt) reconstructs worst.
+    assert got[1] > max(got[0], got[2]), got
+
+    want = predict(deployed["table_ae"], [f"{r[0]},{r[1]:g},{r[2]:g}" for r in TABLE_ROWS], work)
+    want = [w["reconstruction_error"] for w in want]
+    got = client.infer("penguins_ae", table_inputs(TABLE_ROWS)).as_numpy("reconstruction_error")[:, 0]
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-6), (got, want)
+    inputs = []
+    for name, dtype, col in [("island", "BYTES", 0), ("mass_g", "FP32", 1), ("bill_mm", "FP32", 2)]:
+        inp = grpcclient.InferInput(name, [len(TABLE_ROWS), 1], dtype)
+        values = [[r[col].encode() if dtype == "BYTES" else r[col]] for r in TABLE_ROWS]
+        inp.set_data_from_numpy(np.array(values, dtype=object if dtype == "BYTES" else np.float32))
+        inputs.append(inp)
+    got = g.infer("penguins_ae", inputs).as_numpy("reconstruction_error")[:, 0]
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-6), (got, want)
 
 
 def test_int8_fused_model_keeps_the_labels(deployed):

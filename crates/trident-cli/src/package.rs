@@ -159,6 +159,8 @@ fn folders(
     let name = &args.name;
     let (pre, onnx) = (format!("{name}_preprocess"), format!("{name}_onnx"));
     let labels = model.card.classes.join("\n") + "\n";
+    // Per-class outputs name their classes (classification extension); an autoencoder's do not.
+    let labels_file = exported.per_class.then_some("labels.txt");
     // Pre-processing: the checkpoint's tokenizer and length rule, image spec or encoder.
     let (pre_config, pre_files, raw_inputs) = preprocess(args, model, exported, &pre)?;
 
@@ -175,7 +177,7 @@ fn folders(
         "name: \"{onnx}\"\nplatform: \"onnxruntime_onnx\"\n{}{}{}{}{engine}",
         batching(args),
         tensors("input", &exported.inputs, None),
-        tensors("output", &exported.outputs, Some("labels.txt")),
+        tensors("output", &exported.outputs, labels_file),
         warmup(&exported.inputs, seq),
     );
     let map = |pairs: &[(&str, &str)]| {
@@ -203,7 +205,7 @@ fn folders(
         "name: \"{name}\"\nplatform: \"ensemble\"\nmax_batch_size: {}\n{}{}ensemble_scheduling {{\n  step [\n    {{\n      model_name: \"{pre}\"\n      model_version: -1\n      input_map [\n{}\n      ]\n      output_map [\n{}\n      ]\n    }},\n    {{\n      model_name: \"{onnx}\"\n      model_version: -1\n      input_map [\n{}\n      ]\n      output_map [\n{}\n      ]\n    }}\n  ]\n}}\n",
         args.max_batch_size,
         tensors("input", &raw_inputs, None),
-        tensors("output", &exported.outputs, Some("labels.txt")),
+        tensors("output", &exported.outputs, labels_file),
         map(&raw_names),
         map(&pre_out),
         map(&pre_out),

@@ -108,6 +108,11 @@ impl ImageFolder {
     pub fn shape(&self) -> (usize, usize, usize) {
         (self.channels, self.size.0, self.size.1)
     }
+
+    /// The class of image `index`, without decoding it.
+    pub fn label(&self, index: usize) -> usize {
+        self.files[index].1
+    }
 }
 
 impl Dataset for ImageFolder {

@@ -116,6 +116,11 @@ impl IdxImages {
     pub fn image_size(&self) -> (usize, usize) {
         (self.images.dims[1], self.images.dims[2])
     }
+
+    /// The class of image `index`.
+    pub fn label(&self, index: usize) -> usize {
+        self.labels[index] as usize
+    }
 }
 
 fn path(p: &Path) -> String {

@@ -113,6 +113,9 @@ pub struct Exported {
     pub model: pb::ModelProto,
     pub inputs: Vec<Io>,
     pub outputs: Vec<Io>,
+    /// The outputs are per-class (`logits`, `probabilities`): a labels file applies. An
+    /// autoencoder's (`reconstruction`, `reconstruction_error`) are not.
+    pub per_class: bool,
 }
 
 impl Exported {
@@ -129,8 +132,10 @@ impl Exported {
 
 /// Exports `model` as an ONNX graph with inputs `input_ids`, `attention_mask`
 /// (+ `token_type_ids` for BERT) INT64 `[batch, sequence]`, or `pixel_values` FP32
-/// `[batch, channels, height, width]`, and the outputs `logits` and `probabilities`
-/// (their softmax) FP32 `[batch, classes]`.
+/// `[batch, channels, height, width]`, or `features` FP32 `[batch, width]` (a table's
+/// encoded rows); a classifier's outputs are `logits` and `probabilities` (their softmax)
+/// FP32 `[batch, classes]`, an autoencoder's `reconstruction` (the input's shape) and
+/// `reconstruction_error` FP32 `[batch, 1]` (mean squared error per value).
 pub fn export(model: &trident_zoo::Model, opts: Options) -> anyhow::Result<Exported> {
     models::export(model, opts)
 }

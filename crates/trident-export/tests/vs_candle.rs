@@ -117,7 +117,12 @@ fn text_batch() -> (TextBatch, Vec<i64>, Vec<i64>) {
 fn candle_logits(model: &Model, batch: &trident_zoo::Batch) -> Vec<f32> {
     use trident_train::TrainStep;
     let out = model.forward(batch, &Ctx::eval()).unwrap();
-    out.logits.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    out.logits()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
 }
 
 fn engines() -> Vec<std::sync::Arc<dyn Backend>> {

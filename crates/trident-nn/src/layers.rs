@@ -400,9 +400,25 @@ impl Activation {
     }
 }
 
-/// The logistic function, from differentiable primitives.
+/// The logistic function as one graph node with its derivative σ(1 − σ). Composed from
+/// primitives (`recip(1 + exp(−x))`) its backward pass is NaN below x ≈ −88 in f32, where
+/// `exp(−x)` overflows and the chain multiplies 0 by ∞: a sigmoid decoder pushing black
+/// pixels towards 0 got there (a conv autoencoder's loss became NaN in its fifth epoch).
 pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    (x.neg()?.exp()? + 1.0)?.recip()
+    crate::custom::elementwise("sigmoid", logistic, |x| {
+        let s = logistic(x);
+        s * (1.0 - s)
+    })(x)
+}
+
+/// 1 / (1 + e^−x) without overflow on either side.
+fn logistic(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
 }
 
 /// A multi-layer perceptron: Linear → activation (→ dropout) for each hidden size, then a
@@ -451,4 +467,28 @@ pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let summed = x.broadcast_mul(&m)?.sum(1)?;
     let counts = m.sum(1)?.clamp(1e-9, f64::MAX)?;
     summed.broadcast_div(&counts)
+}
+
+#[cfg(test)]
+mod sigmoid_tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    #[test]
+    fn sigmoid_and_its_gradient_stay_finite_where_exp_overflows() {
+        let x = Var::new(&[-200f32, -90.0, -1.0, 0.0, 3.0, 200.0], &Device::Cpu).unwrap();
+        let y = sigmoid(x.as_tensor()).unwrap();
+        let v = y.to_vec1::<f32>().unwrap();
+        let want = [0.0, 8.19e-40, 0.268_941_4, 0.5, 0.952_574_1, 1.0];
+        for (a, b) in v.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{v:?}");
+        }
+        let g = y.sum_all().unwrap().backward().unwrap();
+        let g = g.get(x.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
+        assert!(g.iter().all(|g| g.is_finite()), "{g:?}");
+        assert!(
+            (g[2] - 0.196_611_9).abs() < 1e-6 && (g[3] - 0.25).abs() < 1e-7,
+            "{g:?}"
+        );
+    }
 }

@@ -17,6 +17,7 @@ macro_rules! view {
     }};
 }
 
+pub mod autoencoder;
 pub mod bert;
 pub mod bf16;
 pub mod blas;

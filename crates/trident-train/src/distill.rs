@@ -504,7 +504,7 @@ where
         let Some(cache) = &self.cache else {
             self.teacher_batches.fetch_add(1, Ordering::Relaxed);
             let _layer = trident_nn::trace::layer(|| "teacher".into());
-            return Ok(self.teacher.forward(batch, &Ctx::eval())?.logits.detach());
+            return Ok(self.teacher.forward(batch, &Ctx::eval())?.logits()?.detach());
         };
         let keys = batch.row_keys()?;
         if let Some(t) = cache.lock().expect("cache lock").get(&keys)? {
@@ -514,7 +514,7 @@ where
         self.teacher_batches.fetch_add(1, Ordering::Relaxed);
         let logits = {
             let _layer = trident_nn::trace::layer(|| "teacher".into());
-            self.teacher.forward(batch, &Ctx::eval())?.logits.detach()
+            self.teacher.forward(batch, &Ctx::eval())?.logits()?.detach()
         };
         let mut c = cache.lock().expect("cache lock");
         c.insert(&keys, &logits)?;
@@ -554,8 +554,9 @@ where
                 .ok_or_else(|| missing("teacher"))?
         };
         self.teacher_batches.fetch_add(1, Ordering::Relaxed);
-        let labels = Tensor::from_iter(out.labels.iter().map(|&l| l as u32), out.logits.device())?;
-        let mut loss = self.loss.compute(&out.logits, &tout.logits.detach(), &labels)?;
+        let logits = out.logits()?;
+        let labels = Tensor::from_iter(out.labels.iter().map(|&l| l as u32), logits.device())?;
+        let mut loss = self.loss.compute(logits, &tout.logits()?.detach(), &labels)?;
         let scale = h.weight / h.pairs.len().max(1) as f64;
         for &[s, t] in &h.pairs {
             let state = |hs: &HiddenStates, i: usize, who: &str| {
@@ -569,11 +570,7 @@ where
             let mse = hidden_mse(&state(&hs, s, "student")?, &state(&ht, t, "teacher")?, &hs.mask)?;
             loss = (loss + mse.affine(scale, 0.0)?)?;
         }
-        Ok(StepOutput {
-            loss,
-            logits: out.logits,
-            labels: out.labels,
-        })
+        Ok(StepOutput { loss, ..out })
     }
 }
 
@@ -595,11 +592,11 @@ where
             return Ok(out);
         }
         let teacher = self.teacher_logits(batch)?;
-        let labels = Tensor::from_iter(out.labels.iter().map(|&l| l as u32), out.logits.device())?;
+        let logits = out.logits()?;
+        let labels = Tensor::from_iter(out.labels.iter().map(|&l| l as u32), logits.device())?;
         Ok(StepOutput {
-            loss: self.loss.compute(&out.logits, &teacher, &labels)?,
-            logits: out.logits,
-            labels: out.labels,
+            loss: self.loss.compute(logits, &teacher, &labels)?,
+            ..out
         })
     }
 
@@ -761,11 +758,11 @@ mod tests {
     impl TrainStep for Fixed {
         type Batch = Rows;
         fn forward(&self, b: &Rows, _: &Ctx) -> Result<StepOutput> {
-            Ok(StepOutput {
-                loss: Tensor::new(0f32, &Device::Cpu)?,
-                logits: self.logits.clone(),
-                labels: vec![0; b.0],
-            })
+            Ok(StepOutput::classified(
+                Tensor::new(0f32, &Device::Cpu)?,
+                self.logits.clone(),
+                vec![0; b.0],
+            ))
         }
         fn params(&self) -> &Params {
             &self.params

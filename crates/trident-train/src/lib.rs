@@ -30,4 +30,4 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
     std::fs::rename(&tmp, path)
 }
 
-pub use trainer::{evaluate, StepOutput, TrainConfig, TrainError, TrainStep, Trainer};
+pub use trainer::{evaluate, Prediction, StepOutput, TrainConfig, TrainError, TrainStep, Trainer};

@@ -17,7 +17,7 @@ fn publish(tmp: &Path, path: &Path) -> Result<(), TrainError> {
     })
 }
 
-/// `loss.png` (train and validation loss) and `accuracy.png` in `dir`.
+/// `loss.png` (train and validation loss) and, for a classifier, `accuracy.png` in `dir`.
 pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainError> {
     if records.is_empty() {
         return Ok(());
@@ -36,11 +36,18 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainE
             ("validation", series(&|r| r.val_loss)),
         ],
     )?;
+    if records
+        .iter()
+        .all(|r| r.train_accuracy.is_none() && r.val_accuracy.is_none())
+    {
+        // A model without classes (reconstruction): its loss is the whole story.
+        return Ok(());
+    }
     line_chart(
         &dir.join("accuracy.png"),
         "accuracy",
         &[
-            ("train", series(&|r| Some(r.train_accuracy))),
+            ("train", series(&|r| r.train_accuracy)),
             ("validation", series(&|r| r.val_accuracy)),
             ("validation macro-F1", series(&|r| r.val_macro_f1)),
         ],
@@ -162,6 +169,126 @@ pub fn confusion_matrix(path: &Path, m: &ConfusionMatrix, classes: &[String]) ->
                 ("sans-serif", 13).into_font().transform(FontTransform::Rotate90),
             ))
             .map_err(|e| draw_err(path, e))?;
+        }
+        root.present().map_err(|e| draw_err(path, e))?;
+    }
+    publish(&tmp, path)
+}
+
+/// Histograms of scores, one per group (e.g. normal and anomalous examples' reconstruction
+/// errors), over shared bins on a common axis.
+pub fn score_histogram(path: &Path, title: &str, groups: &[(&str, &[f32])]) -> Result<(), TrainError> {
+    let all = groups
+        .iter()
+        .flat_map(|(_, s)| s.iter().copied())
+        .filter(|v| v.is_finite());
+    let (lo, hi) = all.fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| {
+        (a.min(v), b.max(v))
+    });
+    if !lo.is_finite() {
+        return Ok(());
+    }
+    let bins = 40usize;
+    let width = ((hi - lo) / bins as f32).max(f32::MIN_POSITIVE);
+    // Each group's share of its own examples per bin, so groups of different sizes compare.
+    let shares: Vec<Vec<f64>> = groups
+        .iter()
+        .map(|(_, s)| {
+            let mut h = vec![0f64; bins];
+            for &v in s.iter().filter(|v| v.is_finite()) {
+                h[(((v - lo) / width) as usize).min(bins - 1)] += 1.0 / s.len().max(1) as f64;
+            }
+            h
+        })
+        .collect();
+    let top = shares.iter().flatten().copied().fold(0f64, f64::max).max(1e-9);
+    let tmp = path.with_extension("tmp.png");
+    {
+        let root = BitMapBackend::new(&tmp, (800, 500)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(lo as f64..(lo + width * bins as f32) as f64, 0f64..top * 1.1)
+            .map_err(|e| draw_err(path, e))?;
+        chart
+            .configure_mesh()
+            .x_desc("score")
+            .y_desc("share of the group")
+            .draw()
+            .map_err(|e| draw_err(path, e))?;
+        let colors = [BLUE, RED, GREEN, MAGENTA];
+        for (g, ((name, _), h)) in groups.iter().zip(&shares).enumerate() {
+            let color = colors[g % colors.len()];
+            chart
+                .draw_series(h.iter().enumerate().map(|(i, &v)| {
+                    let x0 = (lo + width * i as f32) as f64;
+                    Rectangle::new([(x0, 0.0), (x0 + width as f64, v)], color.mix(0.35).filled())
+                }))
+                .map_err(|e| draw_err(path, e))?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.mix(0.35).filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| draw_err(path, e))?;
+        root.present().map_err(|e| draw_err(path, e))?;
+    }
+    publish(&tmp, path)
+}
+
+/// Rows of images side by side (e.g. inputs above their reconstructions): each image
+/// `channels × h × w` values in [0, 1] (grey or RGB), drawn `scale` times larger.
+pub fn image_grid(
+    path: &Path,
+    rows: &[Vec<Vec<f32>>],
+    (c, h, w): (usize, usize, usize),
+    scale: u32,
+) -> Result<(), TrainError> {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    if cols == 0 {
+        return Ok(());
+    }
+    let gap = 2u32;
+    let (cw, ch) = (w as u32 * scale + gap, h as u32 * scale + gap);
+    let tmp = path.with_extension("tmp.png");
+    {
+        let size = (cw * cols as u32 + gap, ch * rows.len() as u32 + gap);
+        let root = BitMapBackend::new(&tmp, size).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
+        for (r, row) in rows.iter().enumerate() {
+            for (k, im) in row.iter().enumerate() {
+                let (x0, y0) = (gap + k as u32 * cw, gap + r as u32 * ch);
+                for y in 0..h {
+                    for x in 0..w {
+                        let v = |ch: usize| {
+                            (im.get(ch * h * w + y * w + x)
+                                .copied()
+                                .unwrap_or(0.0)
+                                .clamp(0.0, 1.0)
+                                * 255.0) as u8
+                        };
+                        let color = if c == 3 {
+                            RGBColor(v(0), v(1), v(2))
+                        } else {
+                            RGBColor(v(0), v(0), v(0))
+                        };
+                        let (px, py) = ((x0 + x as u32 * scale) as i32, (y0 + y as u32 * scale) as i32);
+                        root.draw(&Rectangle::new(
+                            [(px, py), (px + scale as i32, py + scale as i32)],
+                            color.filled(),
+                        ))
+                        .map_err(|e| draw_err(path, e))?;
+                    }
+                }
+            }
         }
         root.present().map_err(|e| draw_err(path, e))?;
     }

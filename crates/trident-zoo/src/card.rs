@@ -59,6 +59,65 @@ pub enum ModelConfig {
     },
     /// A stack of layers named one by one, a user's registered layers among them.
     Sequential(SequentialModel),
+    /// An autoencoder trained to reconstruct its input (images or table rows); its
+    /// reconstruction error is each example's anomaly score.
+    Autoencoder(AutoencoderModel),
+}
+
+/// `[model] kind = "autoencoder"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoencoderModel {
+    /// `dense` (fully connected; images are flattened) or `conv` (images only).
+    #[serde(default)]
+    pub shape: AeShape,
+    /// Width of the code (the bottleneck).
+    #[serde(default = "code")]
+    pub code: usize,
+    /// `dense`: the encoder's hidden widths, mirrored by the decoder.
+    #[serde(default = "ae_hidden")]
+    pub hidden: Vec<usize>,
+    /// `conv`: channels of the stride-2 convolutions, one per halving of the image.
+    #[serde(default = "ae_channels")]
+    pub channels: Vec<usize>,
+    /// relu, gelu, sigmoid, tanh or a registered activation.
+    #[serde(default = "relu")]
+    pub activation: String,
+    /// Denoising: the standard deviation of Gaussian noise added to training inputs (the
+    /// clean input is the target); 0 trains a plain autoencoder.
+    #[serde(default)]
+    pub noise: f32,
+    /// `sigmoid` (values in (0, 1): pixels scaled to [0, 1]) or `linear`. Default: sigmoid
+    /// for images normalised with mean 0 and std 1, linear otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<AeOutput>,
+}
+
+/// The layers of an autoencoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AeShape {
+    #[default]
+    Dense,
+    Conv,
+}
+
+/// The decoder's last activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AeOutput {
+    Sigmoid,
+    Linear,
+}
+
+fn code() -> usize {
+    32
+}
+fn ae_hidden() -> Vec<usize> {
+    vec![512, 256]
+}
+fn ae_channels() -> Vec<usize> {
+    vec![32, 64]
 }
 
 /// `[model] kind = "sequential"`: `layers = [{ kind = "linear", out = 32 }, { kind =

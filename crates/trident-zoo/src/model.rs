@@ -1,18 +1,19 @@
 //! The models Trident trains, built from a model card, loaded from a checkpoint, and the
 //! [`TrainStep`] that ties each to its loss.
 
-use crate::card::{BertWidth, InputSpec, ModelCard, ModelConfig};
+use crate::card::{AeOutput, AeShape, AutoencoderModel, BertWidth, InputSpec, ModelCard, ModelConfig};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use trident_data::tokenize::EncodeError;
 use trident_data::DataError;
+use trident_nn::autoencoder::Autoencoder;
 use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, TextBatch, Tokenizer};
 use trident_nn::rnn::{CellKind, RnnClassifier};
 use trident_nn::vision::{Cnn, Vit};
 use trident_nn::{ops, Ctx, Device, Loaded, Params, Tensor};
 use trident_train::trainer::HiddenStates;
-use trident_train::{StepOutput, TrainStep};
+use trident_train::{Prediction, StepOutput, TrainStep};
 
 /// A batch for any of the models.
 pub enum Batch {
@@ -137,6 +138,7 @@ pub enum Net {
     Rnn(RnnClassifier),
     Mlp(trident_nn::layers::Mlp),
     Sequential(trident_nn::custom::Sequential),
+    Autoencoder(trident_nn::autoencoder::Autoencoder),
 }
 
 /// A network, its parameters and (for text) its tokenizer.
@@ -151,6 +153,18 @@ impl TrainStep for Model {
     type Batch = Batch;
 
     fn forward(&self, batch: &Batch, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        if let Net::Autoencoder(m) = &self.net {
+            let (Batch::Image(x, labels) | Batch::Features(x, labels)) = batch else {
+                candle_core::bail!("an autoencoder takes images or table rows, not text")
+            };
+            let errors = Autoencoder::errors(x, &m.forward(x, ctx)?)?;
+            let _layer = trident_nn::trace::layer(|| "loss".into());
+            return Ok(StepOutput {
+                loss: errors.mean_all()?,
+                prediction: Prediction::Scores(errors),
+                labels: labels.clone(),
+            });
+        }
         let (logits, labels) = match (batch, &self.net) {
             (Batch::Text(b, l), Net::Bert(m)) => (m.forward(b, ctx)?, l),
             (Batch::Text(b, l), Net::Rnn(m)) => (m.forward(&b.ids, &b.mask, ctx)?, l),
@@ -162,11 +176,11 @@ impl TrainStep for Model {
         };
         let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
         let _layer = trident_nn::trace::layer(|| "loss".into());
-        Ok(StepOutput {
-            loss: ops::cross_entropy(&logits, &y)?,
+        Ok(StepOutput::classified(
+            ops::cross_entropy(&logits, &y)?,
             logits,
-            labels: labels.clone(),
-        })
+            labels.clone(),
+        ))
     }
 
     fn params(&self) -> &Params {
@@ -185,11 +199,7 @@ impl TrainStep for Model {
         let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
         let _layer = trident_nn::trace::layer(|| "loss".into());
         Ok(Some((
-            StepOutput {
-                loss: ops::cross_entropy(&logits, &y)?,
-                logits,
-                labels: labels.clone(),
-            },
+            StepOutput::classified(ops::cross_entropy(&logits, &y)?, logits, labels.clone()),
             HiddenStates {
                 states,
                 mask: b.mask.to_dtype(candle_core::DType::F32)?,
@@ -418,6 +428,10 @@ impl Model {
                 (Net::Rnn(m), Some(Arc::new(tok)))
             }
             ModelConfig::Mlp { .. } | ModelConfig::Sequential(_) => (table_net(card, &params, seed)?, None),
+            ModelConfig::Autoencoder(a) => (
+                Net::Autoencoder(autoencoder(a, &card.input, &params, seed)?),
+                None,
+            ),
         };
         if let Some(dir) = weights_dir {
             let file = dir.join("model.safetensors");
@@ -547,6 +561,69 @@ fn table_net(card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Net
             &pb, &m.layers, width, classes,
         )?),
         _ => bail!("not a table model"),
+    })
+}
+
+/// The autoencoder of `a` on `input` (images, or a table's encoded rows).
+fn autoencoder(
+    a: &AutoencoderModel,
+    input: &InputSpec,
+    params: &Params,
+    seed: u64,
+) -> anyhow::Result<Autoencoder> {
+    use trident_nn::autoencoder::Output;
+    let act = trident_nn::custom::activation_by_name(&a.activation)
+        .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
+    if !(a.noise >= 0.0 && a.noise.is_finite()) {
+        bail!("model.noise = {}: must be >= 0", a.noise);
+    }
+    let output = match (a.output, input) {
+        (Some(AeOutput::Sigmoid), _) => Output::Sigmoid,
+        (Some(AeOutput::Linear), _) => Output::Linear,
+        (None, InputSpec::Image { mean, std, .. }) if *mean == 0.0 && *std == 1.0 => Output::Sigmoid,
+        (None, _) => Output::Linear,
+    };
+    let pb = params.builder(seed, None);
+    Ok(match (a.shape, input) {
+        (AeShape::Dense, InputSpec::Table { encoder, .. }) => {
+            Autoencoder::dense(&pb, encoder.width(), &a.hidden, a.code, act, output, a.noise)?
+        }
+        (
+            AeShape::Dense,
+            InputSpec::Image {
+                channels,
+                height,
+                width,
+                ..
+            },
+        ) => Autoencoder::dense(
+            &pb,
+            channels * height * width,
+            &a.hidden,
+            a.code,
+            act,
+            output,
+            a.noise,
+        )?,
+        (
+            AeShape::Conv,
+            &InputSpec::Image {
+                channels,
+                height,
+                width,
+                ..
+            },
+        ) => Autoencoder::conv(
+            &pb,
+            (channels, height, width),
+            &a.channels,
+            a.code,
+            act,
+            output,
+            a.noise,
+        )?,
+        (AeShape::Conv, _) => bail!("model.shape = \"conv\" takes images; use \"dense\" for table rows"),
+        (_, InputSpec::Text { .. }) => bail!("an autoencoder takes images or table rows, not text"),
     })
 }
 

@@ -20,6 +20,35 @@ pub struct RunConfig {
     /// `trident distill` only: the teacher and the loss.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distill: Option<DistillSection>,
+    /// Anomaly detection with an autoencoder: which classes are normal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anomaly: Option<AnomalySection>,
+}
+
+/// `[anomaly]`: the autoencoder trains and validates on the `normal` classes' examples only;
+/// the test split keeps every class, and each example's reconstruction error scores how
+/// anomalous it is (AUROC of normal against the rest, and per class).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnomalySection {
+    /// Class names (as the data names them) that count as normal.
+    pub normal: Vec<String>,
+}
+
+impl RunConfig {
+    /// The indices of `[anomaly] normal` among `classes`; `None` without the section.
+    pub fn normal_classes(&self, classes: &[String]) -> anyhow::Result<Option<Vec<usize>>> {
+        let Some(a) = &self.anomaly else { return Ok(None) };
+        a.normal
+            .iter()
+            .map(|n| {
+                classes.iter().position(|c| c == n).with_context(|| {
+                    format!("anomaly.normal: {n:?} is not one of the data's classes {classes:?}")
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(Some)
+    }
 }
 
 /// `[distill]`: a frozen teacher checkpoint teaches the `[model]` student.
@@ -317,8 +346,29 @@ impl RunConfig {
                 .unwrap_or_default();
             anyhow::anyhow!("{at}{}", e.message())
         })?;
+        let mut c = c;
+        c.monitor_for_the_task(text)?;
         c.validate()?;
         Ok(c)
+    }
+
+    /// An autoencoder has no accuracy: it monitors the validation loss unless the file
+    /// asked for another metric, which is an error.
+    fn monitor_for_the_task(&mut self, text: &str) -> anyhow::Result<()> {
+        if !matches!(self.model, ModelConfig::Autoencoder(_)) {
+            return Ok(());
+        }
+        let table: toml::Table = toml::from_str(text)?;
+        let given = table.get("train").and_then(|t| t.get("monitor")).is_some();
+        use trident_train::trainer::Monitor;
+        match (given, self.train.monitor) {
+            (false, _) => self.train.monitor = Monitor::ValLoss,
+            (true, Monitor::ValLoss) => {}
+            (true, m) => anyhow::bail!(
+                "train.monitor = {m:?}: an autoencoder has no class predictions; it monitors \"val_loss\" (its reconstruction error)"
+            ),
+        }
+        Ok(())
     }
 
     fn validate(&self) -> anyhow::Result<()> {
@@ -407,8 +457,11 @@ impl RunConfig {
                 );
                 anyhow::ensure!(*std > 0.0, "data.std must be positive");
                 anyhow::ensure!(
-                    matches!(self.model, ModelConfig::Vit(_) | ModelConfig::Cnn { .. }),
-                    "model.kind must be an image model (vit, cnn) for image data"
+                    matches!(
+                        self.model,
+                        ModelConfig::Vit(_) | ModelConfig::Cnn { .. } | ModelConfig::Autoencoder(_)
+                    ),
+                    "model.kind must be an image model (vit, cnn, autoencoder) for image data"
                 );
             }
             DataConfig::Table {
@@ -428,8 +481,11 @@ impl RunConfig {
                     "data.val_fraction + data.test_fraction must be in [0, 1)"
                 );
                 anyhow::ensure!(
-                    matches!(self.model, ModelConfig::Mlp { .. } | ModelConfig::Sequential(_)),
-                    "model.kind must be mlp or sequential for table data"
+                    matches!(
+                        self.model,
+                        ModelConfig::Mlp { .. } | ModelConfig::Sequential(_) | ModelConfig::Autoencoder(_)
+                    ),
+                    "model.kind must be mlp, sequential or autoencoder for table data"
                 );
             }
         }
@@ -438,6 +494,21 @@ impl RunConfig {
                 || matches!(self.data, DataConfig::Table { .. }),
             "model.kind = \"mlp\" or \"sequential\" takes table data (data.kind = \"table\")"
         );
+        let autoencoder = matches!(self.model, ModelConfig::Autoencoder(_));
+        anyhow::ensure!(
+            self.anomaly.is_none() || autoencoder,
+            "[anomaly] scores examples by their reconstruction error: it needs model.kind = \"autoencoder\""
+        );
+        anyhow::ensure!(
+            !autoencoder || self.distill.is_none(),
+            "an autoencoder cannot be distilled (distillation matches class predictions)"
+        );
+        if let Some(a) = &self.anomaly {
+            anyhow::ensure!(
+                !a.normal.is_empty(),
+                "anomaly.normal is empty: name the normal classes"
+            );
+        }
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! `trident train`, `trident eval` and `trident predict`.
 
+pub mod anomaly;
 pub mod config;
 pub mod report;
 pub mod task;
@@ -174,7 +175,7 @@ pub struct PredictArgs {
     model: PathBuf,
     /// Texts to classify for a text model, PNG/JPEG files for an image model, for a table
     /// model CSV rows of feature values in the model's column order or CSV files whose
-    /// header names the columns (one JSON line of output per text, image or row).
+    /// header names the columns, or in scikit-learn's bundled layout (one JSON line of output per text, image or row).
     #[arg(required = true, value_name = "INPUT")]
     inputs: Vec<String>,
 }
@@ -561,16 +562,27 @@ fn test_and_report<D: Dataset + 'static>(
     let ev = evaluate(model, &splits.test, classes.len())?;
     let eval_seconds = t0.elapsed().as_secs_f64();
     let out = dir.join("test");
-    write_report(&out, &ev, classes)?;
-    eprintln!(
-        "test (best epoch {}): accuracy {:.4}  macro-F1 {:.4}  loss {:.4}  → {}",
-        summary.state.best_epoch.map_or(0, |e| e + 1),
-        ev.report.accuracy,
-        ev.report.macro_f1,
-        ev.loss,
-        out.display()
-    );
     let first = splits.test.epoch(0).next().context("the test split is empty")??;
+    let best_epoch = summary.state.best_epoch.map_or(0, |e| e + 1);
+    match &ev.report {
+        Some(r) => {
+            write_report(&out, &ev, classes)?;
+            eprintln!(
+                "test (best epoch {best_epoch}): accuracy {:.4}  macro-F1 {:.4}  loss {:.4}  → {}",
+                r.accuracy,
+                r.macro_f1,
+                ev.loss,
+                out.display()
+            );
+        }
+        None => {
+            let lines = write_reconstruction(c, model, &ev, &first, &out)?;
+            eprintln!("test (best epoch {best_epoch}) → {}", out.display());
+            for l in lines {
+                eprintln!("{l}");
+            }
+        }
+    }
     let student = report::facts(
         model,
         &ev,
@@ -593,8 +605,8 @@ fn test_and_report<D: Dataset + 'static>(
                 mode: format!("{:?}", d.mode).to_lowercase(),
                 loss: format!("{:?}", d.loss),
                 param_ratio: student.params as f64 / t.params.max(1) as f64,
-                accuracy_retained_pct: 100.0 * student.test_accuracy / t.test_accuracy.max(1e-12),
-                macro_f1_retained_pct: 100.0 * student.test_macro_f1 / t.test_macro_f1.max(1e-12),
+                accuracy_retained_pct: retained(student.test_accuracy, t.test_accuracy),
+                macro_f1_retained_pct: retained(student.test_macro_f1, t.test_macro_f1),
                 latency_speedup: t.latency.p50_ms / student.latency.p50_ms.max(1e-12),
                 teacher: t,
             })
@@ -782,11 +794,35 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     trident_train::write_atomic(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
+/// A student's share of its teacher's figure, in % (both are classifiers: the config
+/// refuses to distill anything else).
+fn retained(student: Option<f64>, teacher: Option<f64>) -> f64 {
+    100.0 * student.unwrap_or(f64::NAN) / teacher.unwrap_or(f64::NAN).max(1e-12)
+}
+
+/// An autoencoder's report of a split in `out` (with `[anomaly]`, normal against the
+/// rest), and for images its reconstructions of `first`'s images; returns the lines to show.
+fn write_reconstruction(
+    c: &RunConfig,
+    model: &Model,
+    ev: &trident_train::trainer::Evaluation,
+    first: &task::Batch,
+    out: &Path,
+) -> anyhow::Result<Vec<String>> {
+    let normal = c.normal_classes(&model.card.classes)?;
+    let r = anomaly::ReconstructionReport::new(ev, &model.card.classes, normal.as_deref());
+    r.write(out, ev, normal.as_deref())?;
+    anomaly::reconstruction_grid(model, first, &out.join("reconstructions.png"))?;
+    Ok(r.lines())
+}
+
+/// A classifier's report of a split: `metrics.json` and `confusion.png` in `out`.
 fn write_report(
     out: &Path,
     ev: &trident_train::trainer::Evaluation,
     classes: &[String],
 ) -> anyhow::Result<()> {
+    let report = ev.classification()?;
     std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
     let json = serde_json::json!({
         "examples": ev.labels.len(),
@@ -798,7 +834,7 @@ fn write_report(
         &out.join("metrics.json"),
         serde_json::to_string_pretty(&json)?.as_bytes(),
     )?;
-    plot::confusion_matrix(&out.join("confusion.png"), &ev.report.confusion, classes)?;
+    plot::confusion_matrix(&out.join("confusion.png"), &report.confusion, classes)?;
     Ok(())
 }
 
@@ -844,7 +880,8 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let ev = match &c.data {
+    // (the evaluation, the split's first batch: an autoencoder draws its reconstructions)
+    let (ev, first) = match &c.data {
         DataConfig::Text { .. } => {
             let set = read_text(&c)?;
             if set.classes() != classes.as_slice() {
@@ -883,8 +920,14 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let out = args
         .out
         .unwrap_or_else(|| args.model.join(format!("eval-{label}{suffix}")));
+    let Some(r) = &ev.report else {
+        for l in write_reconstruction(&c, &model, &ev, &first, &out)? {
+            println!("{l}");
+        }
+        println!("wrote {}/metrics.json and scores.png", out.display());
+        return Ok(());
+    };
     write_report(&out, &ev, &classes)?;
-    let r = &ev.report;
     println!(
         "examples {}  accuracy {:.4}  macro-F1 {:.4}  loss {:.4}",
         ev.labels.len(),
@@ -985,10 +1028,22 @@ impl TrainStep for OnnxStep {
             .expect("instance lock")
             .execute(given)
             .map_err(|e| err(e.to_string()))?;
+        let rows = labels.len();
+        if let Some((_, e)) = outputs.iter().find(|(n, _)| n == "reconstruction_error") {
+            // An autoencoder: its per-example error is the score, their mean the loss.
+            let values = e
+                .to_f32()
+                .ok_or_else(|| err("`reconstruction_error` is not FP32".into()))?;
+            let errors = candle_core::Tensor::from_vec(values, rows, &candle_core::Device::Cpu)?;
+            return Ok(trident_train::StepOutput {
+                loss: errors.mean_all()?,
+                prediction: trident_train::Prediction::Scores(errors),
+                labels: labels.clone(),
+            });
+        }
         let (_, logits) = outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| {
             err("the ONNX model has no `logits` output (not a `trident export` file?)".into())
         })?;
-        let rows = labels.len();
         let values = logits
             .to_f32()
             .ok_or_else(|| err("`logits` is not FP32".into()))?;
@@ -998,11 +1053,11 @@ impl TrainStep for OnnxStep {
             &candle_core::Device::Cpu,
         )?;
         let y = candle_core::Tensor::from_iter(labels.iter().map(|&l| l as u32), &candle_core::Device::Cpu)?;
-        Ok(trident_train::StepOutput {
-            loss: trident_nn::ops::cross_entropy(&logits, &y)?,
+        Ok(trident_train::StepOutput::classified(
+            trident_nn::ops::cross_entropy(&logits, &y)?,
             logits,
-            labels: labels.clone(),
-        })
+            labels.clone(),
+        ))
     }
 
     fn params(&self) -> &trident_nn::Params {
@@ -1010,17 +1065,20 @@ impl TrainStep for OnnxStep {
     }
 }
 
-/// The checkpoint, or its exported graph when `--onnx` gave one, on `loader`.
+/// The checkpoint, or its exported graph when `--onnx` gave one, on `loader`; with the
+/// loader's first batch.
 fn evaluate_either<D: Dataset + 'static>(
     onnx: Option<&OnnxStep>,
     model: &Model,
     loader: &trident_data::DataLoader<D, task::Batch>,
-) -> anyhow::Result<trident_train::trainer::Evaluation> {
+) -> anyhow::Result<(trident_train::trainer::Evaluation, task::Batch)> {
     let classes = model.card.classes.len();
-    Ok(match onnx {
+    let ev = match onnx {
         Some(step) => evaluate(step, loader, classes)?,
         None => evaluate(model, loader, classes)?,
-    })
+    };
+    let first = loader.epoch(0).next().context("the split is empty")??;
+    Ok((ev, first))
 }
 
 fn pick<D: Dataset>(
@@ -1077,7 +1135,14 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
         };
         for (key, names, batch) in items {
             let out = model.forward(&batch, &Ctx::eval())?;
-            let rows = trident_nn::ops::softmax_last_dim(&out.logits)?.to_vec2::<f32>()?;
+            if let trident_train::Prediction::Scores(s) = &out.prediction {
+                // An autoencoder: each input's reconstruction error, its anomaly score.
+                for (name, e) in names.iter().zip(s.to_vec1::<f32>()?) {
+                    println!("{}", serde_json::json!({key: name, "reconstruction_error": e}));
+                }
+                continue;
+            }
+            let rows = trident_nn::ops::softmax_last_dim(out.logits()?)?.to_vec2::<f32>()?;
             for (name, probs) in names.iter().zip(&rows) {
                 let best = probs
                     .iter()
@@ -1125,7 +1190,19 @@ fn table_rows(
     };
     let path = Path::new(input);
     if path.is_file() {
-        let table = Table::read(path, &TableSpec::default())?;
+        // scikit-learn's bundled files start `n_samples,n_features,class names…` instead of
+        // a header; their columns are then x0… and label, as in training.
+        let first = trident_data::read_file(path)?;
+        let first =
+            String::from_utf8_lossy(first.split(|&b| b == b'\n').next().unwrap_or_default()).into_owned();
+        let mut cells = first.split([',', ';', '\t']).map(str::trim);
+        let sklearn_header = cells.next().is_some_and(|c| c.parse::<usize>().is_ok())
+            && cells.next().is_some_and(|c| c.parse::<usize>().is_ok());
+        let spec = TableSpec {
+            sklearn_header,
+            ..TableSpec::default()
+        };
+        let table = Table::read(path, &spec)?;
         let at = encoder.locate(&table)?;
         let mut items = Vec::new();
         for chunk in (0..table.rows.len()).collect::<Vec<_>>().chunks(PREDICT_BATCH) {

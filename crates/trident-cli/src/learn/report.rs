@@ -33,8 +33,13 @@ pub struct Latency {
 pub struct ModelFacts {
     pub params: usize,
     pub size_bytes: Option<u64>,
-    pub test_accuracy: f64,
-    pub test_macro_f1: f64,
+    /// A classifier's test accuracy and macro-F1 (absent for an autoencoder).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_accuracy: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_macro_f1: Option<f64>,
+    /// The test loss (an autoencoder's: the mean squared error per value).
+    pub test_loss: f64,
     pub test_examples_per_second: f64,
     pub latency: Latency,
 }
@@ -78,8 +83,9 @@ pub fn facts(
     Ok(ModelFacts {
         params: model.param_count(),
         size_bytes: weights.and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len()),
-        test_accuracy: ev.report.accuracy,
-        test_macro_f1: ev.report.macro_f1,
+        test_accuracy: ev.report.as_ref().map(|r| r.accuracy),
+        test_macro_f1: ev.report.as_ref().map(|r| r.macro_f1),
+        test_loss: ev.loss,
         test_examples_per_second: ev.labels.len() as f64 / eval_seconds.max(1e-9),
         latency: latency(model, first_test_batch, 200)?,
     })
@@ -116,12 +122,15 @@ impl RunReport {
     /// A few lines for the terminal.
     pub fn summary(&self) -> String {
         let line = |name: &str, m: &ModelFacts| {
+            let quality = match (m.test_accuracy, m.test_macro_f1) {
+                (Some(a), Some(f)) => format!("accuracy {a:.4}  macro-F1 {f:.4}"),
+                _ => format!("test loss {:.5}", m.test_loss),
+            };
             format!(
-                "  {name:<8} {:>10} params  {:>9}  accuracy {:.4}  macro-F1 {:.4}  batch-1 p50 {:.3} ms  {:.0} ex/s batched\n",
+                "  {name:<8} {:>10} params  {:>9}  {quality}  batch-1 p50 {:.3} ms  {:.0} ex/s batched\n",
                 m.params,
-                m.size_bytes.map_or("-".into(), |b| format!("{:.1} KiB", b as f64 / 1024.0)),
-                m.test_accuracy,
-                m.test_macro_f1,
+                m.size_bytes
+                    .map_or("-".into(), |b| format!("{:.1} KiB", b as f64 / 1024.0)),
                 m.latency.p50_ms,
                 m.test_examples_per_second
             )

@@ -11,6 +11,7 @@ use trident_data::table::{Encoder, Missing, Table, TableSpec};
 use trident_data::text::{ScoreBins, TextClassification, TextFormat, TextSpec};
 use trident_data::{DataError, DataLoader, Dataset, LoaderConfig};
 use trident_nn::bert::TextBatch;
+pub use trident_zoo::model::Net;
 pub use trident_zoo::{image_collate, Batch, InputSpec, Model, ModelCard};
 
 /// Tokenised texts with labels.
@@ -58,6 +59,23 @@ impl ImageSet {
             shape: self.shape,
             augment,
         }
+    }
+}
+
+impl ImageSource {
+    /// The class of image `i`, without decoding it.
+    fn label(&self, i: usize) -> usize {
+        match self {
+            ImageSource::Idx(s) => s.label(i),
+            ImageSource::Folder(f) => f.label(i),
+        }
+    }
+}
+
+/// `[anomaly]`: keeps the examples of the normal classes (training and validation splits).
+fn keep_normal(idx: &mut Vec<usize>, normal: Option<&[usize]>, label: impl Fn(usize) -> usize) {
+    if let Some(normal) = normal {
+        idx.retain(|&i| normal.contains(&label(i)));
     }
 }
 
@@ -284,8 +302,17 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
     let train = Arc::new(train.with_augment(opts.augment.then_some((2, c.run.seed))));
     let test = Arc::new(test);
     let n = opts.max_train.map_or(train.len(), |m| m.min(train.len()));
-    let (mut tr, va, _) = split_indices(n, opts.val_fraction, 0.0, c.run.seed);
+    let (mut tr, mut va, _) = split_indices(n, opts.val_fraction, 0.0, c.run.seed);
     tr.sort_unstable(); // the loader shuffles per epoch; keep the split itself ordered
+    let normal = c.normal_classes(&classes)?;
+    keep_normal(&mut tr, normal.as_deref(), |i| train.source.label(i));
+    keep_normal(&mut va, normal.as_deref(), |i| train.source.label(i));
+    if tr.is_empty() {
+        bail!(
+            "no training image is left of the normal classes {:?}",
+            c.anomaly.as_ref().map(|a| &a.normal)
+        );
+    }
     let sizes = (tr.len(), va.len(), test.len());
     let mk = |d: &Arc<ImageSet>, idx: Vec<usize>, train: bool| {
         DataLoader::new(
@@ -405,7 +432,10 @@ pub fn table_splits(c: &RunConfig, fitted: Option<Fitted>) -> anyhow::Result<Tab
         .collect();
     let unlabelled = table.rows.len() - labelled.len();
     let y: Vec<usize> = labelled.iter().map(|&(_, l)| l).collect();
-    let splits = stratified_split(&y, *val_fraction, *test_fraction, c.run.seed);
+    let mut splits = stratified_split(&y, *val_fraction, *test_fraction, c.run.seed);
+    let normal = c.normal_classes(&classes)?;
+    keep_normal(&mut splits.0, normal.as_deref(), |i| y[i]);
+    keep_normal(&mut splits.1, normal.as_deref(), |i| y[i]);
     let rows = |split: &[usize]| -> Vec<(usize, usize)> { split.iter().map(|&i| labelled[i]).collect() };
     let encoder = match &fitted {
         Some(f) => f.encoder.clone(),

@@ -141,14 +141,14 @@ impl RunLog {
     pub fn epoch(&mut self, r: EpochRecord) -> Result<(), TrainError> {
         if let Some(tb) = self.tb.as_mut() {
             let step = r.step as i64;
-            let mut scalars = vec![
-                ("epoch/train_loss", r.train_loss),
+            let scalars = [
+                ("epoch/train_loss", Some(r.train_loss)),
                 ("epoch/train_accuracy", r.train_accuracy),
+                ("val/loss", r.val_loss),
+                ("val/accuracy", r.val_accuracy),
+                ("val/macro_f1", r.val_macro_f1),
             ];
-            if let (Some(l), Some(a), Some(f)) = (r.val_loss, r.val_accuracy, r.val_macro_f1) {
-                scalars.extend([("val/loss", l), ("val/accuracy", a), ("val/macro_f1", f)]);
-            }
-            for (tag, v) in scalars {
+            for (tag, v) in scalars.into_iter().filter_map(|(t, v)| Some((t, v?))) {
                 tb.scalar(tag, step, v as f32).map_err(io_err(tb.path()))?;
             }
         }
@@ -191,14 +191,15 @@ impl RunLog {
 }
 
 fn describe(r: &EpochRecord) -> String {
-    let mut s = format!(
-        "epoch {}  train loss {:.4}  acc {:.4}",
-        r.epoch + 1,
-        r.train_loss,
-        r.train_accuracy
-    );
-    if let (Some(l), Some(a), Some(f)) = (r.val_loss, r.val_accuracy, r.val_macro_f1) {
-        s += &format!("  |  val loss {l:.4}  acc {a:.4}  macro-F1 {f:.4}");
+    let mut s = format!("epoch {}  train loss {:.4}", r.epoch + 1, r.train_loss);
+    if let Some(a) = r.train_accuracy {
+        s += &format!("  acc {a:.4}");
+    }
+    if let Some(l) = r.val_loss {
+        s += &format!("  |  val loss {l:.4}");
+    }
+    if let (Some(a), Some(f)) = (r.val_accuracy, r.val_macro_f1) {
+        s += &format!("  acc {a:.4}  macro-F1 {f:.4}");
     }
     s + &format!("  |  {:.1}s, {:.1} ex/s", r.epoch_seconds, r.examples_per_second)
 }

@@ -44,10 +44,42 @@ use trident_nn::{Ctx, Params};
 pub struct StepOutput {
     /// Scalar loss to minimise (mean over the batch).
     pub loss: Tensor,
-    /// `[batch, classes]` logits.
-    pub logits: Tensor,
-    /// True class per example.
+    /// What the model made of each example: class logits, or per-example scores.
+    pub prediction: Prediction,
+    /// The class of each example (for a task without classes, the data's label, kept for
+    /// per-class figures such as anomaly detection's; zeros where the data has none).
     pub labels: Vec<usize>,
+}
+
+/// A batch's predictions.
+#[derive(Debug, Clone)]
+pub enum Prediction {
+    /// `[batch, classes]` logits of a classifier.
+    Logits(Tensor),
+    /// `[batch]` per-example scores of a task without classes, larger meaning worse: an
+    /// autoencoder's reconstruction error per value, which is also its anomaly score.
+    Scores(Tensor),
+}
+
+impl StepOutput {
+    /// A classifier's output.
+    pub fn classified(loss: Tensor, logits: Tensor, labels: Vec<usize>) -> Self {
+        StepOutput {
+            loss,
+            prediction: Prediction::Logits(logits),
+            labels,
+        }
+    }
+
+    /// The class logits; an error for a model without classes.
+    pub fn logits(&self) -> candle_core::Result<&Tensor> {
+        match &self.prediction {
+            Prediction::Logits(l) => Ok(l),
+            Prediction::Scores(_) => {
+                candle_core::bail!("this model scores examples; it has no class logits")
+            }
+        }
+    }
 }
 
 /// Hidden states of a sequence model, for hidden-state distillation.
@@ -100,6 +132,15 @@ impl Monitor {
             _ => new > old,
         }
     }
+}
+
+/// The error of a class metric monitored on a model without classes.
+fn monitor_needs_classes(rule: &EarlyStopping) -> TrainError {
+    TrainError::Invalid(format!(
+        "train.monitor = {:?} needs class predictions, and this model scores examples \
+         (reconstruction) instead: use train.monitor = \"val_loss\"",
+        rule.monitor
+    ))
 }
 
 /// The precision of the forward and backward passes.
@@ -218,8 +259,9 @@ pub struct EpochRecord {
     pub step: u64,
     /// Mean training loss of the epoch's micro-batches.
     pub train_loss: f64,
-    /// Training accuracy (dropout on).
-    pub train_accuracy: f64,
+    /// Training accuracy (dropout on); `None` for a model without classes.
+    #[serde(default)]
+    pub train_accuracy: Option<f64>,
     /// Validation loss.
     pub val_loss: Option<f64>,
     /// Validation accuracy.
@@ -467,6 +509,7 @@ impl Trainer {
             profiler: StepProfiler::new(self.profile.as_ref()),
             stop: StopRequest::new(&self.stop, self.stop_after_steps),
             sums: StepSums::default(),
+            classified: true,
         })))
     }
 }
@@ -519,6 +562,9 @@ struct Run<'a> {
     profiler: StepProfiler<'a>,
     stop: StopRequest<'a>,
     sums: StepSums,
+    /// The model predicts classes (training accuracy is counted); false once a step gave
+    /// scores instead.
+    classified: bool,
 }
 
 impl Run<'_> {
@@ -594,19 +640,30 @@ impl Run<'_> {
             epoch,
             step: self.state.optimizer_step,
             train_loss: loss_sum / loss_n.max(1) as f64,
-            train_accuracy: correct as f64 / seen.max(1) as f64,
+            train_accuracy: self.classified.then(|| correct as f64 / seen.max(1) as f64),
             val_loss: val.map(|e| e.loss),
-            val_accuracy: val.map(|e| e.report.accuracy),
-            val_macro_f1: val.map(|e| e.report.macro_f1),
+            val_accuracy: val.and_then(|e| e.report.as_ref()).map(|r| r.accuracy),
+            val_macro_f1: val.and_then(|e| e.report.as_ref()).map(|r| r.macro_f1),
             lr: self.updater.lr(self.state.optimizer_step.saturating_sub(1)),
             epoch_seconds: trained.seconds,
             examples_per_second: trained.seen_now as f64 / trained.seconds.max(1e-9),
         })?;
-        let metric = val.map(|e| match rule.monitor {
-            Monitor::ValAccuracy => e.report.accuracy,
-            Monitor::ValMacroF1 => e.report.macro_f1,
-            Monitor::ValLoss => e.loss,
-        });
+        let metric = match val {
+            Some(e) => Some(match rule.monitor {
+                Monitor::ValAccuracy => {
+                    e.classification()
+                        .map_err(|_| monitor_needs_classes(rule))?
+                        .accuracy
+                }
+                Monitor::ValMacroF1 => {
+                    e.classification()
+                        .map_err(|_| monitor_needs_classes(rule))?
+                        .macro_f1
+                }
+                Monitor::ValLoss => e.loss,
+            }),
+            None => None,
+        };
         let state = &mut self.state;
         state.epoch += 1;
         state.batch_in_epoch = 0;
@@ -666,8 +723,16 @@ impl Run<'_> {
             }
             return Err(TrainError::Invalid(e));
         }
-        let preds = trident_nn::ops::argmax_rows(&out.logits)?;
-        let hits = preds.iter().zip(&out.labels).filter(|(p, l)| p == l).count();
+        let hits = match &out.prediction {
+            Prediction::Logits(logits) => {
+                let preds = trident_nn::ops::argmax_rows(logits)?;
+                preds.iter().zip(&out.labels).filter(|(p, l)| p == l).count()
+            }
+            Prediction::Scores(_) => {
+                self.classified = false;
+                0
+            }
+        };
         self.sums.loss += loss as f32;
         self.sums.micro_batches += 1.0;
         self.sums.hits += hits as f32;

@@ -1,0 +1,279 @@
+//! `[model] kind = "autoencoder"` end to end: training on images (dense and conv) and on
+//! a table, the reconstruction report with `[anomaly]` (ROC-AUC of the reconstruction
+//! error, normal against the rest), `trident eval` and `predict` agreeing with it, exact
+//! resume of a denoising run, the exported ONNX graph scoring like the checkpoint, and the
+//! errors for configurations that cannot work.
+
+mod common;
+use common::{assert_same_checkpoints, epoch_records, failed, ok, trident};
+
+use std::path::{Path, PathBuf};
+
+fn image_config(dir: &Path, run: &str, model: &str, extra: &str) -> PathBuf {
+    let cfg = format!(
+        r#"
+[run]
+dir = "{run}"
+seed = 4
+[data]
+kind = "idx"
+train_images = "train-images"
+train_labels = "train-labels"
+test_images = "test-images"
+test_labels = "test-labels"
+classes = ["top", "bottom"]
+val_fraction = 0.2
+[loader]
+batch_size = 8
+num_workers = 0
+[model]
+kind = "autoencoder"
+{model}
+[train]
+epochs = 6
+lr = 1e-2
+log_every = 2
+{extra}
+"#
+    );
+    let path = dir.join(format!("{run}.toml"));
+    std::fs::write(&path, cfg).unwrap();
+    path
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn an_autoencoder_of_normal_images_flags_the_other_class_and_eval_agrees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    let cfg = image_config(
+        d,
+        "ae",
+        "hidden = [16]\ncode = 4",
+        "[anomaly]\nnormal = [\"top\"]",
+    );
+    let log = String::from_utf8_lossy(&trident(&["train", "--config", cfg.to_str().unwrap()], d).stderr)
+        .into_owned();
+    assert!(d.join("ae/best/model.safetensors").is_file(), "{log}");
+    // Training and validation saw only the normal class: of 96 images (77 train / 19
+    // validation), the "top" half.
+    assert!(log.contains("data 36 train / 12 val / 32 test"), "{log}");
+    let m = json(&d.join("ae/test/metrics.json"));
+    let r = &m["reconstruction"];
+    let auroc = r["anomaly"]["auroc"].as_f64().unwrap();
+    assert!(
+        auroc > 0.95,
+        "bright-bottom images are far from every top one: AUROC {auroc}"
+    );
+    assert_eq!(r["anomaly"]["normal_examples"], 16);
+    assert_eq!(r["anomaly"]["anomalous_examples"], 16);
+    let (top, bottom) = (&r["per_class"][0], &r["per_class"][1]);
+    assert!(top["mse"].as_f64().unwrap() < bottom["mse"].as_f64().unwrap());
+    assert_eq!(top["normal"], true);
+    // The overall error is the mean of the equal-sized classes', and the test loss.
+    let mse = r["mse"].as_f64().unwrap();
+    let mean = (top["mse"].as_f64().unwrap() + bottom["mse"].as_f64().unwrap()) / 2.0;
+    assert!((mse - mean).abs() < 1e-6 && (mse - m["loss"].as_f64().unwrap()).abs() < 1e-6 * mse.max(1.0));
+    for f in ["scores.png", "reconstructions.png"] {
+        assert!(d.join("ae/test").join(f).is_file(), "{f}");
+    }
+    // Validation loss is monitored; a model without classes has no accuracy curve.
+    let records = epoch_records(&d.join("ae"));
+    assert_eq!(records.len(), 6);
+    assert!(records
+        .iter()
+        .all(|r| r["train_accuracy"].is_null() && r["val_loss"].is_number()));
+    assert!(d.join("ae/loss.png").is_file() && !d.join("ae/accuracy.png").exists());
+    let first = records[0]["train_loss"].as_f64().unwrap();
+    let last = records[5]["train_loss"].as_f64().unwrap();
+    assert!(last < first, "reconstruction improves: {first} → {last}");
+    let report = json(&d.join("ae/report.json"));
+    assert!(report["student"]["test_accuracy"].is_null());
+    // (the loss summed per batch in f32, the report's mean per example in f64)
+    assert!((report["student"]["test_loss"].as_f64().unwrap() - mse).abs() < 1e-6 * mse.max(1.0));
+
+    // `trident eval` reproduces the test figures from the checkpoint alone.
+    let best = d.join("ae/best");
+    let out = ok(&trident(&["eval", "--model", best.to_str().unwrap()], d));
+    assert!(out.contains(&format!("anomaly ROC-AUC {auroc:.4}")), "{out}");
+    let e = json(&best.join("eval-test/metrics.json"));
+    assert_eq!(e["reconstruction"]["anomaly"]["auroc"], r["anomaly"]["auroc"]);
+    // The validation split holds normal images only: no ROC-AUC to compute.
+    let out = ok(&trident(
+        &["eval", "--model", best.to_str().unwrap(), "--split", "val"],
+        d,
+    ));
+    assert!(
+        out.contains("anomaly ROC-AUC undefined") && out.contains("anomalous: 0"),
+        "{out}"
+    );
+
+    onnx_scores_like_the_checkpoint(d, &best);
+}
+
+/// `trident export` writes the autoencoder's graph (reconstruction and its error), and
+/// `trident eval --onnx` on it, with each engine, reproduces the checkpoint's test figures.
+fn onnx_scores_like_the_checkpoint(d: &Path, best: &Path) {
+    let b = best.to_str().unwrap();
+    let mine = json(&best.join("eval-test/metrics.json"));
+    let onnx = d.join(format!(
+        "{}.onnx",
+        best.parent().unwrap().file_name().unwrap().to_string_lossy()
+    ));
+    let o = onnx.to_str().unwrap();
+    ok(&trident(&["export", "--model", b, "--out", o], d));
+    for engine in ["tract", "ort"] {
+        if engine == "ort" && !cfg!(feature = "ort") {
+            continue;
+        }
+        ok(&trident(
+            &["eval", "--model", b, "--onnx", o, "--engine", engine],
+            d,
+        ));
+        let theirs = json(&best.join("eval-test-onnx/metrics.json"));
+        let (a, t) = (&mine["reconstruction"], &theirs["reconstruction"]);
+        let (ma, mt) = (a["mse"].as_f64().unwrap(), t["mse"].as_f64().unwrap());
+        assert!(
+            (ma - mt).abs() < 1e-5 * ma.max(1e-3),
+            "{engine}: MSE {mt} vs the checkpoint's {ma}"
+        );
+        if let Some(auc) = a["anomaly"]["auroc"].as_f64() {
+            let other = t["anomaly"]["auroc"].as_f64().unwrap();
+            assert!((auc - other).abs() < 1e-3, "{engine}: ROC-AUC {other} vs {auc}");
+        }
+    }
+}
+
+#[test]
+fn a_denoising_conv_autoencoder_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    let model = "shape = \"conv\"\nchannels = [4, 8]\ncode = 6\nnoise = 0.2";
+    let whole = image_config(d, "whole", model, "");
+    let out = trident(&["train", "--config", whole.to_str().unwrap()], d);
+    ok(&out);
+    let m = json(&d.join("whole/test/metrics.json"));
+    let mse = m["reconstruction"]["mse"].as_f64().unwrap();
+    // A sigmoid decoder on [0, 1] pixels: better than predicting 0.5 everywhere (≈ 0.17).
+    assert!(mse < 0.1, "test MSE {mse}");
+    assert!(m["reconstruction"]["anomaly"].is_null());
+    let best = d.join("whole/best");
+    ok(&trident(&["eval", "--model", best.to_str().unwrap()], d));
+    onnx_scores_like_the_checkpoint(d, &best);
+    let parts = image_config(d, "parts", model, "");
+    let p = parts.to_str().unwrap();
+    ok(&trident(&["train", "--config", p, "--stop-after-steps", "7"], d));
+    ok(&trident(&["train", "--config", p, "--resume"], d));
+    assert_same_checkpoints(&d.join("whole"), &d.join("parts"));
+}
+
+#[test]
+fn a_table_autoencoder_scores_rows_in_eval_and_predict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // Class "a" rows lie on a plane (y = 2x + noise, z free): two degrees of freedom, which
+    // a 2-wide code holds; class "b" rows leave the plane.
+    let mut text = String::from("x,y,z,kind\n");
+    let mut s = 7u64;
+    let mut next = || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((s >> 33) as f64) / (1u64 << 31) as f64
+    };
+    for i in 0..200 {
+        let x = next() * 4.0 - 2.0;
+        let z = next();
+        let (y, kind) = if i % 4 == 3 {
+            (next() * 8.0 - 4.0, "b")
+        } else {
+            (2.0 * x + 0.05 * next(), "a")
+        };
+        text += &format!("{x:.4},{y:.4},{z:.4},{kind}\n");
+    }
+    std::fs::write(d.join("rows.csv"), &text).unwrap();
+    let cfg = d.join("t.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+[run]
+dir = "t"
+[data]
+kind = "table"
+file = "rows.csv"
+test_fraction = 0.3
+val_fraction = 0.1
+[anomaly]
+normal = ["a"]
+[loader]
+batch_size = 16
+num_workers = 0
+[model]
+kind = "autoencoder"
+hidden = [16]
+code = 2
+activation = "tanh"
+[train]
+epochs = 60
+lr = 1e-2
+log_every = 10
+"#,
+    )
+    .unwrap();
+    let log = String::from_utf8_lossy(&trident(&["train", "--config", cfg.to_str().unwrap()], d).stderr)
+        .into_owned();
+    let m = json(&d.join("t/test/metrics.json"));
+    let auroc = m["reconstruction"]["anomaly"]["auroc"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(auroc > 0.8, "off-line rows reconstruct worse: AUROC {auroc}");
+    let best = d.join("t/best");
+    let b = best.to_str().unwrap();
+    let on = ok(&trident(&["predict", "--model", b, "1.0,2.0,0.5"], d));
+    let off = ok(&trident(&["predict", "--model", b, "1.0,-3.0,0.5"], d));
+    let err = |out: &str| -> f64 {
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["reconstruction_error"].as_f64().unwrap()
+    };
+    assert!(err(&on) < err(&off), "{on} vs {off}");
+    ok(&trident(&["eval", "--model", b], d));
+    onnx_scores_like_the_checkpoint(d, &best);
+    // A whole file: one line per row.
+    let out = ok(&trident(
+        &["predict", "--model", b, d.join("rows.csv").to_str().unwrap()],
+        d,
+    ));
+    assert_eq!(out.lines().count(), 200);
+}
+
+#[test]
+fn configurations_that_cannot_work_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    let run = |model: &str, extra: &str, name: &str| {
+        let cfg = image_config(d, name, model, extra);
+        failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d))
+    };
+    let e = run("code = 4", "monitor = \"val_accuracy\"", "a");
+    assert!(e.contains("train.monitor") && e.contains("val_loss"), "{e}");
+    let e = run("code = 4", "[anomaly]\nnormal = [\"side\"]", "b");
+    assert!(e.contains("\"side\" is not one of the data's classes"), "{e}");
+    let e = run("shape = \"conv\"\nchannels = [4, 8, 8, 8]", "", "c");
+    assert!(e.contains("not divisible by 16"), "{e}");
+    let e = run("code = 4\nnoise = -1.0", "", "d");
+    assert!(e.contains("model.noise"), "{e}");
+    // [anomaly] belongs to autoencoders.
+    let cfg = image_config(d, "e", "code = 4", "[anomaly]\nnormal = [\"top\"]");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("kind = \"autoencoder\"\ncode = 4", "kind = \"cnn\"\nwidth = 4");
+    std::fs::write(&cfg, text).unwrap();
+    let e = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    assert!(e.contains("[anomaly]") && e.contains("autoencoder"), "{e}");
+}
