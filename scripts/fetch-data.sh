@@ -4,7 +4,7 @@
 # downloaded from a model hub. Everything lands in data/ (git-ignored).
 #
 #   scripts/fetch-data.sh            # all
-#   scripts/fetch-data.sh vader      # one of: vader minilm fashion tabular
+#   scripts/fetch-data.sh vader      # one of: vader minilm fashion tabular series
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p data
@@ -72,6 +72,40 @@ for wheel in glob.glob(os.path.join(sys.argv[1], "*.whl")):
 PY
   rm -rf "$tmp"
   echo "tabular: $(ls data/tabular | tr '\n' ' ')"
+fi
+
+if has series; then
+  # Time series (toolkit-anchors.md 1a/1b): aeon's Airline.csv (AirPassengers) and the
+  # KDD-TSAD 135 anomaly series, statsmodels' yearly sunspots, pmdarima's taylor
+  # electricity demand (an array literal in taylor.py, written out as a CSV here).
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+    --python-version 3.11 aeon==1.6.0 statsmodels==0.15.0 pmdarima==2.1.1 -d "$tmp"
+  python3 - "$tmp" <<'PY'
+import sys, zipfile, glob, os, re
+os.makedirs("data/series", exist_ok=True)
+wanted = {
+    "aeon/datasets/data/Airline/Airline.csv": "airline.csv",
+    "aeon/datasets/data/KDD-TSAD_135/135_UCR_Anomaly_InternalBleeding16_TEST.csv": "kdd_tsad_135.csv",
+    "statsmodels/datasets/sunspots/sunspots.csv": "sunspots.csv",
+}
+for wheel in glob.glob(os.path.join(sys.argv[1], "*.whl")):
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        for name in names & set(wanted):
+            with z.open(name) as src, open(os.path.join("data/series", wanted[name]), "wb") as dst:
+                dst.write(src.read())
+        if "pmdarima/datasets/taylor.py" in names:
+            text = z.read("pmdarima/datasets/taylor.py").decode()
+            body = re.search(r"np\.array\(\[(.*?)\]\)", text, re.S).group(1)
+            values = [v for v in re.split(r"[\s,]+", body) if v]
+            with open("data/series/taylor.csv", "w") as f:
+                f.write("half_hour,demand_mw\n")
+                for i, v in enumerate(values):
+                    f.write(f"{i},{float(v):g}\n")
+PY
+  rm -rf "$tmp"
+  echo "series: $(ls data/series | tr '\n' ' ')"
 fi
 
 # Not data, but what training runs fast on: OpenBLAS (Debian), which the dense layers load at

@@ -16,6 +16,7 @@ for i in "${!classes[@]}"; do
   c=${classes[$i]}
   sed "s|^normal = .*|normal = [\"$c\"]|; s|^dir = .*|dir = \"runs/ae-one-class-$i\"|" \
     examples/autoencoder/fashion-one-class.toml > "$tmp/c$i.toml"
+  rm -rf "runs/ae-one-class-$i"  # a fresh run each time
   "$bin" train --config "$tmp/c$i.toml" "$@" > "$tmp/log$i" 2>&1 || { cat "$tmp/log$i"; exit 1; }
   auc=$(python3 -c "import json;print(json.load(open('runs/ae-one-class-$i/test/metrics.json'))['reconstruction']['anomaly']['auroc'])")
   sum=$(python3 -c "print($sum + $auc)")

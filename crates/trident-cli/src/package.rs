@@ -157,6 +157,29 @@ fn folders(
     opts: Options,
 ) -> anyhow::Result<Vec<Folder>> {
     let name = &args.name;
+    let engine = match (opts.flavour, opts.precision) {
+        (Flavour::Portable, Precision::Fp32) => String::new(),
+        // Contrib operators: ONNX Runtime only.
+        _ => "parameters [\n  { key: \"trident.onnx_engine\" value { string_value: \"ort\" } }\n]\n".into(),
+    };
+    if let InputSpec::Series(_) = model.card.input {
+        // A forecaster's graph takes raw values and gives raw forecasts (its transform is
+        // inside): one model, no pre-processing step.
+        let config = format!(
+            "name: \"{name}\"\nplatform: \"onnxruntime_onnx\"\n{}{}{}{}{engine}",
+            batching(args),
+            tensors("input", &exported.inputs, None),
+            tensors("output", &exported.outputs, None),
+            warmup(&exported.inputs, 1),
+        );
+        return Ok(vec![(
+            name.clone(),
+            vec![
+                ("config.pbtxt".into(), config.into_bytes()),
+                ("1/model.onnx".into(), exported.to_bytes()),
+            ],
+        )]);
+    }
     let (pre, onnx) = (format!("{name}_preprocess"), format!("{name}_onnx"));
     let labels = model.card.classes.join("\n") + "\n";
     // Per-class outputs name their classes (classification extension); an autoencoder's do not.
@@ -164,14 +187,9 @@ fn folders(
     // Pre-processing: the checkpoint's tokenizer and length rule, image spec or encoder.
     let (pre_config, pre_files, raw_inputs) = preprocess(args, model, exported, &pre)?;
 
-    let engine = match (opts.flavour, opts.precision) {
-        (Flavour::Portable, Precision::Fp32) => String::new(),
-        // Contrib operators: ONNX Runtime only.
-        _ => "parameters [\n  { key: \"trident.onnx_engine\" value { string_value: \"ort\" } }\n]\n".into(),
-    };
     let seq = match model.card.input {
         InputSpec::Text { max_len, .. } => max_len.min(16) as i64,
-        InputSpec::Image { .. } | InputSpec::Table { .. } => 1,
+        InputSpec::Image { .. } | InputSpec::Table { .. } | InputSpec::Series(_) => 1,
     };
     let onnx_config = format!(
         "name: \"{onnx}\"\nplatform: \"onnxruntime_onnx\"\n{}{}{}{}{engine}",
@@ -253,6 +271,7 @@ fn preprocess(
         dims: vec![1],
     };
     Ok(match &model.card.input {
+        InputSpec::Series(_) => unreachable!("a forecaster has no pre-processing step"),
         &InputSpec::Text { max_len, truncate } => {
             let tokenizer = std::fs::read(args.model.join("tokenizer.json"))
                 .with_context(|| format!("{}: the checkpoint's tokenizer.json", args.model.display()))?;

@@ -304,7 +304,10 @@ fn the_breast_cancer_example_separates_malignant_rows() {
     let log = common::ok_log(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
     let m = json(&d.join("ae-breast-cancer/test/metrics.json"));
     let a = &m["reconstruction"]["anomaly"];
-    assert_eq!((a["normal_examples"].as_u64(), a["anomalous_examples"].as_u64()), (Some(143), Some(85)));
+    assert_eq!(
+        (a["normal_examples"].as_u64(), a["anomalous_examples"].as_u64()),
+        (Some(143), Some(85))
+    );
     let auroc = a["auroc"].as_f64().unwrap();
     assert!(auroc >= 0.93, "test ROC-AUC {auroc}\n{log}");
 }

@@ -14,6 +14,7 @@ pub mod idx;
 pub mod loader;
 pub mod rng;
 pub mod sampler;
+pub mod series;
 pub mod table;
 pub mod text;
 pub mod tokenize;

@@ -7,7 +7,7 @@ use crate::pb::tensor_proto::DataType as Elem;
 use crate::{Exported, Flavour, Io, Options};
 use anyhow::{bail, Context};
 use trident_nn::bert::Pooling;
-use trident_zoo::card::{AeOutput, AeShape, AutoencoderModel};
+use trident_zoo::card::{AeOutput, AeShape, AutoencoderModel, ForecastNet, ForecasterModel, SeriesNormalize};
 use trident_zoo::{InputSpec, Model, ModelCard, ModelConfig, Net};
 
 const BATCH: Dim = Dim::Named("batch");
@@ -32,6 +32,7 @@ pub fn export(model: &Model, opts: Options) -> anyhow::Result<Exported> {
             ("sequential", sequential(&mut w, &m.layers, &model.card.input)?)
         }
         (Net::Autoencoder(_), ModelConfig::Autoencoder(a)) => return autoencoder(w, a, &model.card),
+        (Net::Forecaster(_), ModelConfig::Forecaster(f)) => return forecaster(w, f, &model.card),
         _ => bail!("the model card does not match the network it built"),
     };
     let (logits, inputs) = inputs;
@@ -493,7 +494,7 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
             let (x, io) = features_input(&mut w, &card.input)?;
             (x, io, None)
         }
-        InputSpec::Text { .. } => bail!("an autoencoder on text does not exist"),
+        InputSpec::Text { .. } | InputSpec::Series(_) => bail!("an autoencoder takes images or table rows"),
     };
     let act = |w: &mut Writer, y: &str| {
         activation(w, y, &a.activation)
@@ -608,4 +609,77 @@ fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> anyhow::Result<S
             ("pads", Attr::Ints(vec![1, 1, 1, 1])),
         ],
     ))
+}
+
+/// An MLP forecaster with its series transform in the graph: `values` FP32 `[batch,
+/// window]` (raw values, oldest first) in, `forecast` FP32 `[batch, horizon]` (raw values)
+/// out — the log, the window's (or training) mean and the scale, then back.
+fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::Result<Exported> {
+    let InputSpec::Series(s) = &card.input else {
+        bail!("a forecaster whose card does not describe a series")
+    };
+    if f.net != ForecastNet::Mlp {
+        bail!(
+            "an {:?} forecaster is not exported yet (the mlp forecaster is)",
+            f.net
+        );
+    }
+    let (window, horizon) = (s.window as i64, s.horizon as i64);
+    let x = w.g.input("values", Elem::Float, &[BATCH, Dim::Fixed(window)]);
+    let t = if s.log {
+        w.g.op("Log", &[&x], &[])
+    } else {
+        x.clone()
+    };
+    let centre = match s.normalize {
+        SeriesNormalize::Window | SeriesNormalize::Season => w.g.op(
+            "ReduceMean",
+            &[&t],
+            &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(1))],
+        ),
+        SeriesNormalize::Global => w.g.float_scalar(s.mean as f32),
+    };
+    // What the outputs are relative to: the centre, or (season) the values one season
+    // before each forecast position, the window's [window − season, window − season + horizon).
+    let offset = match s.normalize {
+        SeriesNormalize::Season => {
+            let from = window - s.season as i64;
+            let (starts, ends, axes) = (w.g.ints(&[from]), w.g.ints(&[from + horizon]), w.g.ints(&[1]));
+            w.g.op("Slice", &[&t, &starts, &ends, &axes], &[])
+        }
+        _ => centre.clone(),
+    };
+    let std = w.g.float_scalar(s.std as f32);
+    let centred = w.g.op("Sub", &[&t, &centre], &[]);
+    let mut h = w.g.op("Div", &[&centred, &std], &[]);
+    let layers = f.hidden.len() + 1;
+    for i in 0..layers {
+        h = w.linear(&h, &format!("layers.{i}"))?;
+        if i + 1 < layers {
+            h = activation(&mut w, &h, &f.activation)
+                .with_context(|| format!("the custom activation {:?} has no ONNX export", f.activation))?;
+        }
+    }
+    let scaled = w.g.op("Mul", &[&h, &std], &[]);
+    let y = w.g.op("Add", &[&scaled, &offset], &[]);
+    let y = if s.log { w.g.op("Exp", &[&y], &[]) } else { y };
+    w.g.output(&y, "forecast", Elem::Float, &[BATCH, Dim::Fixed(horizon)]);
+    let doc = format!(
+        "Trident MLP forecaster: the next {horizon} values of {:?} from the last {window}",
+        s.column
+    );
+    Ok(Exported {
+        model: w.g.finish("forecaster", 8, 17, doc),
+        inputs: vec![Io {
+            name: "values".into(),
+            data_type: "TYPE_FP32",
+            dims: vec![window],
+        }],
+        outputs: vec![Io {
+            name: "forecast".into(),
+            data_type: "TYPE_FP32",
+            dims: vec![horizon],
+        }],
+        per_class: false,
+    })
 }

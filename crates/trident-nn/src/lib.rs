@@ -24,6 +24,7 @@ pub mod blas;
 pub mod blocks;
 pub mod custom;
 pub mod dense;
+pub mod forecast;
 pub mod layers;
 pub mod math;
 pub mod ops;

@@ -55,31 +55,68 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainE
 }
 
 fn line_chart(path: &Path, y_label: &str, lines: &[(&str, Vec<(f64, f64)>)]) -> Result<(), TrainError> {
+    chart(
+        path,
+        &format!("{y_label} per epoch"),
+        ("epoch", y_label),
+        lines,
+        true,
+    )
+}
+
+/// Lines of (x, y) points, e.g. a series and forecasts of its end.
+pub fn xy_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    lines: &[(&str, Vec<(f64, f64)>)],
+) -> Result<(), TrainError> {
+    chart(path, title, (x_label, y_label), lines, false)
+}
+
+/// Epoch curves (`markers`: a dot per point, x from 0.5) or any lines.
+fn chart(
+    path: &Path,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    lines: &[(&str, Vec<(f64, f64)>)],
+    markers: bool,
+) -> Result<(), TrainError> {
     let tmp = path.with_extension("tmp.png");
     {
         let root = BitMapBackend::new(&tmp, (800, 500)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
         let points = lines.iter().flat_map(|(_, s)| s.iter());
-        let (mut x_max, mut y_min, mut y_max) = (1f64, f64::INFINITY, f64::NEG_INFINITY);
+        let (mut x_min, mut x_max) = if markers {
+            (0.5, 1.5)
+        } else {
+            (f64::INFINITY, f64::NEG_INFINITY)
+        };
+        let (mut y_min, mut y_max) = (f64::INFINITY, f64::NEG_INFINITY);
         for &(x, y) in points {
-            x_max = x_max.max(x);
+            x_max = x_max.max(x + if markers { 0.5 } else { 0.0 });
+            x_min = x_min.min(x);
             y_min = y_min.min(y);
             y_max = y_max.max(y);
         }
         if !y_min.is_finite() {
-            (y_min, y_max) = (0.0, 1.0);
+            (x_min, x_max, y_min, y_max) = (0.0, 1.0, 0.0, 1.0);
+        }
+        if x_max <= x_min {
+            x_max = x_min + 1.0;
         }
         let pad = ((y_max - y_min) * 0.1).max(1e-3);
         let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{y_label} per epoch"), ("sans-serif", 24))
+            .caption(title, ("sans-serif", 24))
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(0.5f64..x_max + 0.5, (y_min - pad)..(y_max + pad))
+            .build_cartesian_2d(x_min..x_max, (y_min - pad)..(y_max + pad))
             .map_err(|e| draw_err(path, e))?;
         chart
             .configure_mesh()
-            .x_desc("epoch")
+            .x_desc(x_label)
             .y_desc(y_label)
             .draw()
             .map_err(|e| draw_err(path, e))?;
@@ -91,9 +128,11 @@ fn line_chart(path: &Path, y_label: &str, lines: &[(&str, Vec<(f64, f64)>)]) -> 
                 .map_err(|e| draw_err(path, e))?
                 .label(*name)
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
-            chart
-                .draw_series(s.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| draw_err(path, e))?;
+            if markers {
+                chart
+                    .draw_series(s.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(|e| draw_err(path, e))?;
+            }
         }
         chart
             .configure_series_labels()

@@ -62,6 +62,42 @@ pub enum ModelConfig {
     /// An autoencoder trained to reconstruct its input (images or table rows); its
     /// reconstruction error is each example's anomaly score.
     Autoencoder(AutoencoderModel),
+    /// A forecaster on a series' sliding windows: `window` values in, the next `horizon`
+    /// out.
+    Forecaster(ForecasterModel),
+}
+
+/// `[model] kind = "forecaster"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForecasterModel {
+    /// `mlp` (the window as a vector), `lstm` or `gru` (the window as a sequence; the last
+    /// step's state goes to the output layer).
+    #[serde(default)]
+    pub net: ForecastNet,
+    /// `mlp`: hidden widths (none: a linear autoregression). `lstm` / `gru`: one width per
+    /// layer, all equal.
+    #[serde(default = "forecast_hidden")]
+    pub hidden: Vec<usize>,
+    /// `mlp`: relu, gelu, sigmoid, tanh or a registered activation.
+    #[serde(default = "relu")]
+    pub activation: String,
+    #[serde(default)]
+    pub dropout: f32,
+}
+
+/// The network of a forecaster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForecastNet {
+    #[default]
+    Mlp,
+    Lstm,
+    Gru,
+}
+
+fn forecast_hidden() -> Vec<usize> {
+    vec![64]
 }
 
 /// `[model] kind = "autoencoder"`.
@@ -240,6 +276,103 @@ pub enum InputSpec {
         label: String,
         encoder: trident_data::table::Encoder,
     },
+    /// Windows of a series: the value column, the window and horizon, and the scaling
+    /// fitted on the training part.
+    Series(SeriesSpec),
+}
+
+/// How a forecaster reads a series and maps values to its inputs and back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeriesSpec {
+    /// The value column.
+    pub column: String,
+    /// Values in, per forecast.
+    pub window: usize,
+    /// Values out, per forecast.
+    pub horizon: usize,
+    /// The model sees the natural logarithm of the values (a positive series whose
+    /// seasonal swings grow with its level).
+    pub log: bool,
+    /// `window`: each window (and its targets) minus the window's mean, so the level
+    /// travels with the data; `global`: minus the training part's mean; `season`: the
+    /// window minus its mean, each target relative to the value one season before it (the
+    /// model learns corrections to the seasonal-naive forecast).
+    pub normalize: SeriesNormalize,
+    /// The season length (`season` normalisation).
+    #[serde(default = "one")]
+    pub season: usize,
+    /// The training part's mean and standard deviation (after the log).
+    pub mean: f64,
+    pub std: f64,
+}
+
+/// See [`SeriesSpec::normalize`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SeriesNormalize {
+    #[default]
+    Window,
+    Global,
+    Season,
+}
+
+impl SeriesSpec {
+    /// The model's input for `window` raw values, and per forecast position the offset its
+    /// output is relative to (in the transformed scale).
+    pub fn encode(&self, window: &[f64]) -> (Vec<f32>, Vec<f64>) {
+        let t: Vec<f64> = window.iter().map(|&v| self.forward(v)).collect();
+        let centre = match self.normalize {
+            SeriesNormalize::Window | SeriesNormalize::Season => {
+                t.iter().sum::<f64>() / t.len().max(1) as f64
+            }
+            SeriesNormalize::Global => self.mean,
+        };
+        let offsets = match self.normalize {
+            SeriesNormalize::Season => {
+                let from = t.len() - self.season;
+                (0..self.horizon).map(|k| t[from + k]).collect()
+            }
+            _ => vec![centre; self.horizon],
+        };
+        (
+            t.iter().map(|v| ((v - centre) / self.std) as f32).collect(),
+            offsets,
+        )
+    }
+
+    /// Targets `values` in the model's scale, relative to `offsets`.
+    pub fn encode_targets(&self, values: &[f64], offsets: &[f64]) -> Vec<f32> {
+        values
+            .iter()
+            .zip(offsets)
+            .map(|(&v, o)| ((self.forward(v) - o) / self.std) as f32)
+            .collect()
+    }
+
+    /// Raw values from the model's outputs relative to `offsets`.
+    pub fn decode(&self, outputs: &[f32], offsets: &[f64]) -> Vec<f64> {
+        outputs
+            .iter()
+            .zip(offsets)
+            .map(|(&o, off)| {
+                let t = o as f64 * self.std + off;
+                if self.log {
+                    t.exp()
+                } else {
+                    t
+                }
+            })
+            .collect()
+    }
+
+    fn forward(&self, v: f64) -> f64 {
+        if self.log {
+            v.ln()
+        } else {
+            v
+        }
+    }
 }
 
 fn one_channel() -> usize {

@@ -6,5 +6,5 @@
 pub mod card;
 pub mod model;
 
-pub use card::{BertWidth, InputSpec, ModelCard, ModelConfig, RnnModel, SequentialModel};
+pub use card::{BertWidth, InputSpec, ModelCard, ModelConfig, RnnModel, SequentialModel, SeriesSpec};
 pub use model::{image_collate, Batch, Model, Net};

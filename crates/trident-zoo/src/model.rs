@@ -1,7 +1,10 @@
 //! The models Trident trains, built from a model card, loaded from a checkpoint, and the
 //! [`TrainStep`] that ties each to its loss.
 
-use crate::card::{AeOutput, AeShape, AutoencoderModel, BertWidth, InputSpec, ModelCard, ModelConfig};
+use crate::card::{
+    AeOutput, AeShape, AutoencoderModel, BertWidth, ForecastNet, ForecasterModel, InputSpec, ModelCard,
+    ModelConfig,
+};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +26,9 @@ pub enum Batch {
     Image(Tensor, Vec<usize>),
     /// `[batch, features]` encoded table rows.
     Features(Tensor, Vec<usize>),
+    /// `[batch, window]` series windows and their `[batch, horizon]` next values, both in
+    /// the model's scale ([`crate::card::SeriesSpec`]).
+    Series(Tensor, Tensor),
 }
 
 impl Batch {
@@ -30,6 +36,7 @@ impl Batch {
     pub fn len(&self) -> usize {
         match self {
             Batch::Text(_, l) | Batch::Image(_, l) | Batch::Features(_, l) => l.len(),
+            Batch::Series(x, _) => x.dims().first().copied().unwrap_or(0),
         }
     }
 
@@ -43,6 +50,7 @@ impl Batch {
         match self {
             Batch::Image(x, l) => Ok(Batch::Image(x.narrow(0, i, 1)?, vec![l[i]])),
             Batch::Features(x, l) => Ok(Batch::Features(x.narrow(0, i, 1)?, vec![l[i]])),
+            Batch::Series(x, y) => Ok(Batch::Series(x.narrow(0, i, 1)?, y.narrow(0, i, 1)?)),
             Batch::Text(b, l) => {
                 let len = b
                     .mask
@@ -71,7 +79,7 @@ impl trident_train::distill::RowKeys for Batch {
     fn row_keys(&self) -> candle_core::Result<Vec<u64>> {
         use trident_train::distill::{fnv1a, FNV_START};
         match self {
-            Batch::Image(x, _) | Batch::Features(x, _) => {
+            Batch::Image(x, _) | Batch::Features(x, _) | Batch::Series(x, _) => {
                 let rows = x.flatten_from(1)?.to_vec2::<f32>()?;
                 Ok(rows
                     .iter()
@@ -139,6 +147,7 @@ pub enum Net {
     Mlp(trident_nn::layers::Mlp),
     Sequential(trident_nn::custom::Sequential),
     Autoencoder(trident_nn::autoencoder::Autoencoder),
+    Forecaster(trident_nn::forecast::Forecaster),
 }
 
 /// A network, its parameters and (for text) its tokenizer.
@@ -153,6 +162,18 @@ impl TrainStep for Model {
     type Batch = Batch;
 
     fn forward(&self, batch: &Batch, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        if let Net::Forecaster(f) = &self.net {
+            let Batch::Series(x, y) = batch else {
+                candle_core::bail!("a forecaster takes series windows")
+            };
+            let errors = Autoencoder::errors(y, &f.forward(x, ctx)?)?;
+            let _layer = trident_nn::trace::layer(|| "loss".into());
+            return Ok(StepOutput {
+                loss: errors.mean_all()?,
+                prediction: Prediction::Scores(errors),
+                labels: vec![0; x.dim(0)?],
+            });
+        }
         if let Net::Autoencoder(m) = &self.net {
             let (Batch::Image(x, labels) | Batch::Features(x, labels)) = batch else {
                 candle_core::bail!("an autoencoder takes images or table rows, not text")
@@ -432,6 +453,7 @@ impl Model {
                 Net::Autoencoder(autoencoder(a, &card.input, &params, seed)?),
                 None,
             ),
+            ModelConfig::Forecaster(f) => (Net::Forecaster(forecaster(f, &card.input, &params, seed)?), None),
         };
         if let Some(dir) = weights_dir {
             let file = dir.join("model.safetensors");
@@ -513,7 +535,7 @@ impl Model {
             InputSpec::Text { max_len, truncate } => {
                 Some(trident_data::tokenize::LengthRule { max_len, truncate })
             }
-            InputSpec::Image { .. } | InputSpec::Table { .. } => None,
+            InputSpec::Image { .. } | InputSpec::Table { .. } | InputSpec::Series(_) => None,
         }
     }
 
@@ -561,6 +583,48 @@ fn table_net(card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Net
             &pb, &m.layers, width, classes,
         )?),
         _ => bail!("not a table model"),
+    })
+}
+
+/// The forecaster of `f` on `input`'s windows.
+fn forecaster(
+    f: &ForecasterModel,
+    input: &InputSpec,
+    params: &Params,
+    seed: u64,
+) -> anyhow::Result<trident_nn::forecast::Forecaster> {
+    use trident_nn::forecast::Forecaster;
+    let InputSpec::Series(s) = input else {
+        bail!("a forecaster takes a series (data.kind = \"series\")")
+    };
+    if !(0.0..1.0).contains(&f.dropout) {
+        bail!("model.dropout = {}: must be in [0, 1)", f.dropout);
+    }
+    let pb = params.builder(seed, None);
+    Ok(match f.net {
+        ForecastNet::Mlp => {
+            let act = trident_nn::custom::activation_by_name(&f.activation)
+                .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
+            Forecaster::mlp(&pb, s.window, &f.hidden, s.horizon, act, f.dropout)?
+        }
+        ForecastNet::Lstm | ForecastNet::Gru => {
+            let width = *f
+                .hidden
+                .first()
+                .context("model.hidden: an lstm or gru needs a width per layer")?;
+            if f.hidden.iter().any(|&h| h != width) {
+                bail!(
+                    "model.hidden = {:?}: an lstm or gru stack has one width for every layer",
+                    f.hidden
+                );
+            }
+            let kind = if f.net == ForecastNet::Lstm {
+                CellKind::Lstm
+            } else {
+                CellKind::Gru
+            };
+            Forecaster::rnn(&pb, kind, width, f.hidden.len(), s.horizon, f.dropout)?
+        }
     })
 }
 
@@ -623,7 +687,9 @@ fn autoencoder(
             a.noise,
         )?,
         (AeShape::Conv, _) => bail!("model.shape = \"conv\" takes images; use \"dense\" for table rows"),
-        (_, InputSpec::Text { .. }) => bail!("an autoencoder takes images or table rows, not text"),
+        (_, InputSpec::Text { .. } | InputSpec::Series(_)) => {
+            bail!("an autoencoder takes images or table rows (a series: not yet)")
+        }
     })
 }
 

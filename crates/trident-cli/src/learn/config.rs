@@ -273,6 +273,46 @@ pub enum DataConfig {
         #[serde(default = "fifth")]
         test_fraction: f64,
     },
+    /// A time series: one numeric column of a CSV file in row order, cut into sliding
+    /// windows of `window` values whose next `horizon` values are the targets. The last
+    /// `test` values are held out and forecast by a rolling-origin backtest; the `val`
+    /// values before them are the validation windows' targets; the rest trains.
+    Series {
+        file: PathBuf,
+        /// The value column (default: the last).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        column: Option<String>,
+        window: usize,
+        #[serde(default = "one_f")]
+        horizon: usize,
+        /// Training windows start every `step` values.
+        #[serde(default = "one_f")]
+        step: usize,
+        /// Model the natural log of the values (positive series with growing swings).
+        #[serde(default)]
+        log: bool,
+        /// `window` (each window minus its own mean), `global` (minus the training mean) or
+        /// `season` (the window minus its mean; each target relative to the value one
+        /// `season` before it: the model corrects the seasonal-naive forecast); all divide
+        /// by the training part's standard deviation.
+        #[serde(default)]
+        normalize: trident_zoo::card::SeriesNormalize,
+        /// Values held out at the end, forecast by the backtest.
+        test: usize,
+        /// Values before the test part whose windows validate (0: no validation).
+        #[serde(default)]
+        val: usize,
+        /// The season length of the seasonal-naive baseline and of MASE's scale (1: the
+        /// naive forecast).
+        #[serde(default = "one_f")]
+        season: usize,
+        /// Backtest origins every `stride` values of the test part (default: the horizon;
+        /// `test` gives one origin forecasting the whole test part). From each origin the
+        /// values up to the next are forecast from the actual history, forecasts fed back
+        /// as inputs where the lead exceeds the horizon; the model is not refitted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<usize>,
+    },
 }
 
 fn fifth() -> f64 {
@@ -322,7 +362,7 @@ impl DataConfig {
                 max_train: *max_train,
                 augment: *augment,
             }),
-            DataConfig::Text { .. } | DataConfig::Table { .. } => None,
+            DataConfig::Text { .. } | DataConfig::Table { .. } | DataConfig::Series { .. } => None,
         }
     }
 }
@@ -352,10 +392,13 @@ impl RunConfig {
         Ok(c)
     }
 
-    /// An autoencoder has no accuracy: it monitors the validation loss unless the file
-    /// asked for another metric, which is an error.
+    /// An autoencoder or a forecaster has no accuracy: it monitors the validation loss
+    /// unless the file asked for another metric, which is an error.
     fn monitor_for_the_task(&mut self, text: &str) -> anyhow::Result<()> {
-        if !matches!(self.model, ModelConfig::Autoencoder(_)) {
+        if !matches!(
+            self.model,
+            ModelConfig::Autoencoder(_) | ModelConfig::Forecaster(_)
+        ) {
             return Ok(());
         }
         let table: toml::Table = toml::from_str(text)?;
@@ -365,7 +408,7 @@ impl RunConfig {
             (false, _) => self.train.monitor = Monitor::ValLoss,
             (true, Monitor::ValLoss) => {}
             (true, m) => anyhow::bail!(
-                "train.monitor = {m:?}: an autoencoder has no class predictions; it monitors \"val_loss\" (its reconstruction error)"
+                "train.monitor = {m:?}: this model has no class predictions; it monitors \"val_loss\" (its squared error)"
             ),
         }
         Ok(())
@@ -488,7 +531,41 @@ impl RunConfig {
                     "model.kind must be mlp, sequential or autoencoder for table data"
                 );
             }
+            DataConfig::Series { .. } => {} // checked below, with the model
         }
+        if let DataConfig::Series {
+            window,
+            horizon,
+            step,
+            test,
+            season,
+            stride,
+            normalize,
+            ..
+        } = &self.data
+        {
+            anyhow::ensure!(
+                *window > 0 && *horizon > 0 && *step > 0 && *test > 0 && *season > 0,
+                "data.window, data.horizon, data.step, data.test and data.season must be at least 1"
+            );
+            anyhow::ensure!(stride.is_none_or(|s| s > 0), "data.stride must be at least 1");
+            if *normalize == trident_zoo::card::SeriesNormalize::Season {
+                anyhow::ensure!(
+                    season <= window && horizon <= season,
+                    "data.normalize = \"season\" forecasts relative to the values one season before: \
+                     it needs data.horizon ({horizon}) <= data.season ({season}) <= data.window ({window})"
+                );
+            }
+            anyhow::ensure!(
+                matches!(self.model, ModelConfig::Forecaster(_)),
+                "model.kind must be \"forecaster\" for series data"
+            );
+        }
+        anyhow::ensure!(
+            !matches!(self.model, ModelConfig::Forecaster(_))
+                || matches!(self.data, DataConfig::Series { .. }),
+            "model.kind = \"forecaster\" takes a series (data.kind = \"series\")"
+        );
         anyhow::ensure!(
             !matches!(self.model, ModelConfig::Mlp { .. } | ModelConfig::Sequential(_))
                 || matches!(self.data, DataConfig::Table { .. }),

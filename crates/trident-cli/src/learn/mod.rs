@@ -2,6 +2,7 @@
 
 pub mod anomaly;
 pub mod config;
+pub mod forecast;
 pub mod report;
 pub mod task;
 
@@ -203,8 +204,8 @@ fn card_for(c: &RunConfig, classes: Vec<String>, image: Option<(usize, usize, us
         (DataConfig::Idx { .. } | DataConfig::Folder { .. }, None) => {
             unreachable!("image shape is known for image data")
         }
-        (DataConfig::Table { .. }, _) => {
-            unreachable!("a table's card holds its fitted encoder: `train` builds it from table_splits")
+        (DataConfig::Table { .. } | DataConfig::Series { .. }, _) => {
+            unreachable!("a table's or series' card holds what was fitted: `train` builds it from its splits")
         }
     };
     ModelCard {
@@ -274,6 +275,23 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
             };
             let model = Model::build(&card, c.run.seed, None)?;
             run(&c, &args, model, t.splits, &replicas)
+        }
+        DataConfig::Series { .. } => {
+            let s = task::series_splits(&c, None)?;
+            eprintln!(
+                "series {}: {} values of {:?}; the last {} held out for the backtest",
+                s.series.file.display(),
+                s.series.values.len(),
+                s.spec.column,
+                s.series.values.len() - s.test_start
+            );
+            let card = ModelCard {
+                model: c.model.clone(),
+                classes: Vec::new(),
+                input: InputSpec::Series(s.spec),
+            };
+            let model = Model::build(&card, c.run.seed, None)?;
+            run(&c, &args, model, s.splits, &replicas)
         }
     }
 }
@@ -558,6 +576,9 @@ fn test_and_report<D: Dataset + 'static>(
     let (dir, classes) = (&c.run.dir, &model.card.classes);
     let best = dir.join("best");
     trident_train::checkpoint::load_weights(&best, &model.params)?;
+    if let InputSpec::Series(spec) = &model.card.input {
+        return forecast_test(c, model, spec, summary, peak_rss);
+    }
     let t0 = std::time::Instant::now();
     let ev = evaluate(model, &splits.test, classes.len())?;
     let eval_seconds = t0.elapsed().as_secs_f64();
@@ -630,6 +651,44 @@ fn test_and_report<D: Dataset + 'static>(
         dir.join("report.json").display(),
         rep.summary()
     );
+    Ok(())
+}
+
+/// A forecaster's test: the backtest of the held-out end of the series (test/), and
+/// `report.json` with its figures, parameters and epoch times.
+fn forecast_test(
+    c: &RunConfig,
+    model: &Model,
+    spec: &trident_zoo::SeriesSpec,
+    summary: &trident_train::trainer::FitSummary,
+    peak_rss: Option<u64>,
+) -> anyhow::Result<()> {
+    let dir = &c.run.dir;
+    let s = task::series_splits(c, Some(spec))?;
+    let out = dir.join("test");
+    let f = |w: &[f64]| forecast::model_forecast(model, spec, w);
+    let (b, lines) = forecast::report(c, spec, &s.series.values, &f, &out)?;
+    eprintln!(
+        "test (best epoch {}) → {}",
+        summary.state.best_epoch.map_or(0, |e| e + 1),
+        out.display()
+    );
+    for l in &lines {
+        eprintln!("{l}");
+    }
+    let epochs: Vec<f64> = summary.records.iter().map(|r| r.epoch_seconds).collect();
+    let rep = serde_json::json!({
+        "params": model.param_count(),
+        "size_bytes": std::fs::metadata(dir.join("best/model.safetensors")).ok().map(|m| m.len()),
+        "backtest": b,
+        "median_epoch_seconds": trident_train::profile::median(&epochs),
+        "epoch_seconds": epochs,
+        "peak_rss_bytes": peak_rss,
+    });
+    write_atomic(
+        &dir.join("report.json"),
+        serde_json::to_string_pretty(&rep)?.as_bytes(),
+    )?;
     Ok(())
 }
 
@@ -875,10 +934,29 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
                 *file = f.clone();
                 (*val_fraction, *test_fraction) = (0.0, 0.0);
             }
+            DataConfig::Series { file, .. } => *file = f.clone(),
             DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
-                bail!("--data takes a text or table file; image runs evaluate their configured test set")
+                bail!("--data takes a text, table or series file; image runs evaluate their configured test set")
             }
         }
+    }
+    if let InputSpec::Series(spec) = &model.card.input {
+        // A forecaster: the backtest of the series' held-out end, by the checkpoint or
+        // by its exported graph.
+        let s = task::series_splits(&c, Some(spec))?;
+        let suffix = if onnx.is_some() { "-onnx" } else { "" };
+        let out = args
+            .out
+            .unwrap_or_else(|| args.model.join(format!("eval-{label}{suffix}")));
+        let by_model = |w: &[f64]| forecast::model_forecast(&model, spec, w);
+        let by_onnx = |w: &[f64]| onnx.as_ref().expect("--onnx").forecast(w);
+        let f: &forecast::ForecastFn = if onnx.is_some() { &by_onnx } else { &by_model };
+        let (_, lines) = forecast::report(&c, spec, &s.series.values, f, &out)?;
+        for l in lines {
+            println!("{l}");
+        }
+        println!("wrote {}/metrics.json and forecast.png", out.display());
+        return Ok(());
     }
     // (the evaluation, the split's first batch: an autoencoder draws its reconstructions)
     let (ev, first) = match &c.data {
@@ -899,6 +977,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
             let loader = pick(false, &args.split, s)?;
             evaluate_either(onnx.as_ref(), &model, &loader)?
         }
+        DataConfig::Series { .. } => unreachable!("forecasters returned above"),
         DataConfig::Table { .. } => {
             let InputSpec::Table { label, encoder } = &model.card.input else {
                 bail!(
@@ -979,6 +1058,30 @@ impl OnnxStep {
     }
 }
 
+impl OnnxStep {
+    /// An exported forecaster's `forecast` for one raw window.
+    fn forecast(&self, window: &[f64]) -> anyhow::Result<Vec<f64>> {
+        let v: Vec<f32> = window.iter().map(|&x| x as f32).collect();
+        let x = trident_core::Tensor::from_f32(vec![1, v.len() as i64], &v)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let outputs = self
+            .instance
+            .lock()
+            .expect("instance lock")
+            .execute(vec![("values".to_string(), x)])
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (_, y) = outputs
+            .iter()
+            .find(|(n, _)| n == "forecast")
+            .context("the ONNX model has no `forecast` output (not an exported forecaster?)")?;
+        Ok(y.to_f32()
+            .context("`forecast` is not FP32")?
+            .into_iter()
+            .map(f64::from)
+            .collect())
+    }
+}
+
 impl TrainStep for OnnxStep {
     type Batch = task::Batch;
 
@@ -1004,6 +1107,11 @@ impl TrainStep for OnnxStep {
                 ],
                 l,
             ),
+            task::Batch::Series(..) => {
+                return Err(err(
+                    "an exported forecaster is scored by its backtest, not per batch".into(),
+                ))
+            }
             task::Batch::Image(x, l) | task::Batch::Features(x, l) => {
                 let shape = x.dims().iter().map(|&d| d as i64).collect();
                 let v = x.flatten_all()?.to_vec1::<f32>()?;
@@ -1099,6 +1207,42 @@ fn pick<D: Dataset>(
 pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
     let classes = &model.card.classes;
+    if let InputSpec::Series(spec) = &model.card.input {
+        // A forecaster: the next `horizon` values after a series (a CSV file whose column
+        // is the model's, or the values themselves, comma-separated, oldest first).
+        for (i, input) in args.inputs.iter().enumerate() {
+            let path = Path::new(input);
+            let (key, values) = if path.is_file() {
+                let s = trident_data::series::Series::read(path, Some(&spec.column))?;
+                ("file", s.values)
+            } else {
+                let v = input
+                    .split(',')
+                    .map(|c| c.trim().parse::<f64>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| {
+                        anyhow::anyhow!("input {}: not a file, nor comma-separated numbers ({e})", i + 1)
+                    })?;
+                ("values", v)
+            };
+            if values.len() < spec.window {
+                bail!(
+                    "input {}: {} values; the model forecasts from the last {}",
+                    i + 1,
+                    values.len(),
+                    spec.window
+                );
+            }
+            let f = forecast::model_forecast(&model, spec, &values[values.len() - spec.window..])?;
+            let name = if key == "file" {
+                input.clone()
+            } else {
+                format!("{} values", values.len())
+            };
+            println!("{}", serde_json::json!({key: name, "forecast": f}));
+        }
+        return Ok(());
+    }
     for (i, input) in args.inputs.iter().enumerate() {
         // (what an output line names its input by, each row's input, their batch)
         let items: Vec<(&str, Vec<String>, task::Batch)> = match (&model.card.input, &model.tokenizer) {
@@ -1132,6 +1276,7 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
                 )]
             }
             (task::InputSpec::Table { encoder, .. }, _) => table_rows(encoder, input, i)?,
+            (task::InputSpec::Series(_), _) => unreachable!("forecasters returned above"),
         };
         for (key, names, batch) in items {
             let out = model.forward(&batch, &Ctx::eval())?;

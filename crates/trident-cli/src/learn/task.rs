@@ -283,7 +283,9 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
                 shape,
             )
         }
-        DataConfig::Text { .. } | DataConfig::Table { .. } => bail!("not image data"),
+        DataConfig::Text { .. } | DataConfig::Table { .. } | DataConfig::Series { .. } => {
+            bail!("not image data")
+        }
     };
     let (train, test) = (
         ImageSet {
@@ -577,4 +579,161 @@ fn encode_rows(
         }
     }
     Ok((kept, dropped))
+}
+
+/// Series windows in the model's scale: `window` inputs and `horizon` targets each.
+pub struct WindowSet {
+    x: Vec<f32>,
+    y: Vec<f32>,
+    window: usize,
+    horizon: usize,
+}
+
+impl Dataset for WindowSet {
+    type Item = (Vec<f32>, Vec<f32>);
+    fn len(&self) -> usize {
+        self.x.len() / self.window
+    }
+    fn get(&self, i: usize) -> Result<Self::Item, DataError> {
+        Ok((
+            self.x[i * self.window..(i + 1) * self.window].to_vec(),
+            self.y[i * self.horizon..(i + 1) * self.horizon].to_vec(),
+        ))
+    }
+}
+
+/// A run's series: the windows' loaders, the fitted spec, the values, and where the test
+/// part starts.
+pub struct SeriesData {
+    pub splits: Splits<WindowSet>,
+    pub spec: trident_zoo::SeriesSpec,
+    pub series: trident_data::series::Series,
+    pub test_start: usize,
+}
+
+/// The windows of a `series` run: training windows whose targets end before the
+/// validation part (every `step` values), validation windows whose targets lie in it, and
+/// test windows whose targets lie in the test part (for the loss; the backtest forecasts
+/// the test part itself). The log and the scale are fitted on the training part, or taken
+/// from `fitted` (a checkpoint's).
+pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) -> anyhow::Result<SeriesData> {
+    let DataConfig::Series {
+        file,
+        column,
+        window,
+        horizon,
+        step,
+        log,
+        normalize,
+        test,
+        val,
+        season,
+        ..
+    } = &c.data
+    else {
+        bail!("not series data")
+    };
+    let column = fitted.map(|f| f.column.as_str()).or(column.as_deref());
+    let series = trident_data::series::Series::read(file, column)?;
+    let v = &series.values;
+    let n = v.len();
+    let (w, h) = (*window, *horizon);
+    let train_end = n.checked_sub(test + val).filter(|&e| e >= w + h).with_context(|| {
+        format!(
+            "{}: {n} values leave no training window: data.test + data.val = {} and a window of {w} + {h} need {} at least",
+            file.display(),
+            test + val,
+            test + val + w + h
+        )
+    })?;
+    if *log {
+        if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| **x <= 0.0) {
+            bail!(
+                "{}: value {x} (row {}) is not positive: data.log needs a positive series",
+                file.display(),
+                i + 1
+            );
+        }
+    }
+    let spec = match fitted {
+        Some(f) => f.clone(),
+        None => {
+            let t: Vec<f64> = v[..train_end]
+                .iter()
+                .map(|&x| if *log { x.ln() } else { x })
+                .collect();
+            let mean = t.iter().sum::<f64>() / t.len() as f64;
+            let var = t.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / t.len() as f64;
+            trident_zoo::SeriesSpec {
+                column: series.column.clone(),
+                window: w,
+                horizon: h,
+                log: *log,
+                normalize: *normalize,
+                season: *season,
+                mean,
+                std: var.sqrt().max(1e-12),
+            }
+        }
+    };
+    // Windows whose targets start at `t` for t in `starts`.
+    let windows = |starts: &mut dyn Iterator<Item = usize>| -> WindowSet {
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for t in starts {
+            let (input, offsets) = spec.encode(&v[t - w..t]);
+            x.extend(input);
+            y.extend(spec.encode_targets(&v[t..t + h], &offsets));
+        }
+        WindowSet {
+            x,
+            y,
+            window: w,
+            horizon: h,
+        }
+    };
+    let test_start = n - test;
+    let train = windows(&mut (w..=train_end - h).step_by(*step));
+    let val_set =
+        windows(&mut (train_end.max(w)..=test_start.saturating_sub(h)).filter(|&t| t + h <= test_start));
+    let test_set = windows(&mut (test_start..=n.saturating_sub(h)).filter(|&t| t + h <= n));
+    let sizes = (train.len(), val_set.len(), test_set.len());
+    let mk = |set: WindowSet, train: bool| {
+        let count = set.len();
+        DataLoader::new(
+            Arc::new(Subset::new(Arc::new(set), (0..count).collect())),
+            loader_config(c, train),
+            series_collate(w, h),
+        )
+    };
+    let val_loader = (sizes.1 > 0).then(|| mk(val_set, false));
+    Ok(SeriesData {
+        splits: Splits {
+            train: mk(train, true),
+            val: val_loader,
+            test: mk(test_set, false),
+            sizes,
+        },
+        spec,
+        series,
+        test_start,
+    })
+}
+
+/// Stacks windows and their targets into a [`Batch::Series`].
+fn series_collate(
+    window: usize,
+    horizon: usize,
+) -> impl Fn(Vec<(Vec<f32>, Vec<f32>)>) -> Result<Batch, DataError> + Send + Sync + 'static {
+    move |items| {
+        let n = items.len();
+        let (mut x, mut y) = (Vec::with_capacity(n * window), Vec::with_capacity(n * horizon));
+        for (a, b) in items {
+            x.extend(a);
+            y.extend(b);
+        }
+        let err = |e: candle_core::Error| DataError::Batch(e.to_string());
+        let x = trident_nn::Tensor::from_vec(x, (n, window), &trident_nn::Device::Cpu).map_err(err)?;
+        let y = trident_nn::Tensor::from_vec(y, (n, horizon), &trident_nn::Device::Cpu).map_err(err)?;
+        Ok(Batch::Series(x, y))
+    }
 }

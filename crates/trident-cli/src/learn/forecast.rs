@@ -1,0 +1,230 @@
+//! A forecaster's test: the rolling-origin backtest over the held-out end of the series,
+//! with the naive and seasonal-naive forecasts from the same origins beside it, the
+//! metrics (MAE, RMSE, MAPE, sMAPE, MASE), `metrics.json` and the forecast-against-actual
+//! plot (`forecast.png`).
+
+use super::config::{DataConfig, RunConfig};
+use super::task::{Model, Net};
+use anyhow::{bail, Context};
+use serde::Serialize;
+use std::path::Path;
+use trident_data::series::{naive, seasonal_naive, ForecastMetrics};
+use trident_zoo::SeriesSpec;
+
+/// Raw values of the next `horizon` after a raw window: the checkpoint, or its exported
+/// graph.
+pub type ForecastFn<'a> = dyn Fn(&[f64]) -> anyhow::Result<Vec<f64>> + 'a;
+
+/// The checkpoint's forecast of the values after `window` (raw values, oldest first).
+pub fn model_forecast(model: &Model, spec: &SeriesSpec, window: &[f64]) -> anyhow::Result<Vec<f64>> {
+    let Net::Forecaster(f) = &model.net else {
+        bail!("not a forecaster")
+    };
+    let (x, offsets) = spec.encode(window);
+    let x = trident_nn::Tensor::from_vec(x, (1, spec.window), &trident_nn::Device::Cpu)?;
+    let y = f
+        .forward(&x, &trident_nn::Ctx::eval())?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    Ok(spec.decode(&y, &offsets))
+}
+
+/// `lead` values after `history`, `horizon` at a time, each chunk's forecasts fed back as
+/// the next chunk's inputs.
+pub fn forecast_ahead(
+    forecast: &ForecastFn,
+    spec: &SeriesSpec,
+    history: &[f64],
+    lead: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let mut seen = history.to_vec();
+    let mut out = Vec::with_capacity(lead);
+    while out.len() < lead {
+        if seen.len() < spec.window {
+            bail!(
+                "a forecast needs the last {} values; the history has {}",
+                spec.window,
+                seen.len()
+            );
+        }
+        let next = forecast(&seen[seen.len() - spec.window..])?;
+        let take = next.len().min(lead - out.len());
+        out.extend_from_slice(&next[..take]);
+        seen.extend_from_slice(&next[..take]);
+    }
+    Ok(out)
+}
+
+/// One forecaster's figures.
+#[derive(Debug, Serialize)]
+pub struct Scored {
+    pub name: String,
+    pub metrics: ForecastMetrics,
+    #[serde(skip)]
+    pub values: Vec<f64>,
+}
+
+/// The backtest of a series' test part.
+#[derive(Debug, Serialize)]
+pub struct Backtest {
+    pub test_values: usize,
+    pub origins: Vec<usize>,
+    pub stride: usize,
+    pub horizon: usize,
+    pub season: usize,
+    /// The model, then the naive and seasonal-naive forecasts from the same origins.
+    pub forecasts: Vec<Scored>,
+    #[serde(skip)]
+    pub actual: Vec<f64>,
+}
+
+/// Forecasts `values[test_start..]` from origins every `stride` values (each from the
+/// actual history before it) with `forecast` and the two baselines.
+pub fn backtest(
+    forecast: &ForecastFn,
+    spec: &SeriesSpec,
+    values: &[f64],
+    test_start: usize,
+    stride: usize,
+    season: usize,
+) -> anyhow::Result<Backtest> {
+    let n = values.len();
+    let origins: Vec<usize> = (test_start..n).step_by(stride.max(1)).collect();
+    let mut runs: [(String, Vec<f64>); 3] = [
+        ("model".into(), Vec::new()),
+        ("naive".into(), Vec::new()),
+        (format!("seasonal naive (m = {season})"), Vec::new()),
+    ];
+    for &o in &origins {
+        let lead = stride.min(n - o);
+        let history = &values[..o];
+        runs[0].1.extend(forecast_ahead(forecast, spec, history, lead)?);
+        runs[1].1.extend(naive(history, lead));
+        runs[2].1.extend(seasonal_naive(history, lead, season));
+    }
+    let actual = values[test_start..].to_vec();
+    let train = &values[..test_start];
+    Ok(Backtest {
+        test_values: actual.len(),
+        stride,
+        horizon: spec.horizon,
+        season,
+        forecasts: runs
+            .into_iter()
+            .map(|(name, v)| Scored {
+                metrics: ForecastMetrics::new(&actual, &v, train, season),
+                name,
+                values: v,
+            })
+            .collect(),
+        origins,
+        actual,
+    })
+}
+
+impl Backtest {
+    /// The table for the terminal.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "backtest: the last {} values from {} origin(s) every {} (horizon {}{}; not refitted)",
+            self.test_values,
+            self.origins.len(),
+            self.stride,
+            self.horizon,
+            if self.stride > self.horizon {
+                ", forecasts fed back beyond it"
+            } else {
+                ""
+            }
+        )];
+        out.push(format!(
+            "  {:<26} {:>10} {:>10} {:>8} {:>8} {:>7}",
+            "", "MAE", "RMSE", "MAPE %", "sMAPE %", "MASE"
+        ));
+        for s in &self.forecasts {
+            let m = &s.metrics;
+            out.push(format!(
+                "  {:<26} {:>10.3} {:>10.3} {:>8} {:>8.2} {:>7}",
+                s.name,
+                m.mae,
+                m.rmse,
+                m.mape.map_or("-".into(), |v| format!("{v:.2}")),
+                m.smape,
+                m.mase.map_or("-".into(), |v| format!("{v:.3}"))
+            ));
+        }
+        out
+    }
+
+    /// `metrics.json` and `forecast.png` (the end of the series, the forecasts over it) in
+    /// `out`.
+    pub fn write(&self, out: &Path, values: &[f64], column: &str) -> anyhow::Result<()> {
+        std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
+        let json = serde_json::json!({
+            "backtest": self,
+            "actual": self.actual,
+            "forecast": self
+                .forecasts
+                .iter()
+                .map(|s| (s.name.clone(), serde_json::json!(s.values)))
+                .collect::<serde_json::Map<_, _>>(),
+        });
+        super::write_atomic(
+            &out.join("metrics.json"),
+            serde_json::to_string_pretty(&json)?.as_bytes(),
+        )?;
+        let n = values.len();
+        let start = n - self.test_values;
+        let from = start.saturating_sub((4 * self.test_values).max(3 * self.season));
+        let points = |range: std::ops::Range<usize>, v: &[f64]| -> Vec<(f64, f64)> {
+            range.zip(v).map(|(i, &y)| (i as f64, y)).collect()
+        };
+        let mut lines = vec![("actual".to_string(), points(from..n, &values[from..]))];
+        for s in &self.forecasts {
+            lines.push((s.name.clone(), points(start..n, &s.values)));
+        }
+        let lines: Vec<(&str, Vec<(f64, f64)>)> =
+            lines.iter().map(|(n, p)| (n.as_str(), p.clone())).collect();
+        trident_train::plot::xy_chart(
+            &out.join("forecast.png"),
+            &format!("{column}: forecasts over the last {} values", self.test_values),
+            "index",
+            column,
+            &lines,
+        )?;
+        Ok(())
+    }
+}
+
+/// The backtest settings of a run: (test values, stride, season).
+pub fn settings(c: &RunConfig) -> anyhow::Result<(usize, usize, usize)> {
+    let DataConfig::Series {
+        test,
+        stride,
+        season,
+        horizon,
+        ..
+    } = &c.data
+    else {
+        bail!("not series data")
+    };
+    Ok((*test, stride.unwrap_or(*horizon), *season))
+}
+
+/// The backtest of `c`'s series with `forecast`, written to `out`; returns its lines.
+pub fn report(
+    c: &RunConfig,
+    spec: &SeriesSpec,
+    values: &[f64],
+    forecast: &ForecastFn,
+    out: &Path,
+) -> anyhow::Result<(Backtest, Vec<String>)> {
+    let (test, stride, season) = settings(c)?;
+    if test >= values.len() {
+        bail!("data.test = {test}: the series has only {} values", values.len());
+    }
+    let b = backtest(forecast, spec, values, values.len() - test, stride, season)?;
+    b.write(out, values, &spec.column)?;
+    let lines = b.lines();
+    Ok((b, lines))
+}
