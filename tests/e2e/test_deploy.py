@@ -207,6 +207,40 @@ lr = 1e-2
     return work / "image_ae_run" / "best", work / "table_ae_run" / "best"
 
 
+def train_forecaster(work: Path) -> Path:
+    """An MLP forecaster on a seasonal series with a trend (the next 4 values from 12)."""
+    t = np.arange(300)
+    values = 40 + 0.1 * t + 5 * np.sin(2 * np.pi * t / 12) + np.random.default_rng(3).normal(0, 0.2, 300)
+    (work / "series.csv").write_text("t,value\n" + "".join(f"{i},{v:.4f}\n" for i, v in zip(t, values)))
+    (work / "forecast.toml").write_text(
+        """
+[run]
+dir = "forecast_run"
+seed = 1
+[data]
+kind = "series"
+file = "series.csv"
+window = 12
+horizon = 4
+test = 24
+val = 12
+season = 12
+log = true
+normalize = "season"
+[loader]
+batch_size = 16
+[model]
+kind = "forecaster"
+hidden = [16]
+[train]
+epochs = 5
+lr = 3e-3
+"""
+    )
+    run(["train", "--config", "forecast.toml"], work)
+    return work / "forecast_run" / "best"
+
+
 def predict(model: Path, inputs: list[str], cwd: Path) -> list[dict]:
     return [json.loads(line) for line in run(["predict", "--model", str(model), *inputs], cwd).splitlines()]
 
@@ -218,7 +252,9 @@ def deployed(tmp_path_factory):
     image_ckpt, images = train_image(work)
     table_ckpt = train_table(work)
     image_ae, table_ae = train_autoencoders(work)
+    forecaster = train_forecaster(work)
     repo = work / "models"
+    run(["package", "--model", str(forecaster), "--repository", str(repo), "--name", "forecast"], work)
     run(["package", "--model", str(image_ae), "--repository", str(repo), "--name", "shapes_ae"], work)
     run(["package", "--model", str(table_ae), "--repository", str(repo), "--name", "penguins_ae"], work)
     run(["package", "--model", str(table_ckpt), "--repository", str(repo), "--name", "penguins"], work)
@@ -259,7 +295,7 @@ def deployed(tmp_path_factory):
     srv = TridentServer(repo, extra_args=["--cache-config", "local,size=1048576"])
     try:
         srv.wait_started()
-        names = ["sentiment", "shapes", "penguins", "shapes_ae", "penguins_ae", "batched", "warm_file", "cached"]
+        names = ["sentiment", "shapes", "penguins", "shapes_ae", "penguins_ae", "forecast", "batched", "warm_file", "cached"]
         names += ["sentiment_int8"] if fused else []
         srv.wait_models(names, ["warm_broken"], timeout=120)
     except BaseException:
@@ -273,6 +309,7 @@ def deployed(tmp_path_factory):
         "table": table_ckpt,
         "image_ae": image_ae,
         "table_ae": table_ae,
+        "forecaster": forecaster,
         "images": images,
         "fused": fused,
     }
@@ -414,6 +451,28 @@ def test_autoencoders_score_like_trident_predict(deployed):
         inputs.append(inp)
     got = g.infer("penguins_ae", inputs).as_numpy("reconstruction_error")[:, 0]
     assert np.allclose(got, want, rtol=1e-4, atol=1e-6), (got, want)
+
+
+def test_forecaster_serves_what_trident_predict_forecasts(deployed):
+    """The packaged forecaster takes raw values (its log and seasonal offsets are in the
+    graph) and answers, over HTTP and gRPC, the forecast `trident predict` gives."""
+    import tritonclient.grpc as grpcclient
+
+    srv, work = deployed["server"], deployed["work"]
+    meta = srv.client().get_model_metadata("forecast")
+    assert meta["inputs"] == [{"name": "values", "datatype": "FP32", "shape": [-1, 12]}], meta
+    series = [float(line.split(",")[1]) for line in (work / "series.csv").read_text().splitlines()[1:]]
+    windows = [series[i:i + 12] for i in (0, 100, 288)]
+    want = [predict(deployed["forecaster"], [",".join(f"{v:.4f}" for v in w)], work)[0]["forecast"] for w in windows]
+    x = np.array(windows, dtype=np.float32)
+    inp = httpclient.InferInput("values", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    got = srv.client().infer("forecast", [inp]).as_numpy("forecast")
+    assert got.shape == (3, 4)
+    assert np.allclose(got, want, rtol=1e-4), (got, want)
+    g = grpcclient.InferInput("values", list(x.shape), "FP32")
+    g.set_data_from_numpy(x)
+    assert np.allclose(srv.grpc_client().infer("forecast", [g]).as_numpy("forecast"), want, rtol=1e-4)
 
 
 def test_int8_fused_model_keeps_the_labels(deployed):
