@@ -284,23 +284,17 @@ fn configurations_that_cannot_work_are_refused_by_name() {
 /// TRIDENT_TABULAR_REQUIRED is set (CI sets it).
 #[test]
 fn the_breast_cancer_example_separates_malignant_rows() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    if !root.join("data/tabular/breast_cancer.csv").is_file() {
-        assert!(
-            std::env::var_os("TRIDENT_TABULAR_REQUIRED").is_none(),
-            "data/tabular is missing: scripts/fetch-data.sh tabular"
-        );
-        eprintln!("skipped: data/tabular is missing (scripts/fetch-data.sh tabular)");
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let text = std::fs::read_to_string(root.join("examples/autoencoder/breast_cancer.toml"))
-        .unwrap()
-        .replace("\"data/tabular/", &format!("\"{}/data/tabular/", root.display()))
-        .replace("dir = \"runs/", "dir = \"");
-    let cfg = d.join("bc.toml");
-    std::fs::write(&cfg, text).unwrap();
+    let Some(cfg) = common::real_example(
+        "examples/autoencoder/breast_cancer.toml",
+        "tabular/breast_cancer.csv",
+        "tabular",
+        "TRIDENT_TABULAR_REQUIRED",
+        d,
+    ) else {
+        return;
+    };
     let log = common::ok_log(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
     let m = json(&d.join("ae-breast-cancer/test/metrics.json"));
     let a = &m["reconstruction"]["anomaly"];

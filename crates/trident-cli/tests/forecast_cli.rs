@@ -226,23 +226,17 @@ fn series_configurations_that_cannot_work_are_refused_by_name() {
 /// Skipped when the data is absent, unless TRIDENT_SERIES_REQUIRED is set (CI sets it).
 #[test]
 fn the_sunspots_example_beats_the_autoregression() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    if !root.join("data/series/sunspots.csv").is_file() {
-        assert!(
-            std::env::var_os("TRIDENT_SERIES_REQUIRED").is_none(),
-            "data/series is missing: scripts/fetch-data.sh series"
-        );
-        eprintln!("skipped: data/series is missing (scripts/fetch-data.sh series)");
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let text = std::fs::read_to_string(root.join("examples/forecast/sunspots.toml"))
-        .unwrap()
-        .replace("\"data/series/", &format!("\"{}/data/series/", root.display()))
-        .replace("dir = \"runs/", "dir = \"");
-    let cfg = d.join("s.toml");
-    std::fs::write(&cfg, text).unwrap();
+    let Some(cfg) = common::real_example(
+        "examples/forecast/sunspots.toml",
+        "series/sunspots.csv",
+        "series",
+        "TRIDENT_SERIES_REQUIRED",
+        d,
+    ) else {
+        return;
+    };
     let log = common::ok_log(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
     let m = json(&d.join("sunspots/test/metrics.json"));
     assert_eq!(

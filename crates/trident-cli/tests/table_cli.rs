@@ -259,7 +259,7 @@ fn bad_tables_are_refused_naming_the_column_or_line() {
     .unwrap();
     let e = failed(&trident(&["train", "--config", &cfg], d));
     assert!(
-        e.contains("model.kind must be mlp or sequential for table data"),
+        e.contains("model.kind must be mlp, sequential or autoencoder for table data"),
         "{e}"
     );
 }
@@ -313,15 +313,6 @@ layers = [{ kind = "linear", out = 8 }, { kind = "activation", name = "gelu" }, 
 /// under the measured figures (1.000, 1.000, 0.9855), for other CPUs' rounding.
 #[test]
 fn the_tabular_examples_reach_their_goals_on_the_real_tables() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    if !root.join("data/tabular/penguins.csv").is_file() {
-        assert!(
-            std::env::var_os("TRIDENT_TABULAR_REQUIRED").is_none(),
-            "data/tabular is missing: scripts/fetch-data.sh tabular"
-        );
-        eprintln!("skipped: data/tabular is missing (scripts/fetch-data.sh tabular)");
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     for (name, at_least, rows) in [
@@ -329,12 +320,11 @@ fn the_tabular_examples_reach_their_goals_on_the_real_tables() {
         ("breast_cancer", 0.96, 113),
         ("penguins", 0.97, 69),
     ] {
-        let text = std::fs::read_to_string(root.join(format!("examples/tabular/{name}.toml"))).unwrap();
-        let text = text
-            .replace("\"data/tabular/", &format!("\"{}/data/tabular/", root.display()))
-            .replace("dir = \"runs/", "dir = \"");
-        let cfg = d.join(format!("{name}.toml"));
-        std::fs::write(&cfg, text).unwrap();
+        let example = format!("examples/tabular/{name}.toml");
+        let required = "TRIDENT_TABULAR_REQUIRED";
+        let Some(cfg) = common::real_example(&example, "tabular/penguins.csv", "tabular", required, d) else {
+            return;
+        };
         let log = common::ok_log(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
         let run = d.join(name.replace('_', "-"));
         let acc = test_accuracy(&run);

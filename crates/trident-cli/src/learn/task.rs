@@ -590,7 +590,7 @@ pub struct WindowSet {
 }
 
 impl Dataset for WindowSet {
-    type Item = (Vec<f32>, Vec<f32>);
+    type Item = WindowItem;
     fn len(&self) -> usize {
         self.x.len() / self.window
     }
@@ -719,11 +719,14 @@ pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) ->
     })
 }
 
+/// A window's values and its targets, as [`WindowSet`] gives them.
+type WindowItem = (Vec<f32>, Vec<f32>);
+
 /// Stacks windows and their targets into a [`Batch::Series`].
 fn series_collate(
     window: usize,
     horizon: usize,
-) -> impl Fn(Vec<(Vec<f32>, Vec<f32>)>) -> Result<Batch, DataError> + Send + Sync + 'static {
+) -> impl Fn(Vec<WindowItem>) -> Result<Batch, DataError> + Send + Sync + 'static {
     move |items| {
         let n = items.len();
         let (mut x, mut y) = (Vec::with_capacity(n * window), Vec::with_capacity(n * horizon));

@@ -169,3 +169,33 @@ pub fn write_top_bottom_images(dir: &Path) {
         write_idx(&dir.join(format!("{split}-labels")), &[n as u32], &lab);
     }
 }
+
+/// A shipped example run on real data from `scripts/fetch-data.sh <fetch>`: `None` (the
+/// test is skipped) when `data/<data_file>` is absent, unless the environment variable
+/// `required` is set (CI sets it), which fails instead. Otherwise the example config is
+/// copied into `dir` with its `data/` paths made absolute and its run directory inside
+/// `dir` (the config's `runs/<name>` becomes `dir/<name>`).
+pub fn real_example(
+    example: &str,
+    data_file: &str,
+    fetch: &str,
+    required: &str,
+    dir: &Path,
+) -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    if !root.join("data").join(data_file).is_file() {
+        assert!(
+            std::env::var_os(required).is_none(),
+            "data/{data_file} is missing: scripts/fetch-data.sh {fetch}"
+        );
+        eprintln!("skipped: data/{data_file} is missing (scripts/fetch-data.sh {fetch})");
+        return None;
+    }
+    let text = std::fs::read_to_string(root.join(example))
+        .unwrap()
+        .replace("\"data/", &format!("\"{}/data/", root.display()))
+        .replace("dir = \"runs/", "dir = \"");
+    let cfg = dir.join(Path::new(example).file_name().unwrap());
+    std::fs::write(&cfg, text).unwrap();
+    Some(cfg)
+}
