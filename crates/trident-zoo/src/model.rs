@@ -175,15 +175,20 @@ impl TrainStep for Model {
             });
         }
         if let Net::Autoencoder(m) = &self.net {
-            let (Batch::Image(x, labels) | Batch::Features(x, labels)) = batch else {
-                candle_core::bail!("an autoencoder takes images or table rows, not text")
+            let (x, labels) = match batch {
+                Batch::Image(x, l) | Batch::Features(x, l) => (x, l.clone()),
+                // A series' windows: reconstructed, their next values unused.
+                Batch::Series(x, _) => (x, vec![0; x.dim(0)?]),
+                Batch::Text(..) => {
+                    candle_core::bail!("an autoencoder takes images, table rows or series windows, not text")
+                }
             };
             let errors = Autoencoder::errors(x, &m.forward(x, ctx)?)?;
             let _layer = trident_nn::trace::layer(|| "loss".into());
             return Ok(StepOutput {
                 loss: errors.mean_all()?,
                 prediction: Prediction::Scores(errors),
-                labels: labels.clone(),
+                labels,
             });
         }
         let (logits, labels) = match (batch, &self.net) {
@@ -686,9 +691,14 @@ fn autoencoder(
             output,
             a.noise,
         )?,
-        (AeShape::Conv, _) => bail!("model.shape = \"conv\" takes images; use \"dense\" for table rows"),
-        (_, InputSpec::Text { .. } | InputSpec::Series(_)) => {
-            bail!("an autoencoder takes images or table rows (a series: not yet)")
+        (AeShape::Conv, _) => {
+            bail!("model.shape = \"conv\" takes images; use \"dense\" for table rows and series")
+        }
+        (AeShape::Dense, InputSpec::Series(s)) => {
+            Autoencoder::dense(&pb, s.window, &a.hidden, a.code, act, output, a.noise)?
+        }
+        (_, InputSpec::Text { .. }) => {
+            bail!("an autoencoder takes images, table rows or series windows, not text")
         }
     })
 }

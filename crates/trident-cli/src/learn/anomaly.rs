@@ -223,3 +223,143 @@ mod tests {
         assert!(plain.anomaly.is_none() && plain.per_class.iter().all(|c| c.auroc_vs_normal.is_none()));
     }
 }
+
+/// An autoencoder on a series: every window of the test part scored by its reconstruction
+/// error, ranked, and held against the values the anomaly column marks.
+#[derive(Debug, Serialize)]
+pub struct SeriesRanking {
+    pub window: usize,
+    pub windows: usize,
+    /// The marked values' index ranges `[start, end)` in the test part.
+    pub marked: Vec<(usize, usize)>,
+    /// The highest-scoring windows, none overlapping a higher one: (first index, error).
+    pub top: Vec<(usize, f32)>,
+    /// Whether the top window holds a marked value.
+    pub top_is_marked: bool,
+    /// The rank (1 = highest error) of the best window holding a marked value.
+    pub best_marked_rank: Option<usize>,
+    /// ROC-AUC of the error over windows, a window being anomalous when it holds a marked value.
+    pub auroc: Option<f64>,
+}
+
+/// Scores every window of `values[test_start..]` with `model` (an autoencoder on
+/// `spec`'s windows); `marks` is the anomaly column (non-zero = anomalous).
+pub fn rank_series(
+    model: &Model,
+    spec: &trident_zoo::SeriesSpec,
+    values: &[f64],
+    marks: &[f64],
+    test_start: usize,
+) -> anyhow::Result<(SeriesRanking, Vec<f32>)> {
+    let Net::Autoencoder(ae) = &model.net else {
+        anyhow::bail!("not an autoencoder")
+    };
+    let w = spec.window;
+    let n = values.len();
+    anyhow::ensure!(
+        n >= test_start + w,
+        "the test part is shorter than a window of {w}"
+    );
+    let starts: Vec<usize> = (test_start..=n - w).collect();
+    let mut errors = Vec::with_capacity(starts.len());
+    for chunk in starts.chunks(512) {
+        let mut x = Vec::with_capacity(chunk.len() * w);
+        for &s in chunk {
+            x.extend(spec.encode(&values[s..s + w]).0);
+        }
+        let x = trident_nn::Tensor::from_vec(x, (chunk.len(), w), &trident_nn::Device::Cpu)?;
+        let y = ae.forward(&x, &trident_nn::Ctx::eval())?;
+        errors.extend(trident_nn::autoencoder::Autoencoder::errors(&x, &y)?.to_vec1::<f32>()?);
+    }
+    let marked_window = |s: usize| marks[s..s + w].iter().any(|&m| m != 0.0);
+    let positive: Vec<bool> = starts.iter().map(|&s| marked_window(s)).collect();
+    let mut order: Vec<usize> = (0..starts.len()).collect();
+    order.sort_by(|&a, &b| errors[b].total_cmp(&errors[a]));
+    let mut top: Vec<(usize, f32)> = Vec::new();
+    for &i in &order {
+        if top.len() == 5 {
+            break;
+        }
+        if top.iter().all(|&(s, _)| starts[i] + w <= s || s + w <= starts[i]) {
+            top.push((starts[i], errors[i]));
+        }
+    }
+    let mut marked = Vec::new();
+    let mut i = test_start;
+    while i < n {
+        if marks[i] != 0.0 {
+            let from = i;
+            while i < n && marks[i] != 0.0 {
+                i += 1;
+            }
+            marked.push((from, i));
+        } else {
+            i += 1;
+        }
+    }
+    let ranking = SeriesRanking {
+        window: w,
+        windows: starts.len(),
+        top_is_marked: top.first().is_some_and(|&(s, _)| marked_window(s)),
+        best_marked_rank: order.iter().position(|&i| positive[i]).map(|r| r + 1),
+        auroc: roc_auc(&errors, &positive),
+        marked,
+        top,
+    };
+    Ok((ranking, errors))
+}
+
+impl SeriesRanking {
+    /// The lines for the terminal.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "{} windows of {} in the test part; marked values at {:?}",
+            self.windows, self.window, self.marked
+        )];
+        out.push(format!(
+            "  top-ranked window: values {}..{} — {}",
+            self.top.first().map_or(0, |t| t.0),
+            self.top.first().map_or(0, |t| t.0 + self.window),
+            if self.top_is_marked {
+                "holds the marked anomaly"
+            } else {
+                "does NOT hold a marked value"
+            }
+        ));
+        out.push(format!(
+            "  best window holding a marked value: rank {}; ROC-AUC over windows {}",
+            self.best_marked_rank.map_or("-".into(), |r| r.to_string()),
+            self.auroc.map_or("undefined".into(), |a| format!("{a:.4}"))
+        ));
+        let top: Vec<String> = self.top.iter().map(|(s, e)| format!("{s} ({e:.4})")).collect();
+        out.push(format!("  top windows, none overlapping: {}", top.join(", ")));
+        out
+    }
+
+    /// `metrics.json` and `scores.png` (each window's error by its first index, with the
+    /// marked values) in `out`.
+    pub fn write(&self, out: &Path, errors: &[f32], first: usize, marks: &[f64]) -> anyhow::Result<()> {
+        std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
+        super::write_atomic(
+            &out.join("metrics.json"),
+            serde_json::to_string_pretty(&serde_json::json!({ "series_anomaly": self }))?.as_bytes(),
+        )?;
+        let top = errors.iter().copied().fold(0f32, f32::max) as f64;
+        let curve: Vec<(f64, f64)> = errors
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| ((first + i) as f64, e as f64))
+            .collect();
+        let mark: Vec<(f64, f64)> = (first..marks.len())
+            .map(|i| (i as f64, if marks[i] != 0.0 { top } else { 0.0 }))
+            .collect();
+        plot::xy_chart(
+            &out.join("scores.png"),
+            "reconstruction error of each window, by its first value",
+            "first value of the window",
+            "MSE per value",
+            &[("window error", curve), ("marked anomaly", mark)],
+        )?;
+        Ok(())
+    }
+}

@@ -31,8 +31,13 @@ pub struct RunConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnomalySection {
-    /// Class names (as the data names them) that count as normal.
+    /// Images and tables: class names (as the data names them) that count as normal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub normal: Vec<String>,
+    /// A series: the 0/1 column marking anomalous values. The test part's windows are
+    /// ranked by reconstruction error; a window is anomalous when it holds a marked value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<String>,
 }
 
 impl RunConfig {
@@ -557,8 +562,11 @@ impl RunConfig {
                 );
             }
             anyhow::ensure!(
-                matches!(self.model, ModelConfig::Forecaster(_)),
-                "model.kind must be \"forecaster\" for series data"
+                matches!(
+                    self.model,
+                    ModelConfig::Forecaster(_) | ModelConfig::Autoencoder(_)
+                ),
+                "model.kind must be \"forecaster\" or \"autoencoder\" for series data"
             );
         }
         anyhow::ensure!(
@@ -581,10 +589,16 @@ impl RunConfig {
             "an autoencoder cannot be distilled (distillation matches class predictions)"
         );
         if let Some(a) = &self.anomaly {
-            anyhow::ensure!(
-                !a.normal.is_empty(),
-                "anomaly.normal is empty: name the normal classes"
-            );
+            match &self.data {
+                DataConfig::Series { .. } => anyhow::ensure!(
+                    a.column.is_some() && a.normal.is_empty(),
+                    "[anomaly] on a series takes column = \"<the 0/1 column marking anomalous values>\" (not normal classes)"
+                ),
+                _ => anyhow::ensure!(
+                    !a.normal.is_empty() && a.column.is_none(),
+                    "anomaly.normal is empty: name the normal classes (anomaly.column is for a series)"
+                ),
+            }
         }
         Ok(())
     }

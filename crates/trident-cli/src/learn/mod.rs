@@ -279,7 +279,7 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
         DataConfig::Series { .. } => {
             let s = task::series_splits(&c, None)?;
             eprintln!(
-                "series {}: {} values of {:?}; the last {} held out for the backtest",
+                "series {}: {} values of {:?}; the last {} held out for the test",
                 s.series.file.display(),
                 s.series.values.len(),
                 s.spec.column,
@@ -577,6 +577,13 @@ fn test_and_report<D: Dataset + 'static>(
     let best = dir.join("best");
     trident_train::checkpoint::load_weights(&best, &model.params)?;
     if let InputSpec::Series(spec) = &model.card.input {
+        if let task::Net::Autoencoder(_) = model.net {
+            let out = dir.join("test");
+            for l in series_anomaly(c, model, spec, &out)? {
+                eprintln!("{l}");
+            }
+            return Ok(());
+        }
         return forecast_test(c, model, spec, summary, peak_rss);
     }
     let t0 = std::time::Instant::now();
@@ -652,6 +659,24 @@ fn test_and_report<D: Dataset + 'static>(
         rep.summary()
     );
     Ok(())
+}
+
+/// An autoencoder on a series: the test part's windows ranked by reconstruction error
+/// against `[anomaly] column`'s marks, written to `out`; returns the lines to show.
+fn series_anomaly(
+    c: &RunConfig,
+    model: &Model,
+    spec: &trident_zoo::SeriesSpec,
+    out: &Path,
+) -> anyhow::Result<Vec<String>> {
+    let s = task::series_splits(c, Some(spec))?;
+    let column = c.anomaly.as_ref().and_then(|a| a.column.as_deref()).context(
+        "an autoencoder on a series needs [anomaly] column = \"<the 0/1 column of anomalous values>\"",
+    )?;
+    let marks = trident_data::series::Series::read(&s.series.file, Some(column))?.values;
+    let (ranking, errors) = anomaly::rank_series(model, spec, &s.series.values, &marks, s.test_start)?;
+    ranking.write(out, &errors, s.test_start, &marks)?;
+    Ok(ranking.lines())
 }
 
 /// A forecaster's test: the backtest of the held-out end of the series (test/), and
@@ -940,6 +965,16 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if let (InputSpec::Series(spec), task::Net::Autoencoder(_)) = (&model.card.input, &model.net) {
+        let out = args
+            .out
+            .unwrap_or_else(|| args.model.join(format!("eval-{label}")));
+        for l in series_anomaly(&c, &model, spec, &out)? {
+            println!("{l}");
+        }
+        println!("wrote {}/metrics.json and scores.png", out.display());
+        return Ok(());
+    }
     if let InputSpec::Series(spec) = &model.card.input {
         // A forecaster: the backtest of the series' held-out end, by the checkpoint or
         // by its exported graph.
@@ -1207,6 +1242,13 @@ fn pick<D: Dataset>(
 pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
     let classes = &model.card.classes;
+    if let (InputSpec::Series(_), task::Net::Autoencoder(_)) = (&model.card.input, &model.net) {
+        bail!(
+            "{}: an autoencoder on a series ranks the windows of a whole series: `trident eval --model {} [--data file.csv]`",
+            args.model.display(),
+            args.model.display()
+        );
+    }
     if let InputSpec::Series(spec) = &model.card.input {
         // A forecaster: the next `horizon` values after a series (a CSV file whose column
         // is the model's, or the values themselves, comma-separated, oldest first).
