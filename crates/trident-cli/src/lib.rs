@@ -74,6 +74,8 @@ pub fn run() -> anyhow::Result<()> {
     if std::env::var_os("ORT_DISABLE_TELEMETRY").is_none() {
         std::env::set_var("ORT_DISABLE_TELEMETRY", "1");
     }
+    // candle's own kernels on the calling thread (see there), also before any thread.
+    trident_nn::runtime::candle_on_one_thread();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TRIDENT_LOG").unwrap_or_else(|_| "info".into()),

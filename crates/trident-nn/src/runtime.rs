@@ -29,3 +29,18 @@ pub fn keep_freed_memory() -> bool {
         false
     }
 }
+
+/// Runs candle's own CPU kernels (elementwise ops, reductions, copies, its convolution) on
+/// the calling thread, unless `CANDLE_NUM_THREADS` is already set. candle 0.11 spreads
+/// them over a pool synchronised by spinning barriers; on the 2 to 4 cores Trident trains
+/// on, that pool competes with OpenBLAS's threads and the data loader, and the caller
+/// spins while a worker waits for a core (67 % of a dense autoencoder's sampled backward
+/// pass). Measured on an AMD EPYC Zen 4 with 2 cores, interleaved (`docs/PERFORMANCE.md`):
+/// the MiniLM step 1.10x, the Fashion CNN 1.10x and ViT 1.15x faster on one thread.
+/// Reads the pool size when the pool is first used, so call it at the start of `main`,
+/// before any other thread exists (it sets an environment variable).
+pub fn candle_on_one_thread() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+}

@@ -17,6 +17,8 @@ use trident_nn::{ops, Ctx, Params};
 use trident_train::optim::{Optimizer, OptimizerConfig};
 
 fn main() -> anyhow::Result<()> {
+    // As `trident` runs (CANDLE_NUM_THREADS=2 or more to compare).
+    trident_nn::runtime::candle_on_one_thread();
     let args: Vec<String> = std::env::args().collect();
     let dir = std::path::PathBuf::from(args.get(1).map(String::as_str).unwrap_or("data/minilm"));
     let steps: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(10);
