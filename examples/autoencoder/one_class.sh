@@ -2,9 +2,9 @@
 # One-class anomaly detection on Fashion-MNIST, each class in turn the normal one:
 # trains examples/autoencoder/fashion-one-class.toml with `normal` set to that class and
 # prints its test ROC-AUC beside PCA(16)'s (../shared/research/toolkit-anchors.md, 2c).
-#   examples/autoencoder/one_class.sh [trident binary] [extra train flags…]
+#   examples/autoencoder/one_class.sh [trident binary (default: trident)] [extra train flags…]
 set -euo pipefail
-bin=${1:-target/release/trident}
+bin=${1:-trident}
 shift || true
 classes=("T-shirt/top" "Trouser" "Pullover" "Dress" "Coat" "Sandal" "Shirt" "Sneaker" "Bag" "Ankle boot")
 pca=(0.897 0.983 0.880 0.922 0.879 0.877 0.822 0.983 0.810 0.963)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The breast-cancer anomaly example over splits 0..N-1 (`[run] seed`): the autoencoder's
 # test ROC-AUC per seed and the mean, to set beside examples/autoencoder/reference.py N.
-#   examples/autoencoder/seeds.sh [N] [trident binary]
+#   examples/autoencoder/seeds.sh [N] [trident binary (default: trident)]
 set -euo pipefail
 n=${1:-10}
-bin=${2:-target/release/trident}
+bin=${2:-trident}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 all=()
