@@ -156,6 +156,36 @@ fn a_forecaster_beats_the_naive_forecasts_and_every_tool_agrees() {
 }
 
 #[test]
+fn refit_trains_a_model_per_origin_and_eval_reuses_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_series(d);
+    let cfg = config(d, "r", "stride = 10\nrefit = true", "hidden = [16]");
+    ok(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    let m = json(&d.join("r/test/metrics.json"));
+    assert_eq!(m["backtest"]["refit"], true);
+    // One run per origin, each trained on the history before it (the first is the main
+    // run's own split).
+    for o in [370, 380, 390] {
+        let run = d.join(format!("r/refit/o{o}"));
+        assert!(run.join("best/model.safetensors").is_file(), "{}", run.display());
+        let card = json(&run.join("best/trident.json"));
+        assert!(card["input"]["mean"].is_number());
+    }
+    let mae = maes(&m);
+    assert!(mae[0] < mae[2], "{mae:?}");
+    // eval finds the finished runs (it would train a missing one) and repeats the backtest.
+    let t0 = std::time::Instant::now();
+    let out = ok(&trident(&["eval", "--model", "r/best"], d));
+    assert!(out.contains("the model trained again up to each origin"), "{out}");
+    assert_eq!(maes(&json(&d.join("r/best/eval-test/metrics.json"))), mae);
+    eprintln!("eval of a refit run: {:.1} s", t0.elapsed().as_secs_f64());
+    ok(&trident(&["export", "--model", "r/best", "--out", "r.onnx"], d));
+    let err = failed(&trident(&["eval", "--model", "r/best", "--onnx", "r.onnx"], d));
+    assert!(err.contains("data.refit"), "{err}");
+}
+
+#[test]
 fn recurrent_forecasters_train_and_resume_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();

@@ -314,9 +314,14 @@ pub enum DataConfig {
         /// Backtest origins every `stride` values of the test part (default: the horizon;
         /// `test` gives one origin forecasting the whole test part). From each origin the
         /// values up to the next are forecast from the actual history, forecasts fed back
-        /// as inputs where the lead exceeds the horizon; the model is not refitted.
+        /// as inputs where the lead exceeds the horizon (see `refit`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stride: Option<usize>,
+        /// Train the model again at each backtest origin on the history up to it (the
+        /// same settings, `val` values before the origin validating) instead of forecasting
+        /// every origin with the one trained model; the runs go to `<run>/refit/`.
+        #[serde(default)]
+        refit: bool,
     },
 }
 

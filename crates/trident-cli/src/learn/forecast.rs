@@ -68,6 +68,8 @@ pub struct Scored {
 #[derive(Debug, Serialize)]
 pub struct Backtest {
     pub test_values: usize,
+    /// The model was trained again up to each origin.
+    pub refit: bool,
     pub origins: Vec<usize>,
     pub stride: usize,
     pub horizon: usize,
@@ -78,10 +80,23 @@ pub struct Backtest {
     pub actual: Vec<f64>,
 }
 
+/// The model's forecasts of `lead` values after the history up to `origin`: the trained
+/// model's (update), or a model trained again up to the origin (refit).
+pub type OriginFn<'a> = dyn Fn(usize, &[f64], usize) -> anyhow::Result<Vec<f64>> + 'a;
+
+/// [`OriginFn`] of one model at every origin (`update`): its forecasts of the actual
+/// history, fed back beyond the horizon.
+pub fn updating<'a>(
+    forecast: &'a ForecastFn<'a>,
+    spec: &'a SeriesSpec,
+) -> impl Fn(usize, &[f64], usize) -> anyhow::Result<Vec<f64>> + 'a {
+    move |_, history, lead| forecast_ahead(forecast, spec, history, lead)
+}
+
 /// Forecasts `values[test_start..]` from origins every `stride` values (each from the
 /// actual history before it) with `forecast` and the two baselines.
 pub fn backtest(
-    forecast: &ForecastFn,
+    forecast: &OriginFn,
     spec: &SeriesSpec,
     values: &[f64],
     test_start: usize,
@@ -98,13 +113,14 @@ pub fn backtest(
     for &o in &origins {
         let lead = stride.min(n - o);
         let history = &values[..o];
-        runs[0].1.extend(forecast_ahead(forecast, spec, history, lead)?);
+        runs[0].1.extend(forecast(o, history, lead)?);
         runs[1].1.extend(naive(history, lead));
         runs[2].1.extend(seasonal_naive(history, lead, season));
     }
     let actual = values[test_start..].to_vec();
     let train = &values[..test_start];
     Ok(Backtest {
+        refit: false,
         test_values: actual.len(),
         stride,
         horizon: spec.horizon,
@@ -126,7 +142,7 @@ impl Backtest {
     /// The table for the terminal.
     pub fn lines(&self) -> Vec<String> {
         let mut out = vec![format!(
-            "backtest: the last {} values from {} origin(s) every {} (horizon {}{}; not refitted)",
+            "backtest: the last {} values from {} origin(s) every {} (horizon {}{}; {})",
             self.test_values,
             self.origins.len(),
             self.stride,
@@ -135,6 +151,11 @@ impl Backtest {
                 ", forecasts fed back beyond it"
             } else {
                 ""
+            },
+            if self.refit {
+                "the model trained again up to each origin"
+            } else {
+                "not refitted"
             }
         )];
         out.push(format!(
@@ -196,6 +217,11 @@ impl Backtest {
     }
 }
 
+/// Whether `c` trains the model again up to each backtest origin.
+pub fn refit(c: &RunConfig) -> bool {
+    matches!(c.data, DataConfig::Series { refit: true, .. })
+}
+
 /// The backtest settings of a run: (test values, stride, season).
 pub fn settings(c: &RunConfig) -> anyhow::Result<(usize, usize, usize)> {
     let DataConfig::Series {
@@ -216,14 +242,15 @@ pub fn report(
     c: &RunConfig,
     spec: &SeriesSpec,
     values: &[f64],
-    forecast: &ForecastFn,
+    forecast: &OriginFn,
     out: &Path,
 ) -> anyhow::Result<(Backtest, Vec<String>)> {
     let (test, stride, season) = settings(c)?;
     if test >= values.len() {
         bail!("data.test = {test}: the series has only {} values", values.len());
     }
-    let b = backtest(forecast, spec, values, values.len() - test, stride, season)?;
+    let mut b = backtest(forecast, spec, values, values.len() - test, stride, season)?;
+    b.refit = refit(c);
     b.write(out, values, &spec.column)?;
     let lines = b.lines();
     Ok((b, lines))

@@ -679,6 +679,54 @@ fn series_anomaly(
     Ok(ranking.lines())
 }
 
+/// The backtest of `c`'s series, written to `out`: by `model` at every origin, or with
+/// `data.refit` by a model trained again up to each origin.
+fn backtest_report(
+    c: &RunConfig,
+    model: &Model,
+    spec: &trident_zoo::SeriesSpec,
+    values: &[f64],
+    out: &Path,
+) -> anyhow::Result<(forecast::Backtest, Vec<String>)> {
+    let f = |w: &[f64]| forecast::model_forecast(model, spec, w);
+    let update = forecast::updating(&f, spec);
+    let refit = |origin: usize, history: &[f64], lead: usize| -> anyhow::Result<Vec<f64>> {
+        let (m, spec_o) = train_up_to(c, origin)?;
+        let g = |w: &[f64]| forecast::model_forecast(&m, &spec_o, w);
+        forecast::forecast_ahead(&g, &spec_o, history, lead)
+    };
+    let by: &forecast::OriginFn = if forecast::refit(c) { &refit } else { &update };
+    forecast::report(c, spec, values, by, out)
+}
+
+/// `refit`: the forecaster trained again on the series up to `origin` (the run's
+/// settings; its own scale fitted on that history), in `<run>/refit/o<origin>`; a run
+/// found there finished is reused, an interrupted one resumed.
+fn train_up_to(c: &RunConfig, origin: usize) -> anyhow::Result<(Model, trident_zoo::SeriesSpec)> {
+    let mut c = c.clone();
+    let dir = c.run.dir.join("refit").join(format!("o{origin}"));
+    let n = task::series_splits(&c, None)?.series.values.len();
+    if let DataConfig::Series { test, .. } = &mut c.data {
+        *test = n - origin;
+    }
+    c.run.dir = dir.clone();
+    let s = task::series_splits(&c, None)?;
+    let card = ModelCard {
+        model: c.model.clone(),
+        classes: Vec::new(),
+        input: InputSpec::Series(s.spec.clone()),
+    };
+    let model = Model::build(&card, c.run.seed, None)?;
+    let mut trainer = Trainer::new(c.train.clone(), Vec::new(), &dir);
+    trainer.progress = false;
+    trainer.checkpoint_files = model.checkpoint_files()?;
+    let hash = format!("{:?}|{:?}|{:?}|{}|refit", c.data, c.loader, c.model, c.run.seed);
+    let resume = dir.join("last").exists();
+    trainer.fit(&model, &s.splits.train, s.splits.val.as_ref(), resume, &hash)?;
+    trident_train::checkpoint::load_weights(&dir.join("best"), &model.params)?;
+    Ok((model, s.spec))
+}
+
 /// A forecaster's test: the backtest of the held-out end of the series (test/), and
 /// `report.json` with its figures, parameters and epoch times.
 fn forecast_test(
@@ -691,8 +739,7 @@ fn forecast_test(
     let dir = &c.run.dir;
     let s = task::series_splits(c, Some(spec))?;
     let out = dir.join("test");
-    let f = |w: &[f64]| forecast::model_forecast(model, spec, w);
-    let (b, lines) = forecast::report(c, spec, &s.series.values, &f, &out)?;
+    let (b, lines) = backtest_report(c, model, spec, &s.series.values, &out)?;
     eprintln!(
         "test (best epoch {}) → {}",
         summary.state.best_epoch.map_or(0, |e| e + 1),
@@ -983,10 +1030,19 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         let out = args
             .out
             .unwrap_or_else(|| args.model.join(format!("eval-{label}{suffix}")));
-        let by_model = |w: &[f64]| forecast::model_forecast(&model, spec, w);
-        let by_onnx = |w: &[f64]| onnx.as_ref().expect("--onnx").forecast(w);
-        let f: &forecast::ForecastFn = if onnx.is_some() { &by_onnx } else { &by_model };
-        let (_, lines) = forecast::report(&c, spec, &s.series.values, f, &out)?;
+        let lines = match &onnx {
+            Some(graph) => {
+                if forecast::refit(&c) {
+                    bail!("data.refit: the run's backtest trains a model per origin; --onnx scores one exported model (evaluate without data.refit)");
+                }
+                let f = |w: &[f64]| graph.forecast(w);
+                let update = forecast::updating(&f, spec);
+                let (_, lines) = forecast::report(&c, spec, &s.series.values, &update, &out)?;
+                lines
+            }
+            // Refit runs train (or reuse, in <run>/refit/) a model per origin.
+            None => backtest_report(&c, &model, spec, &s.series.values, &out)?.1,
+        };
         for l in lines {
             println!("{l}");
         }
