@@ -216,15 +216,74 @@ impl Autoencoder {
     }
 }
 
-/// Nearest-neighbour 2× upsampling of `[b, c, h, w]` as a broadcast, whose backward
-/// pass sums each 2×2 block (candle's own upsampling goes back through a grouped
-/// convolution).
+/// Nearest-neighbour 2× upsampling of `[b, c, h, w]`: each value repeated over a 2×2
+/// block; the backward pass sums each block. One op with its own backward: written as a
+/// broadcast, candle's backward reduced over two strided axes, which took about half of the
+/// convolutional autoencoder's step (`docs/PERFORMANCE.md`).
 pub fn upsample2(x: &Tensor) -> Result<Tensor> {
-    let (b, c, h, w) = x.dims4()?;
-    x.reshape((b, c, h, 1, w, 1))?
-        .broadcast_as((b, c, h, 2, w, 2))?
-        .contiguous()?
-        .reshape((b, c, 2 * h, 2 * w))
+    x.dims4()?;
+    if x.dtype() != candle_core::DType::F32 {
+        let (b, c, h, w) = x.dims4()?;
+        return x
+            .reshape((b, c, h, 1, w, 1))?
+            .broadcast_as((b, c, h, 2, w, 2))?
+            .contiguous()?
+            .reshape((b, c, 2 * h, 2 * w));
+    }
+    x.contiguous()?.apply_op1(Upsample2)
+}
+
+struct Upsample2;
+
+impl candle_core::CustomOp1 for Upsample2 {
+    fn name(&self) -> &'static str {
+        "trident-upsample2"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let x = crate::ops::f32_slice(s, l, "upsample2")?;
+        let &[b, c, h, w] = l.dims() else {
+            bail!("upsample2: expected [b, c, h, w], got {:?}", l.dims())
+        };
+        let mut out = vec![0f32; b * c * 4 * h * w];
+        for (plane, o) in x.chunks(h * w).zip(out.chunks_mut(4 * h * w)) {
+            for y in 0..h {
+                let row = &plane[y * w..(y + 1) * w];
+                let (top, bottom) = o[2 * y * 2 * w..(2 * y + 2) * 2 * w].split_at_mut(2 * w);
+                for (k, &v) in row.iter().enumerate() {
+                    top[2 * k] = v;
+                    top[2 * k + 1] = v;
+                }
+                bottom.copy_from_slice(top);
+            }
+        }
+        Ok((
+            candle_core::CpuStorage::F32(out),
+            candle_core::Shape::from((b, c, 2 * h, 2 * w)),
+        ))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let (b, c, h, w) = arg.dims4()?;
+        let grad = grad.contiguous()?;
+        let g = crate::ops::with_f32(&grad, |g| {
+            let mut dx = vec![0f32; b * c * h * w];
+            for (d, plane) in dx.chunks_mut(h * w).zip(g.chunks(4 * h * w)) {
+                for y in 0..h {
+                    let (top, bottom) = (&plane[2 * y * 2 * w..], &plane[(2 * y + 1) * 2 * w..]);
+                    for x in 0..w {
+                        d[y * w + x] = top[2 * x] + top[2 * x + 1] + bottom[2 * x] + bottom[2 * x + 1];
+                    }
+                }
+            }
+            dx
+        })?;
+        Ok(Some(Tensor::from_vec(g, (b, c, h, w), arg.device())?))
+    }
 }
 
 #[cfg(test)]
