@@ -368,6 +368,10 @@ lr = 3e-3
     assert_eq!(e["series_anomaly"]["top"], r["top"]);
     let err = failed(&trident(&["predict", "--model", "s/best", "marked.csv"], d));
     assert!(err.contains("trident eval"), "{err}");
+    // A series autoencoder forecasts nothing: backtest keys are refused, not ignored.
+    std::fs::write(&cfg, text.replace("window = 40", "window = 40\nrefit = true")).unwrap();
+    let err = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    assert!(err.contains("data.refit is not used here"), "{err}");
     // An [anomaly] for a series names its column, not classes.
     std::fs::write(&cfg, text.replace("column = \"anomaly\"", "normal = [\"0\"]")).unwrap();
     let err = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
@@ -394,4 +398,19 @@ fn the_kdd_tsad_example_ranks_the_labelled_anomaly_first() {
     let r = &json(&d.join("ae-kdd-tsad-135/test/metrics.json"))["series_anomaly"];
     assert_eq!(r["marked"], serde_json::json!([[4187, 4199]]));
     assert_eq!(r["top_is_marked"], true, "{r}\n{log}");
+}
+
+#[test]
+fn keys_the_chosen_shape_does_not_read_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    let run = |model: &str, name: &str| {
+        let cfg = image_config(d, name, model, "");
+        failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d))
+    };
+    let e = run("shape = \"conv\"\nchannels = [4]\nhidden = [16]", "a");
+    assert!(e.contains("model.hidden is not used here"), "{e}");
+    let e = run("channels = [4]", "b");
+    assert!(e.contains("model.channels is not used here"), "{e}");
 }

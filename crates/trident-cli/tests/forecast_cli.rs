@@ -242,6 +242,8 @@ fn series_configurations_that_cannot_work_are_refused_by_name() {
     assert!(e.contains("[anomaly]"), "{e}");
     let e = run("", "net = \"lstm\"\nhidden = [4, 8]", "d");
     assert!(e.contains("one width for every layer"), "{e}");
+    let e = run("", "net = \"gru\"\nhidden = [4]\nactivation = \"tanh\"", "f");
+    assert!(e.contains("model.activation is not used here"), "{e}");
     let cfg = config(d, "e", "", "hidden = [4]");
     let text = std::fs::read_to_string(&cfg)
         .unwrap()

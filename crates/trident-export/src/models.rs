@@ -503,7 +503,7 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
     let y = match (a.shape, image) {
         (AeShape::Dense, _) => {
             let mut h = w.g.op("Flatten", &[&x], &[("axis", Attr::Int(1))]);
-            let layers = a.hidden.len() + 1;
+            let layers = a.hidden().len() + 1;
             for part in ["encoder", "decoder"] {
                 for i in 0..layers {
                     h = w.linear(&h, &format!("{part}.layers.{i}"))?;
@@ -516,7 +516,7 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
         }
         (AeShape::Conv, Some((_, height, width))) => {
             let mut h = x.clone();
-            for i in 0..a.channels.len() {
+            for i in 0..a.channels().len() {
                 h = conv3(&mut w, &h, &format!("down.{i}"), 2)?;
                 h = act(&mut w, &h)?;
             }
@@ -524,9 +524,9 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
             h = w.linear(&h, "to_code")?;
             h = w.linear(&h, "from_code")?;
             h = act(&mut w, &h)?;
-            let levels = a.channels.len();
+            let levels = a.channels().len();
             let (mut c, mut hh, mut ww) = (
-                *a.channels.last().context("no channels")? as i64,
+                *a.channels().last().context("no channels")? as i64,
                 (height >> levels) as i64,
                 (width >> levels) as i64,
             );
@@ -656,8 +656,8 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
     for i in 0..layers {
         h = w.linear(&h, &format!("layers.{i}"))?;
         if i + 1 < layers {
-            h = activation(&mut w, &h, &f.activation)
-                .with_context(|| format!("the custom activation {:?} has no ONNX export", f.activation))?;
+            h = activation(&mut w, &h, f.activation())
+                .with_context(|| format!("the custom activation {:?} has no ONNX export", f.activation()))?;
         }
     }
     let scaled = w.g.op("Mul", &[&h, &std], &[]);

@@ -79,11 +79,18 @@ pub struct ForecasterModel {
     /// layer, all equal.
     #[serde(default = "forecast_hidden")]
     pub hidden: Vec<usize>,
-    /// `mlp`: relu, gelu, sigmoid, tanh or a registered activation.
-    #[serde(default = "relu")]
-    pub activation: String,
+    /// `mlp`: relu (default), gelu, sigmoid, tanh or a registered activation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation: Option<String>,
     #[serde(default)]
     pub dropout: f32,
+}
+
+impl ForecasterModel {
+    /// An MLP forecaster's activation.
+    pub fn activation(&self) -> &str {
+        self.activation.as_deref().unwrap_or("relu")
+    }
 }
 
 /// The network of a forecaster.
@@ -110,12 +117,13 @@ pub struct AutoencoderModel {
     /// Width of the code (the bottleneck).
     #[serde(default = "code")]
     pub code: usize,
-    /// `dense`: the encoder's hidden widths, mirrored by the decoder.
-    #[serde(default = "ae_hidden")]
-    pub hidden: Vec<usize>,
-    /// `conv`: channels of the stride-2 convolutions, one per halving of the image.
-    #[serde(default = "ae_channels")]
-    pub channels: Vec<usize>,
+    /// `dense`: the encoder's hidden widths, mirrored by the decoder (default `[512, 256]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<Vec<usize>>,
+    /// `conv`: channels of the stride-2 convolutions, one per halving of the image
+    /// (default `[32, 64]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<Vec<usize>>,
     /// relu, gelu, sigmoid, tanh or a registered activation.
     #[serde(default = "relu")]
     pub activation: String,
@@ -149,11 +157,16 @@ pub enum AeOutput {
 fn code() -> usize {
     32
 }
-fn ae_hidden() -> Vec<usize> {
-    vec![512, 256]
-}
-fn ae_channels() -> Vec<usize> {
-    vec![32, 64]
+impl AutoencoderModel {
+    /// A dense autoencoder's hidden widths.
+    pub fn hidden(&self) -> Vec<usize> {
+        self.hidden.clone().unwrap_or_else(|| vec![512, 256])
+    }
+
+    /// A conv autoencoder's channels.
+    pub fn channels(&self) -> Vec<usize> {
+        self.channels.clone().unwrap_or_else(|| vec![32, 64])
+    }
 }
 
 /// `[model] kind = "sequential"`: `layers = [{ kind = "linear", out = 32 }, { kind =

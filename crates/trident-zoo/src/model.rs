@@ -608,7 +608,7 @@ fn forecaster(
     let pb = params.builder(seed, None);
     Ok(match f.net {
         ForecastNet::Mlp => {
-            let act = trident_nn::custom::activation_by_name(&f.activation)
+            let act = trident_nn::custom::activation_by_name(f.activation())
                 .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
             Forecaster::mlp(&pb, s.window, &f.hidden, s.horizon, act, f.dropout)?
         }
@@ -655,7 +655,7 @@ fn autoencoder(
     let pb = params.builder(seed, None);
     Ok(match (a.shape, input) {
         (AeShape::Dense, InputSpec::Table { encoder, .. }) => {
-            Autoencoder::dense(&pb, encoder.width(), &a.hidden, a.code, act, output, a.noise)?
+            Autoencoder::dense(&pb, encoder.width(), &a.hidden(), a.code, act, output, a.noise)?
         }
         (
             AeShape::Dense,
@@ -668,7 +668,7 @@ fn autoencoder(
         ) => Autoencoder::dense(
             &pb,
             channels * height * width,
-            &a.hidden,
+            &a.hidden(),
             a.code,
             act,
             output,
@@ -685,7 +685,7 @@ fn autoencoder(
         ) => Autoencoder::conv(
             &pb,
             (channels, height, width),
-            &a.channels,
+            &a.channels(),
             a.code,
             act,
             output,
@@ -695,7 +695,7 @@ fn autoencoder(
             bail!("model.shape = \"conv\" takes images; use \"dense\" for table rows and series")
         }
         (AeShape::Dense, InputSpec::Series(s)) => {
-            Autoencoder::dense(&pb, s.window, &a.hidden, a.code, act, output, a.noise)?
+            Autoencoder::dense(&pb, s.window, &a.hidden(), a.code, act, output, a.noise)?
         }
         (_, InputSpec::Text { .. }) => {
             bail!("an autoencoder takes images, table rows or series windows, not text")

@@ -424,6 +424,51 @@ impl RunConfig {
         Ok(())
     }
 
+    /// A key the chosen shape or task does not read is refused rather than ignored.
+    fn refuse_unused(&self) -> anyhow::Result<()> {
+        use trident_zoo::card::{AeShape, ForecastNet};
+        let unused = |what: &str, why: &str| anyhow::anyhow!("{what} is not used here: {why}");
+        match &self.model {
+            ModelConfig::Autoencoder(a) => {
+                match (a.shape, &a.hidden, &a.channels) {
+                    (AeShape::Dense, _, Some(_)) => {
+                        return Err(unused("model.channels", "a dense autoencoder reads model.hidden"))
+                    }
+                    (AeShape::Conv, Some(_), _) => {
+                        return Err(unused("model.hidden", "a conv autoencoder reads model.channels"))
+                    }
+                    _ => {}
+                }
+                if let DataConfig::Series {
+                    horizon,
+                    stride,
+                    refit,
+                    ..
+                } = &self.data
+                {
+                    let why = "an autoencoder ranks the test part's windows; it forecasts nothing";
+                    for (key, set) in [
+                        ("data.horizon", *horizon != 1),
+                        ("data.stride", stride.is_some()),
+                        ("data.refit", *refit),
+                    ] {
+                        if set {
+                            return Err(unused(key, why));
+                        }
+                    }
+                }
+            }
+            ModelConfig::Forecaster(f) if f.net != ForecastNet::Mlp && f.activation.is_some() => {
+                return Err(unused(
+                    "model.activation",
+                    "an lstm or gru forecaster has its own gates",
+                ))
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         if let Some(d) = &self.distill {
             d.loss.validate().map_err(anyhow::Error::msg)?;
@@ -574,6 +619,7 @@ impl RunConfig {
                 "model.kind must be \"forecaster\" or \"autoencoder\" for series data"
             );
         }
+        self.refuse_unused()?;
         anyhow::ensure!(
             !matches!(self.model, ModelConfig::Forecaster(_))
                 || matches!(self.data, DataConfig::Series { .. }),
