@@ -209,11 +209,6 @@ impl Autoencoder {
         let input = self.corrupt(x, ctx)?;
         self.decode(&self.encode(&input)?, x.dims())
     }
-
-    /// Mean squared error of each example over its values: `[batch]`.
-    pub fn errors(x: &Tensor, reconstruction: &Tensor) -> Result<Tensor> {
-        (reconstruction - x)?.sqr()?.flatten_from(1)?.mean(1)
-    }
 }
 
 /// Nearest-neighbour 2× upsampling of `[b, c, h, w]`: each value repeated over a 2×2
@@ -343,7 +338,7 @@ mod tests {
         for m in [&dense, &conv] {
             let y = m.forward(&x, &Ctx::eval()).unwrap();
             assert_eq!(y.dims(), x.dims());
-            assert_eq!(Autoencoder::errors(&x, &y).unwrap().dims(), [3]);
+            assert_eq!(crate::layers::mse_per_example(&x, &y).unwrap().dims(), [3]);
         }
         assert_eq!(
             dense.corrupt(&x, &Ctx::eval()).unwrap().to_vec3::<f32>().ok(),
@@ -402,7 +397,7 @@ mod tests {
         let r = crate::gradcheck(
             || {
                 let y = m.forward(&x, &Ctx::eval())?;
-                Autoencoder::errors(&x, &y)
+                crate::layers::mse_per_example(&x, &y)
             },
             &vars,
             1e-2,

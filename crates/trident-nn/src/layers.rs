@@ -460,6 +460,12 @@ impl Mlp {
     }
 }
 
+/// Mean squared error of each example over its values, `[batch]`: an autoencoder's
+/// reconstruction error (its anomaly score), a forecaster's error per window.
+pub fn mse_per_example(target: &Tensor, prediction: &Tensor) -> Result<Tensor> {
+    (prediction - target)?.sqr()?.flatten_from(1)?.mean(1)
+}
+
 /// Mean over the sequence of `[batch, seq, dim]` counting only positions where `mask`
 /// (`[batch, seq]`, 1/0 as f32) is 1.
 pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {

@@ -166,7 +166,7 @@ impl TrainStep for Model {
             let Batch::Series(x, y) = batch else {
                 candle_core::bail!("a forecaster takes series windows")
             };
-            let errors = Autoencoder::errors(y, &f.forward(x, ctx)?)?;
+            let errors = trident_nn::layers::mse_per_example(y, &f.forward(x, ctx)?)?;
             let _layer = trident_nn::trace::layer(|| "loss".into());
             return Ok(StepOutput {
                 loss: errors.mean_all()?,
@@ -183,7 +183,7 @@ impl TrainStep for Model {
                     candle_core::bail!("an autoencoder takes images, table rows or series windows, not text")
                 }
             };
-            let errors = Autoencoder::errors(x, &m.forward(x, ctx)?)?;
+            let errors = trident_nn::layers::mse_per_example(x, &m.forward(x, ctx)?)?;
             let _layer = trident_nn::trace::layer(|| "loss".into());
             return Ok(StepOutput {
                 loss: errors.mean_all()?,

@@ -269,7 +269,7 @@ pub fn rank_series(
         }
         let x = trident_nn::Tensor::from_vec(x, (chunk.len(), w), &trident_nn::Device::Cpu)?;
         let y = ae.forward(&x, &trident_nn::Ctx::eval())?;
-        errors.extend(trident_nn::autoencoder::Autoencoder::errors(&x, &y)?.to_vec1::<f32>()?);
+        errors.extend(trident_nn::layers::mse_per_example(&x, &y)?.to_vec1::<f32>()?);
     }
     let marked_window = |s: usize| marks[s..s + w].iter().any(|&m| m != 0.0);
     let positive: Vec<bool> = starts.iter().map(|&s| marked_window(s)).collect();

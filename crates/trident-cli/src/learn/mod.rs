@@ -669,13 +669,13 @@ fn series_anomaly(
     spec: &trident_zoo::SeriesSpec,
     out: &Path,
 ) -> anyhow::Result<Vec<String>> {
-    let s = task::series_splits(c, Some(spec))?;
+    let (series, test_start) = task::read_series(c, &spec.column)?;
     let column = c.anomaly.as_ref().and_then(|a| a.column.as_deref()).context(
         "an autoencoder on a series needs [anomaly] column = \"<the 0/1 column of anomalous values>\"",
     )?;
-    let marks = trident_data::series::Series::read(&s.series.file, Some(column))?.values;
-    let (ranking, errors) = anomaly::rank_series(model, spec, &s.series.values, &marks, s.test_start)?;
-    ranking.write(out, &errors, s.test_start, &marks)?;
+    let marks = trident_data::series::Series::read(&series.file, Some(column))?.values;
+    let (ranking, errors) = anomaly::rank_series(model, spec, &series.values, &marks, test_start)?;
+    ranking.write(out, &errors, test_start, &marks)?;
     Ok(ranking.lines())
 }
 
@@ -691,7 +691,7 @@ fn backtest_report(
     let f = |w: &[f64]| forecast::model_forecast(model, spec, w);
     let update = forecast::updating(&f, spec);
     let refit = |origin: usize, history: &[f64], lead: usize| -> anyhow::Result<Vec<f64>> {
-        let (m, spec_o) = train_up_to(c, origin)?;
+        let (m, spec_o) = train_up_to(c, values.len(), origin)?;
         let g = |w: &[f64]| forecast::model_forecast(&m, &spec_o, w);
         forecast::forecast_ahead(&g, &spec_o, history, lead)
     };
@@ -701,11 +701,10 @@ fn backtest_report(
 
 /// `refit`: the forecaster trained again on the series up to `origin` (the run's
 /// settings; its own scale fitted on that history), in `<run>/refit/o<origin>`; a run
-/// found there finished is reused, an interrupted one resumed.
-fn train_up_to(c: &RunConfig, origin: usize) -> anyhow::Result<(Model, trident_zoo::SeriesSpec)> {
+/// found there finished is reused, an interrupted one resumed. `n`: the series' length.
+fn train_up_to(c: &RunConfig, n: usize, origin: usize) -> anyhow::Result<(Model, trident_zoo::SeriesSpec)> {
     let mut c = c.clone();
     let dir = c.run.dir.join("refit").join(format!("o{origin}"));
-    let n = task::series_splits(&c, None)?.series.values.len();
     if let DataConfig::Series { test, .. } = &mut c.data {
         *test = n - origin;
     }
@@ -737,9 +736,9 @@ fn forecast_test(
     peak_rss: Option<u64>,
 ) -> anyhow::Result<()> {
     let dir = &c.run.dir;
-    let s = task::series_splits(c, Some(spec))?;
+    let (series, _) = task::read_series(c, &spec.column)?;
     let out = dir.join("test");
-    let (b, lines) = backtest_report(c, model, spec, &s.series.values, &out)?;
+    let (b, lines) = backtest_report(c, model, spec, &series.values, &out)?;
     eprintln!(
         "test (best epoch {}) → {}",
         summary.state.best_epoch.map_or(0, |e| e + 1),
@@ -1012,42 +1011,12 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
             }
         }
     }
-    if let (InputSpec::Series(spec), task::Net::Autoencoder(_)) = (&model.card.input, &model.net) {
-        let out = args
-            .out
-            .unwrap_or_else(|| args.model.join(format!("eval-{label}")));
-        for l in series_anomaly(&c, &model, spec, &out)? {
-            println!("{l}");
-        }
-        println!("wrote {}/metrics.json and scores.png", out.display());
-        return Ok(());
-    }
     if let InputSpec::Series(spec) = &model.card.input {
-        // A forecaster: the backtest of the series' held-out end, by the checkpoint or
-        // by its exported graph.
-        let s = task::series_splits(&c, Some(spec))?;
         let suffix = if onnx.is_some() { "-onnx" } else { "" };
         let out = args
             .out
             .unwrap_or_else(|| args.model.join(format!("eval-{label}{suffix}")));
-        let lines = match &onnx {
-            Some(graph) => {
-                if forecast::refit(&c) {
-                    bail!("data.refit: the run's backtest trains a model per origin; --onnx scores one exported model (evaluate without data.refit)");
-                }
-                let f = |w: &[f64]| graph.forecast(w);
-                let update = forecast::updating(&f, spec);
-                let (_, lines) = forecast::report(&c, spec, &s.series.values, &update, &out)?;
-                lines
-            }
-            // Refit runs train (or reuse, in <run>/refit/) a model per origin.
-            None => backtest_report(&c, &model, spec, &s.series.values, &out)?.1,
-        };
-        for l in lines {
-            println!("{l}");
-        }
-        println!("wrote {}/metrics.json and forecast.png", out.display());
-        return Ok(());
+        return eval_series(&c, &model, spec, onnx.as_ref(), &out);
     }
     // (the evaluation, the split's first batch: an autoencoder draws its reconstructions)
     let (ev, first) = match &c.data {
@@ -1115,6 +1084,42 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         println!("  ROC-AUC (one-vs-rest, macro) {auc:.4}");
     }
     println!("wrote {}/metrics.json and confusion.png", out.display());
+    Ok(())
+}
+
+/// `eval` of a model on a series, into `out`: an autoencoder ranks the test part's
+/// windows; a forecaster repeats its backtest, by the checkpoint (or with `data.refit` the
+/// models of `<run>/refit/`) or by its exported graph.
+fn eval_series(
+    c: &RunConfig,
+    model: &Model,
+    spec: &trident_zoo::SeriesSpec,
+    onnx: Option<&OnnxStep>,
+    out: &Path,
+) -> anyhow::Result<()> {
+    if let task::Net::Autoencoder(_) = model.net {
+        for l in series_anomaly(c, model, spec, out)? {
+            println!("{l}");
+        }
+        println!("wrote {}/metrics.json and scores.png", out.display());
+        return Ok(());
+    }
+    let (series, _) = task::read_series(c, &spec.column)?;
+    let lines = match onnx {
+        Some(graph) => {
+            if forecast::refit(c) {
+                bail!("data.refit: the run's backtest trains a model per origin; --onnx scores one exported model (evaluate without data.refit)");
+            }
+            let f = |w: &[f64]| graph.forecast(w);
+            let update = forecast::updating(&f, spec);
+            forecast::report(c, spec, &series.values, &update, out)?.1
+        }
+        None => backtest_report(c, model, spec, &series.values, out)?.1,
+    };
+    for l in lines {
+        println!("{l}");
+    }
+    println!("wrote {}/metrics.json and forecast.png", out.display());
     Ok(())
 }
 

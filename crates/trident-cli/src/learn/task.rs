@@ -611,6 +611,20 @@ pub struct SeriesData {
     pub test_start: usize,
 }
 
+/// The series of a `series` run read as it is (column `column`, the card's), and where
+/// its held-out test part starts: what a trained model's test needs, without its windows.
+pub fn read_series(c: &RunConfig, column: &str) -> anyhow::Result<(trident_data::series::Series, usize)> {
+    let DataConfig::Series { file, test, .. } = &c.data else {
+        bail!("not series data")
+    };
+    let series = trident_data::series::Series::read(file, Some(column))?;
+    let n = series.values.len();
+    if *test >= n {
+        bail!("data.test = {test}: {} holds only {n} values", file.display());
+    }
+    Ok((series, n - test))
+}
+
 /// The windows of a `series` run: training windows whose targets end before the
 /// validation part (every `step` values), validation windows whose targets lie in it, and
 /// test windows whose targets lie in the test part (for the loss; the backtest forecasts
