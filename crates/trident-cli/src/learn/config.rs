@@ -469,6 +469,44 @@ impl RunConfig {
         Ok(())
     }
 
+    /// The series settings: sizes, stride, seasonal normalisation and the model kinds a
+    /// series takes.
+    fn validate_series(&self) -> anyhow::Result<()> {
+        let DataConfig::Series {
+            window,
+            horizon,
+            step,
+            test,
+            season,
+            stride,
+            normalize,
+            ..
+        } = &self.data
+        else {
+            return Ok(());
+        };
+        anyhow::ensure!(
+            *window > 0 && *horizon > 0 && *step > 0 && *test > 0 && *season > 0,
+            "data.window, data.horizon, data.step, data.test and data.season must be at least 1"
+        );
+        anyhow::ensure!(stride.is_none_or(|s| s > 0), "data.stride must be at least 1");
+        if *normalize == trident_zoo::card::SeriesNormalize::Season {
+            anyhow::ensure!(
+                season <= window && horizon <= season,
+                "data.normalize = \"season\" forecasts relative to the values one season before: \
+                     it needs data.horizon ({horizon}) <= data.season ({season}) <= data.window ({window})"
+            );
+        }
+        anyhow::ensure!(
+            matches!(
+                self.model,
+                ModelConfig::Forecaster(_) | ModelConfig::Autoencoder(_)
+            ),
+            "model.kind must be \"forecaster\" or \"autoencoder\" for series data"
+        );
+        Ok(())
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
         if let Some(d) = &self.distill {
             d.loss.validate().map_err(anyhow::Error::msg)?;
@@ -586,39 +624,9 @@ impl RunConfig {
                     "model.kind must be mlp, sequential or autoencoder for table data"
                 );
             }
-            DataConfig::Series { .. } => {} // checked below, with the model
+            DataConfig::Series { .. } => {} // validate_series
         }
-        if let DataConfig::Series {
-            window,
-            horizon,
-            step,
-            test,
-            season,
-            stride,
-            normalize,
-            ..
-        } = &self.data
-        {
-            anyhow::ensure!(
-                *window > 0 && *horizon > 0 && *step > 0 && *test > 0 && *season > 0,
-                "data.window, data.horizon, data.step, data.test and data.season must be at least 1"
-            );
-            anyhow::ensure!(stride.is_none_or(|s| s > 0), "data.stride must be at least 1");
-            if *normalize == trident_zoo::card::SeriesNormalize::Season {
-                anyhow::ensure!(
-                    season <= window && horizon <= season,
-                    "data.normalize = \"season\" forecasts relative to the values one season before: \
-                     it needs data.horizon ({horizon}) <= data.season ({season}) <= data.window ({window})"
-                );
-            }
-            anyhow::ensure!(
-                matches!(
-                    self.model,
-                    ModelConfig::Forecaster(_) | ModelConfig::Autoencoder(_)
-                ),
-                "model.kind must be \"forecaster\" or \"autoencoder\" for series data"
-            );
-        }
+        self.validate_series()?;
         self.refuse_unused()?;
         anyhow::ensure!(
             !matches!(self.model, ModelConfig::Forecaster(_))
