@@ -1062,6 +1062,159 @@ impl CustomOp2 for Conv {
     }
 }
 
+// ---------------------------------------------------------------- transposed convolution
+
+/// Transposed 2-D convolution (PyTorch's `conv_transpose2d` without output padding,
+/// groups or dilation): `x` `[b, i, ih, iw]`, `weight` `[i, o, k, k]` (PyTorch's layout),
+/// output `[b, o, (ih − 1)·stride + k − 2·padding, …]`.
+///
+/// It is the input gradient of the convolution [`conv2d`] with the same kernel, stride and
+/// padding, so it runs on the same two pieces: per image, `Wᵀ · x` gives the patch
+/// gradients, folded onto the output ([`Conv`]'s `fold`); the backward pass unfolds the
+/// output gradient into patches ([`Conv`]'s `patches`) and multiplies twice, for the input
+/// (`W · patches`, a convolution) and for the weight (`x · patchesᵀ`). candle's own
+/// `conv_transpose2d` is a direct loop on CPU.
+pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    let (_, i, ih, iw) = x.dims4()?;
+    let (wi, _, k, k2) = weight.dims4()?;
+    if wi != i || k != k2 {
+        bail!(
+            "conv_transpose2d: weight {:?} does not fit input channels {i}",
+            weight.dims()
+        )
+    }
+    if stride == 0 || ih == 0 || iw == 0 || (ih.min(iw) - 1) * stride + k <= 2 * padding {
+        bail!("conv_transpose2d: kernel {k}, stride {stride} and padding {padding} leave no output of {ih}x{iw}")
+    }
+    let op = ConvTranspose(Conv {
+        k,
+        stride,
+        padding,
+        layer: crate::trace::current_layer(),
+    });
+    x.contiguous()?.apply_op2(&weight.contiguous()?, op)
+}
+
+/// [`conv_transpose2d`]: the [`Conv`] whose input gradient it is.
+struct ConvTranspose(Conv);
+
+impl ConvTranspose {
+    /// `(b, i, ih, iw, o, h, w)`: input `[b, i, ih, iw]`, weight `[i, o, k, k]`, output
+    /// `[b, o, h, w]`.
+    fn geometry(&self, x: &[usize], wt: &[usize]) -> (usize, usize, usize, usize, usize, usize, usize) {
+        let c = &self.0;
+        let (b, i, ih, iw, o) = (x[0], x[1], x[2], x[3], wt[1]);
+        let h = (ih - 1) * c.stride + c.k - 2 * c.padding;
+        let w = (iw - 1) * c.stride + c.k - 2 * c.padding;
+        (b, i, ih, iw, o, h, w)
+    }
+}
+
+impl CustomOp2 for ConvTranspose {
+    fn name(&self) -> &'static str {
+        "trident-conv-transpose2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "conv_transpose2d")?;
+        let wt = f32_slice(s2, l2, "conv_transpose2d weight")?;
+        let (b, i, ih, iw, o, h, w) = self.geometry(l1.dims(), l2.dims());
+        let conv = &self.0;
+        let (okk, ihw) = (o * conv.k * conv.k, ih * iw);
+        let _span = crate::trace::op_span_flops(self.name(), "op.fwd", conv.flops(b, i, okk, ihw));
+        let mut out = vec![0f32; b * o * h * w];
+        out.par_chunks_mut(o * h * w).enumerate().for_each(|(n, y)| {
+            let mut cols = crate::scratch::take(okk * ihw);
+            // cols [okk, ihw] = Wᵀ [okk, i] · x_n [i, ihw], folded onto the output.
+            blas::gemm_serial(
+                okk,
+                ihw,
+                i,
+                1.0,
+                Mat::new(wt, okk).t(),
+                Mat::new(&x[n * i * ihw..(n + 1) * i * ihw], ihw),
+                0.0,
+                &mut cols,
+            );
+            conv.fold(&cols, (o, h, w, ih, iw), y);
+            crate::scratch::give(cols);
+        });
+        Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (b, i, ih, iw, o, h, w) = self.geometry(x.dims(), weight.dims());
+        let conv = &self.0;
+        let (okk, ihw, ohw) = (o * conv.k * conv.k, ih * iw, o * h * w);
+        let _span =
+            crate::trace::op_span_in(&conv.layer, self.name(), "op.bwd", 2 * conv.flops(b, i, okk, ihw));
+        let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
+        let (x_guard, w_guard, g_guard);
+        let xv = view!(x, x_guard, "conv_transpose2d backward");
+        let wv = view!(weight, w_guard, "conv_transpose2d backward");
+        let gv = view!(grad, g_guard, "conv_transpose2d backward");
+        let need_dx = x.track_op();
+        let mut dx = vec![0f32; if need_dx { b * i * ihw } else { 0 }];
+        let image = |n: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
+            let mut cols = crate::scratch::take(okk * ihw);
+            conv.patches(&gv[n * ohw..(n + 1) * ohw], (o, h, w, ih, iw), &mut cols);
+            let xn = &xv[n * i * ihw..(n + 1) * i * ihw];
+            // dW [i, okk] += x_n [i, ihw] · colsᵀ [ihw, okk]
+            blas::gemm_serial(
+                i,
+                okk,
+                ihw,
+                1.0,
+                Mat::new(xn, ihw),
+                Mat::new(&cols, ihw).t(),
+                1.0,
+                dw,
+            );
+            if let Some(d) = d {
+                // dx_n [i, ihw] = W [i, okk] · cols [okk, ihw]
+                blas::gemm_serial(i, ihw, okk, 1.0, Mat::new(wv, okk), Mat::new(&cols, ihw), 0.0, d);
+            }
+            crate::scratch::give(cols);
+        };
+        let images: Vec<Option<&mut [f32]>> = if need_dx {
+            dx.chunks_mut(i * ihw).map(Some).collect()
+        } else {
+            (0..b).map(|_| None).collect()
+        };
+        let zero = || vec![0f32; i * okk];
+        let dw = images
+            .into_par_iter()
+            .enumerate()
+            .fold(zero, |mut dw, (n, d)| {
+                image(n, d, &mut dw);
+                dw
+            })
+            .reduce(zero, |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                a
+            });
+        let dev = x.device();
+        Ok((
+            need_dx
+                .then(|| Tensor::from_vec(dx, x.shape(), dev))
+                .transpose()?,
+            Some(Tensor::from_vec(dw, weight.shape(), dev)?),
+        ))
+    }
+}
+
 // ---------------------------------------------------------------- ReLU + max pooling
 
 /// `max_pool2d(relu(x), k)` in one op: `x` `[b, c, h, w]`, windows of `k × k` with stride
@@ -1406,6 +1559,50 @@ mod tests {
                 &flat(g2.get(w.as_tensor()).unwrap()),
                 1e-4,
             );
+        }
+    }
+
+    #[test]
+    fn conv_transpose2d_matches_candle_values_and_finite_difference_gradients() {
+        let dev = &Device::Cpu;
+        for (k, stride, padding) in [(4, 2, 1), (3, 1, 1), (3, 2, 0), (2, 2, 0), (5, 3, 2)] {
+            let xs: Vec<f32> = (0..2 * 3 * 4 * 5).map(|i| (i as f32 * 0.37).sin()).collect();
+            let ws: Vec<f32> = (0..3 * 2 * k * k)
+                .map(|i| (i as f32 * 0.53).cos() * 0.5)
+                .collect();
+            let x = Tensor::from_vec(xs.clone(), (2, 3, 4, 5), dev).unwrap();
+            let w = Tensor::from_vec(ws.clone(), (3, 2, k, k), dev).unwrap();
+            let ours = conv_transpose2d(&x, &w, stride, padding).unwrap();
+            let theirs = x.conv_transpose2d(&w, padding, 0, stride, 1).unwrap();
+            assert_eq!(
+                ours.dims(),
+                theirs.dims(),
+                "k {k} stride {stride} padding {padding}"
+            );
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            close(&flat(&ours), &flat(&theirs), 1e-4);
+            // Gradients of a weighted sum, input and weight, against central differences.
+            let probe = Tensor::from_vec(
+                (0..ours.elem_count())
+                    .map(|i| (i as f32 * 0.11).cos())
+                    .collect::<Vec<_>>(),
+                ours.shape(),
+                dev,
+            )
+            .unwrap();
+            let xv = Var::from_tensor(&x).unwrap();
+            let wv = Var::from_tensor(&w).unwrap();
+            let loss =
+                |x: &Tensor, w: &Tensor| (conv_transpose2d(x, w, stride, padding)? * &probe)?.sum_all();
+            let grads = loss(xv.as_tensor(), wv.as_tensor()).unwrap().backward().unwrap();
+            let gx = flat(grads.get(xv.as_tensor()).unwrap());
+            let gw = flat(grads.get(wv.as_tensor()).unwrap());
+            close(&gx, &numeric_grad(|x| loss(x, &w), &xs, &[2, 3, 4, 5]), 1e-2);
+            close(&gw, &numeric_grad(|w| loss(&x, w), &ws, &[3, 2, k, k]), 1e-2);
+            // Input data (no gradient wanted): the weight gradient alone, the same.
+            let g = loss(&x, wv.as_tensor()).unwrap().backward().unwrap();
+            assert!(g.get(&x).is_none());
+            close(&flat(g.get(wv.as_tensor()).unwrap()), &gw, 1e-5);
         }
     }
 

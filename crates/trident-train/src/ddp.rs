@@ -249,7 +249,7 @@ use crate::optim::OptimizerConfig;
 
 impl Zero1 {
     /// Plans the shards of `params` (the trainable ones, in the optimizer's order) for
-    /// this rank of `dp`. Only the fused AdamW and SGD shard.
+    /// this rank of `dp`. The fused AdamW, SGD and RMSprop shard.
     pub fn new(params: &[Param], dp: &DataParallel, config: &OptimizerConfig) -> Result<Self> {
         if matches!(config, OptimizerConfig::Adamw { fused: false, .. }) {
             return Err(TrainError::Invalid(
@@ -281,6 +281,10 @@ impl Zero1 {
             OptimizerConfig::Adamw { .. } => (vec![0.0; shard], vec![0.0; shard]),
             OptimizerConfig::Sgd { momentum, .. } if *momentum > 0.0 => (vec![0.0; shard], Vec::new()),
             OptimizerConfig::Sgd { .. } => (Vec::new(), Vec::new()),
+            OptimizerConfig::Rmsprop { momentum, .. } if *momentum > 0.0 => {
+                (vec![0.0; shard], vec![0.0; shard])
+            }
+            OptimizerConfig::Rmsprop { .. } => (Vec::new(), vec![0.0; shard]),
         };
         Ok(Zero1 {
             config: config.clone(),

@@ -47,6 +47,22 @@ pub enum OptimizerConfig {
         #[serde(default)]
         nesterov: bool,
     },
+    /// RMSprop, as `torch.optim.RMSprop` (not centred): what WGAN's critic and generator
+    /// train with.
+    Rmsprop {
+        /// Smoothing constant of the squared-gradient average.
+        #[serde(default = "alpha")]
+        alpha: f64,
+        /// ε, added to the root of the average.
+        #[serde(default = "eps")]
+        eps: f64,
+        /// L2 penalty added to the gradient.
+        #[serde(default)]
+        weight_decay: f64,
+        /// Momentum of the scaled step.
+        #[serde(default)]
+        momentum: f64,
+    },
 }
 
 fn beta1() -> f64 {
@@ -54,6 +70,9 @@ fn beta1() -> f64 {
 }
 fn beta2() -> f64 {
     0.999
+}
+fn alpha() -> f64 {
+    0.99
 }
 fn eps() -> f64 {
     1e-8
@@ -162,6 +181,17 @@ impl Optimizer {
                         config.update_slice(w, m, v, g, lr, t as u64)
                     })?;
                 }
+                OptimizerConfig::Rmsprop { momentum, .. } => {
+                    let v = &mut self.v.entry(p.name.clone()).or_insert_with(m)[..];
+                    let buf = match momentum > 0.0 {
+                        true => &mut self.m.entry(p.name.clone()).or_insert_with(|| vec![0.0; n])[..],
+                        false => &mut [][..],
+                    };
+                    let config = &self.config;
+                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
+                        config.update_slice(w, buf, v, g, lr, t as u64)
+                    })?;
+                }
                 OptimizerConfig::Sgd { momentum, .. } => {
                     // Without momentum there is no state to keep (or to checkpoint).
                     let buf = match momentum > 0.0 {
@@ -219,7 +249,8 @@ impl OptimizerConfig {
     /// weights `w` from its gradient `g`: a whole parameter, or a piece of a ZeRO-1 shard
     /// (the update is element-wise, so any slicing gives the same values). AdamW runs the
     /// fused pass with moments `m` and `v`; SGD uses `m` as its momentum buffer (empty
-    /// without momentum) and ignores `v`.
+    /// without momentum) and ignores `v`; RMSprop keeps its squared-gradient average in
+    /// `v` and its momentum buffer in `m` (empty without momentum).
     pub fn update_slice(&self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], lr: f64, t: u64) {
         match *self {
             OptimizerConfig::Adamw {
@@ -243,6 +274,58 @@ impl OptimizerConfig {
                 lr,
                 t == 1,
             ),
+            OptimizerConfig::Rmsprop {
+                alpha,
+                eps,
+                weight_decay,
+                momentum,
+            } => rmsprop_pass(
+                w,
+                (momentum > 0.0).then_some(m),
+                v,
+                g,
+                alpha,
+                eps,
+                weight_decay,
+                momentum,
+                lr,
+            ),
+        }
+    }
+}
+
+/// One RMSprop update (`torch.optim.RMSprop`, not centred) of a slice: L2 decay added to
+/// the gradient, the squared-gradient average `v`, and the momentum buffer `buf` when
+/// momentum > 0.
+#[allow(clippy::too_many_arguments)]
+fn rmsprop_pass(
+    w: &mut [f32],
+    mut buf: Option<&mut [f32]>,
+    v: &mut [f32],
+    g: &[f32],
+    alpha: f64,
+    eps: f64,
+    weight_decay: f64,
+    momentum: f64,
+    lr: f64,
+) {
+    let (a, eps, wd, mu, lr) = (
+        alpha as f32,
+        eps as f32,
+        weight_decay as f32,
+        momentum as f32,
+        lr as f32,
+    );
+    for i in 0..w.len() {
+        let d = g[i] + wd * w[i];
+        v[i] = a * v[i] + (1.0 - a) * d * d;
+        let step = d / (v[i].sqrt() + eps);
+        match buf.as_deref_mut() {
+            Some(b) => {
+                b[i] = mu * b[i] + step;
+                w[i] -= lr * b[i];
+            }
+            None => w[i] -= lr * step,
         }
     }
 }

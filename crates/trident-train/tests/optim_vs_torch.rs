@@ -1,4 +1,4 @@
-//! Fused and unfused AdamW and SGD (momentum, Nesterov) against `torch.optim` over three
+//! Fused and unfused AdamW, SGD (momentum, Nesterov) and RMSprop against `torch.optim` over three
 //! steps with the same gradients. Fixture: trident-nn/tests/fixtures/make_reference.py.
 
 use candle_core::{Device, Tensor};
@@ -13,7 +13,7 @@ fn reference() -> HashMap<String, Tensor> {
 }
 
 #[test]
-fn adamw_and_sgd_match_torch_optim_over_three_steps() {
+fn adamw_sgd_and_rmsprop_match_torch_optim_over_three_steps() {
     let r = reference();
     let v = |t: &Tensor| t.to_vec1::<f32>().unwrap();
     let adamw = |fused| OptimizerConfig::Adamw {
@@ -43,6 +43,26 @@ fn adamw_and_sgd_match_torch_optim_over_three_steps() {
                 nesterov: true,
             },
             0.05,
+        ),
+        (
+            "rmsprop",
+            OptimizerConfig::Rmsprop {
+                alpha: 0.99,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                momentum: 0.0,
+            },
+            0.01,
+        ),
+        (
+            "rmsprop_momentum",
+            OptimizerConfig::Rmsprop {
+                alpha: 0.9,
+                eps: 1e-6,
+                weight_decay: 0.01,
+                momentum: 0.5,
+            },
+            0.01,
         ),
     ];
     for (name, config, lr) in cases {
