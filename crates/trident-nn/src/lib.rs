@@ -25,6 +25,7 @@ pub mod blocks;
 pub mod custom;
 pub mod dense;
 pub mod forecast;
+pub mod gan;
 pub mod layers;
 pub mod math;
 pub mod ops;

@@ -50,6 +50,10 @@ pub struct TrainerState {
     /// a resumed epoch reports the same training loss and accuracy as an uninterrupted one.
     #[serde(default)]
     pub epoch_sums: (f64, u64, u64, u64),
+    /// More running sums of the epoch in progress, for tasks that report more figures (a
+    /// GAN's generator loss and discriminator scores).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_sums: Vec<f64>,
     /// Hash of the training configuration: resuming with another configuration is refused.
     pub config_hash: String,
 }
@@ -121,8 +125,22 @@ pub fn save(
     state: &TrainerState,
     extra: &[(String, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
+    save_groups(dir, params, &[optimizer], state, extra)
+}
+
+/// [`save`] of a model whose parameter groups have optimizers of their own (a GAN's
+/// generator and discriminator): their states, keyed by parameter name, share
+/// `optimizer.safetensors`.
+pub fn save_groups(
+    dir: &Path,
+    params: &Params,
+    optimizers: &[&Optimizer],
+    state: &TrainerState,
+    extra: &[(String, Vec<u8>)],
+) -> Result<(), CheckpointError> {
     let tmp = begin_own(dir)?;
-    finish(&tmp, dir, params, Some(optimizer), state, extra)
+    write_files(&tmp, params, Some(optimizers), state, extra).map_err(|e| write_failed(dir, &tmp, e))?;
+    swap(&tmp, dir)
 }
 
 /// [`begin`] with this process's tag (a write not shared with data-parallel ranks).
@@ -213,7 +231,9 @@ pub fn finish(
     state: &TrainerState,
     extra: &[(String, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
-    write_files(tmp, params, optimizer, state, extra).map_err(|e| write_failed(dir, tmp, e))?;
+    let one = optimizer.map(|o| [o]);
+    write_files(tmp, params, one.as_ref().map(|o| &o[..]), state, extra)
+        .map_err(|e| write_failed(dir, tmp, e))?;
     swap(tmp, dir)
 }
 
@@ -221,7 +241,7 @@ pub fn finish(
 fn write_files(
     tmp: &Path,
     params: &Params,
-    optimizer: Option<&Optimizer>,
+    optimizers: Option<&[&Optimizer]>,
     state: &TrainerState,
     extra: &[(String, Vec<u8>)],
 ) -> Result<(), CheckpointError> {
@@ -229,11 +249,22 @@ fn write_files(
     params
         .save(&model)
         .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", model.display())))?;
-    if let Some(optimizer) = optimizer {
+    if let Some(optimizers) = optimizers {
         let opt = tmp.join("optimizer.safetensors");
-        let tensors = optimizer
-            .state_tensors()
-            .map_err(|e| CheckpointError::Tensor(e.to_string()))?;
+        let mut tensors = std::collections::HashMap::new();
+        for o in optimizers {
+            for (k, t) in o
+                .state_tensors()
+                .map_err(|e| CheckpointError::Tensor(e.to_string()))?
+            {
+                if tensors.insert(k.clone(), t).is_some() {
+                    return Err(CheckpointError::Tensor(format!(
+                        "{}: two optimizers hold state `{k}`: a parameter belongs to one group only",
+                        opt.display()
+                    )));
+                }
+            }
+        }
         candle_core::safetensors::save(&tensors, &opt)
             .map_err(|e| CheckpointError::Tensor(format!("{}: {e}", opt.display())))?;
     }
@@ -440,11 +471,24 @@ fn read_state_unchecked(dir: &Path) -> Result<TrainerState, CheckpointError> {
 /// Loads weights and optimizer state from `dir` into `params` and `optimizer`. A
 /// checkpoint whose optimizer state was written sharded (ZeRO-1) is reassembled.
 pub fn load(dir: &Path, params: &Params, optimizer: &mut Optimizer) -> Result<TrainerState, CheckpointError> {
+    let trainable = params.trainable();
+    load_groups(dir, params, &mut [(optimizer, &trainable[..])])
+}
+
+/// [`load`] of a model whose parameter groups have optimizers of their own (written by
+/// [`save_groups`]): each optimizer gets the state of its group's parameters, and its
+/// step count is the state's `optimizer_step` (a caller whose groups step at different
+/// rates sets theirs).
+pub fn load_groups(
+    dir: &Path,
+    params: &Params,
+    groups: &mut [(&mut Optimizer, &[trident_nn::Param])],
+) -> Result<TrainerState, CheckpointError> {
     verify(dir, &[])?;
     let state = read_state_unchecked(dir)?;
     load_weights_unchecked(dir, params)?;
     let f = dir.join("optimizer.safetensors");
-    let trainable = params.trainable();
+    let trainable: Vec<trident_nn::Param> = groups.iter().flat_map(|(_, p)| p.iter().cloned()).collect();
     let tensors = if f.exists() {
         candle_core::safetensors::load(&f, &candle_core::Device::Cpu)
             .map_err(|e| corrupt(&f, format!("not a readable optimizer state: {e}")))?
@@ -479,9 +523,19 @@ pub fn load(dir: &Path, params: &Params, optimizer: &mut Optimizer) -> Result<Tr
             Some(_) => {}
         }
     }
-    optimizer
-        .load_state(&tensors, state.optimizer_step)
-        .map_err(|e| corrupt(&f, e.to_string()))?;
+    for (optimizer, group) in groups.iter_mut() {
+        let mine = tensors
+            .iter()
+            .filter(|(k, _)| {
+                k.split_once('.')
+                    .is_some_and(|(_, n)| group.iter().any(|p| p.name == n))
+            })
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect();
+        optimizer
+            .load_state(&mine, state.optimizer_step)
+            .map_err(|e| corrupt(&f, e.to_string()))?;
+    }
     Ok(state)
 }
 
@@ -524,6 +578,7 @@ mod tests {
             epochs_without_improvement: 0,
             finished: false,
             epoch_sums: (0.5, 1, 1, 2),
+            extra_sums: Vec::new(),
             config_hash: "h".into(),
         };
         (params, opt, state)
@@ -680,6 +735,7 @@ mod tests {
             epochs_without_improvement: 0,
             finished: false,
             epoch_sums: (1.5, 2, 3, 4),
+            extra_sums: vec![0.25],
             config_hash: "abc".into(),
         };
         save(&ck, &params, &opt, &state, &[("note.txt".into(), b"hi".to_vec())]).unwrap();

@@ -11,6 +11,7 @@ pub mod monitor;
 pub mod optim;
 pub mod plot;
 pub mod profile;
+pub mod quality;
 pub mod sampler;
 pub mod tensorboard;
 pub mod trainer;

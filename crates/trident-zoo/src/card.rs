@@ -65,6 +65,74 @@ pub enum ModelConfig {
     /// A forecaster on a series' sliding windows: `window` values in, the next `horizon`
     /// out.
     Forecaster(ForecasterModel),
+    /// A generative adversarial network on images: DCGAN's generator and discriminator.
+    Gan(GanModel),
+}
+
+/// `[model] kind = "gan"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GanModel {
+    /// `dcgan` (the non-saturating GAN loss) or `wgan` (Wasserstein, with weight clipping).
+    #[serde(default)]
+    pub loss: GanObjective,
+    /// Width of the latent vector.
+    #[serde(default = "latent")]
+    pub z: usize,
+    /// Channels of the layers next to the image (the inner ones have twice as many).
+    #[serde(default = "gan_width")]
+    pub width: usize,
+    /// `wgan`: the critic's weights are clipped to `[−clip, clip]` (default 0.01).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip: Option<f32>,
+    /// Critic updates per generator update (default 1 for `dcgan`, 5 for `wgan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub critic_steps: Option<u64>,
+    /// Batch norm in the discriminator's second layer (DCGAN's; default true).
+    #[serde(default = "yes")]
+    pub critic_batch_norm: bool,
+}
+
+/// The adversarial loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GanObjective {
+    #[default]
+    Dcgan,
+    Wgan,
+}
+
+impl GanModel {
+    /// WGAN's clipping bound.
+    pub fn clip(&self) -> f32 {
+        self.clip.unwrap_or(0.01)
+    }
+
+    /// Critic updates per generator update.
+    pub fn critic_steps(&self) -> u64 {
+        self.critic_steps.unwrap_or(match self.loss {
+            GanObjective::Dcgan => 1,
+            GanObjective::Wgan => 5,
+        })
+    }
+
+    /// The loss as the networks' module names it.
+    pub fn objective(&self) -> trident_nn::gan::GanLoss {
+        match self.loss {
+            GanObjective::Dcgan => trident_nn::gan::GanLoss::Standard,
+            GanObjective::Wgan => trident_nn::gan::GanLoss::Wasserstein { clip: self.clip() },
+        }
+    }
+}
+
+fn latent() -> usize {
+    100
+}
+fn gan_width() -> usize {
+    64
+}
+fn yes() -> bool {
+    true
 }
 
 /// `[model] kind = "forecaster"`.

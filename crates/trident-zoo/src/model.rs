@@ -148,6 +148,17 @@ pub enum Net {
     Sequential(trident_nn::custom::Sequential),
     Autoencoder(trident_nn::autoencoder::Autoencoder),
     Forecaster(trident_nn::forecast::Forecaster),
+    Gan(Box<Gan>),
+}
+
+/// A GAN's two networks (parameters under `generator.` and `discriminator.`) and its loss.
+pub struct Gan {
+    pub generator: trident_nn::gan::Generator,
+    pub discriminator: trident_nn::gan::Discriminator,
+    pub loss: trident_nn::gan::GanLoss,
+    pub shape: trident_nn::gan::GanShape,
+    /// Critic updates per generator update.
+    pub critic_steps: u64,
 }
 
 /// A network, its parameters and (for text) its tokenizer.
@@ -459,6 +470,7 @@ impl Model {
                 None,
             ),
             ModelConfig::Forecaster(f) => (Net::Forecaster(forecaster(f, &card.input, &params, seed)?), None),
+            ModelConfig::Gan(g) => (Net::Gan(Box::new(gan(g, &card.input, &params, seed)?)), None),
         };
         if let Some(dir) = weights_dir {
             let file = dir.join("model.safetensors");
@@ -723,4 +735,39 @@ pub fn image_collate(
             Tensor::from_vec(px, (n, c, h, w), &Device::Cpu).map_err(|e| DataError::Batch(e.to_string()))?;
         Ok(Batch::Image(x, labels))
     }
+}
+
+/// The GAN of `[model] kind = "gan"` for image input.
+fn gan(g: &crate::card::GanModel, input: &InputSpec, params: &Params, seed: u64) -> anyhow::Result<Gan> {
+    let InputSpec::Image {
+        channels,
+        height,
+        width,
+        ..
+    } = *input
+    else {
+        bail!("a gan generates images: it needs image data")
+    };
+    if height % 4 != 0 || width % 4 != 0 {
+        bail!("gan: images of {height}x{width}: height and width must be multiples of 4");
+    }
+    if g.z == 0 || g.width == 0 || g.critic_steps() == 0 || g.clip() <= 0.0 {
+        bail!("gan: model.z, model.width, model.critic_steps and model.clip must be positive");
+    }
+    let shape = trident_nn::gan::GanShape {
+        image: (channels, height, width),
+        z: g.z,
+        width: g.width,
+        critic_batch_norm: g.critic_batch_norm,
+    };
+    Ok(Gan {
+        generator: trident_nn::gan::Generator::new(&params.builder(seed, None).pp("generator"), shape)?,
+        discriminator: trident_nn::gan::Discriminator::new(
+            &params.builder(seed ^ 0xd15c, None).pp("discriminator"),
+            shape,
+        )?,
+        loss: g.objective(),
+        shape,
+        critic_steps: g.critic_steps(),
+    })
 }

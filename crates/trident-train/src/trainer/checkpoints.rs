@@ -33,6 +33,7 @@ pub fn fresh_state(config_hash: &str) -> TrainerState {
         epochs_without_improvement: 0,
         finished: false,
         epoch_sums: (0.0, 0, 0, 0),
+        extra_sums: Vec::new(),
         config_hash: config_hash.into(),
     }
 }
@@ -54,14 +55,14 @@ impl<'a> Checkpoints<'a> {
     }
 
     /// Repairs the run directory, then returns the state to start from: `last`'s with
-    /// `resume` (weights and optimizer state loaded into `params` and `updater`), a fresh
-    /// one otherwise. Refuses to resume a checkpoint of another configuration (`hash`), to
+    /// `resume` (weights and optimizer state loaded into `params` and `updaters`, one per
+    /// parameter group), a fresh one otherwise. Refuses to resume a checkpoint of another configuration (`hash`), to
     /// resume where there is none, and to start over a run that is there.
     pub fn open(
         &self,
         resume: bool,
         params: &Params,
-        updater: &mut Updater,
+        updaters: &mut [&mut Updater],
         hash: &str,
         progress: bool,
     ) -> Result<TrainerState, TrainError> {
@@ -82,15 +83,24 @@ impl<'a> Checkpoints<'a> {
                 last.display()
             )));
         }
-        let state = match updater.zero_mut() {
-            Some(z) => {
+        let state = match updaters {
+            [one] if one.zero().is_some() => {
                 checkpoint::verify(last, &[])?;
                 let s = checkpoint::read_state(last)?;
                 checkpoint::load_weights(last, params)?;
-                z.load(last)?;
+                one.zero_mut().expect("ZeRO-1 on").load(last)?;
                 s
             }
-            None => checkpoint::load(last, params, updater.optimizer_mut())?,
+            _ => {
+                let groups: Vec<Vec<trident_nn::Param>> =
+                    updaters.iter().map(|u| u.params().to_vec()).collect();
+                let mut pairs: Vec<_> = updaters
+                    .iter_mut()
+                    .zip(&groups)
+                    .map(|(u, g)| (u.optimizer_mut(), &g[..]))
+                    .collect();
+                checkpoint::load_groups(last, params, &mut pairs)?
+            }
         };
         if state.config_hash != hash {
             return Err(TrainError::Invalid(format!(
@@ -137,9 +147,9 @@ impl<'a> Checkpoints<'a> {
         &self,
         params: &Params,
         state: &TrainerState,
-        updater: &Updater,
+        updaters: &[&Updater],
     ) -> Result<(), TrainError> {
-        self.save(&self.last, params, state, updater)
+        self.save(&self.last, params, state, updaters)
     }
 
     /// Writes `best`.
@@ -147,9 +157,9 @@ impl<'a> Checkpoints<'a> {
         &self,
         params: &Params,
         state: &TrainerState,
-        updater: &Updater,
+        updaters: &[&Updater],
     ) -> Result<(), TrainError> {
-        self.save(&self.best, params, state, updater)
+        self.save(&self.best, params, state, updaters)
     }
 
     /// Writes `last` as a copy of `best`, just written at the same state (files shared
@@ -171,11 +181,17 @@ impl<'a> Checkpoints<'a> {
         dir: &Path,
         params: &Params,
         state: &TrainerState,
-        updater: &Updater,
+        updaters: &[&Updater],
     ) -> Result<(), TrainError> {
         let files = self.files;
         let Some(d) = self.dp else {
-            return Ok(checkpoint::save(dir, params, updater.optimizer(), state, files)?);
+            let optimizers: Vec<_> = updaters.iter().map(|u| u.optimizer()).collect();
+            return Ok(checkpoint::save_groups(dir, params, &optimizers, state, files)?);
+        };
+        let [updater] = updaters else {
+            return Err(TrainError::Invalid(
+                "data parallelism trains one parameter group with one optimizer".into(),
+            ));
         };
         let lead = self.lead();
         d.broadcast_buffers(params)?;

@@ -151,6 +151,10 @@ impl RunLog {
             for (tag, v) in scalars.into_iter().filter_map(|(t, v)| Some((t, v?))) {
                 tb.scalar(tag, step, v as f32).map_err(io_err(tb.path()))?;
             }
+            for (name, v) in &r.figures {
+                tb.scalar(&format!("epoch/{name}"), step, *v as f32)
+                    .map_err(io_err(tb.path()))?;
+            }
         }
         if self.progress {
             eprintln!("{}", describe(&r));
@@ -200,6 +204,9 @@ fn describe(r: &EpochRecord) -> String {
     }
     if let (Some(a), Some(f)) = (r.val_accuracy, r.val_macro_f1) {
         s += &format!("  acc {a:.4}  macro-F1 {f:.4}");
+    }
+    for (name, v) in &r.figures {
+        s += &format!("  {name} {v:.4}");
     }
     s + &format!("  |  {:.1}s, {:.1} ex/s", r.epoch_seconds, r.examples_per_second)
 }

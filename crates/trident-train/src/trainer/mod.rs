@@ -13,6 +13,7 @@
 //! TensorBoard, plots), [`StepProfiler`], [`StopRequest`] and [`EarlyStopping`], with
 //! [`evaluate`] for validation.
 
+mod adversarial;
 mod checkpoints;
 mod eval;
 mod log;
@@ -20,6 +21,7 @@ mod profiling;
 mod stopping;
 mod updater;
 
+pub use adversarial::{AdversarialStep, CriticLoss, EpochJudge};
 pub use checkpoints::{fresh_state, Checkpoints};
 pub use eval::{evaluate, evaluate_data_parallel, gradients, Evaluation};
 pub use log::RunLog;
@@ -274,6 +276,10 @@ pub struct EpochRecord {
     pub epoch_seconds: f64,
     /// Training examples per second.
     pub examples_per_second: f64,
+    /// More figures of the epoch, by name, for tasks that have them (a GAN's generator
+    /// loss, discriminator scores and sample quality).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub figures: std::collections::BTreeMap<String, f64>,
 }
 
 /// How a fit ended.
@@ -480,7 +486,7 @@ impl Trainer {
             )?;
         }
         let checkpoints = Checkpoints::new(&self.run_dir, &self.checkpoint_files, dp);
-        let state = checkpoints.open(resume, step.params(), &mut updater, &hash, self.progress)?;
+        let state = checkpoints.open(resume, step.params(), &mut [&mut updater], &hash, self.progress)?;
         if let Some(d) = dp {
             // Every rank has looked at the run directory before rank 0 writes to it; then
             // all start from rank 0's weights.
@@ -647,6 +653,7 @@ impl Run<'_> {
             lr: self.updater.lr(self.state.optimizer_step.saturating_sub(1)),
             epoch_seconds: trained.seconds,
             examples_per_second: trained.seen_now as f64 / trained.seconds.max(1e-9),
+            figures: Default::default(),
         })?;
         let metric = match val {
             Some(e) => Some(match rule.monitor {
@@ -673,10 +680,12 @@ impl Run<'_> {
         // `best` first: a run killed between the two resumes from the older `last` and
         // redoes this epoch, as it would have before either was written.
         if verdict.improved {
-            self.checkpoints.save_best(params, &self.state, &self.updater)?;
+            self.checkpoints
+                .save_best(params, &self.state, &[&self.updater])?;
             self.checkpoints.save_last_as_best()?;
         } else {
-            self.checkpoints.save_last(params, &self.state, &self.updater)?;
+            self.checkpoints
+                .save_last(params, &self.state, &[&self.updater])?;
         }
         self.log.plots_periodically()?;
         Ok(verdict)
@@ -776,7 +785,8 @@ impl Run<'_> {
         let periodic = c.checkpoint_every > 0 && n.is_multiple_of(c.checkpoint_every);
         let mid_epoch = batches < self.per_epoch;
         if (stop_now || periodic) && mid_epoch {
-            self.checkpoints.save_last(params, &self.state, &self.updater)?;
+            self.checkpoints
+                .save_last(params, &self.state, &[&self.updater])?;
         }
         self.profiler.mark(Phase::Other);
         self.profiler.end_step(n);

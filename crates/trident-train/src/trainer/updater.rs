@@ -36,7 +36,18 @@ impl Updater {
         dp: Option<&DataParallel>,
         progress: bool,
     ) -> Result<Self, TrainError> {
-        let params = store.trainable();
+        Self::of(store.trainable(), config, total_steps, dp, progress)
+    }
+
+    /// An updater of `params` (one group of a model's parameters, such as a GAN's
+    /// generator; the others get updaters of their own).
+    pub fn of(
+        params: Vec<Param>,
+        config: &TrainConfig,
+        total_steps: u64,
+        dp: Option<&DataParallel>,
+        progress: bool,
+    ) -> Result<Self, TrainError> {
         if params.is_empty() {
             return Err(TrainError::Invalid(
                 "the model has no trainable parameters".into(),
@@ -86,6 +97,11 @@ impl Updater {
         }
         self.gathered += 1;
         Ok(())
+    }
+
+    /// The parameters it updates.
+    pub fn params(&self) -> &[Param] {
+        &self.params
     }
 
     /// Micro-batches gathered since the last update.

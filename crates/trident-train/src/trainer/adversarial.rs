@@ -1,0 +1,300 @@
+//! Adversarial training (GANs): two parameter groups, a generator and a discriminator (a
+//! critic), each with its own [`Updater`] and optimizer state, updated in turn — the
+//! critic after every batch of real examples, the generator after every
+//! [`AdversarialStep::critic_steps`]-th. The loop composes the same parts as
+//! [`Trainer::fit`]: [`Checkpoints`] (both optimizers' states in one checkpoint, written
+//! atomically, resumed bit for bit), [`RunLog`], [`StopRequest`] and [`EarlyStopping`] on
+//! the figure an [`EpochJudge`] gives each epoch (lower is better, e.g. a Fréchet distance).
+//!
+//! Step `t` (the batch count of the run) draws the critic's random numbers from seed
+//! `(seed, 2t)` and the generator's from `(seed, 2t + 1)`: a resumed run draws what an
+//! uninterrupted one would.
+
+use super::{
+    io_err, Checkpoints, EarlyStopping, EpochRecord, FitSummary, Monitor, RunLog, StopRequest, TrainError,
+    Trainer, Updater,
+};
+use candle_core::Tensor;
+use std::collections::BTreeMap;
+use std::time::Instant;
+use trident_data::{DataLoader, Dataset};
+use trident_nn::{Ctx, Param, Params};
+
+/// The critic's loss on one batch of real examples and as many generated ones.
+pub struct CriticLoss {
+    /// The scalar loss (the generator's output detached: only the critic learns from it).
+    pub loss: Tensor,
+    /// Mean score of the real examples.
+    pub real: f64,
+    /// Mean score of the generated examples.
+    pub fake: f64,
+    /// Real examples in the batch.
+    pub examples: usize,
+}
+
+/// A generator and a critic with their losses: what [`Trainer::fit_adversarial`] drives.
+pub trait AdversarialStep {
+    /// The batch of real examples the data loader builds.
+    type Batch: Send + 'static;
+    /// Every parameter of both networks (checkpoints save them all).
+    fn params(&self) -> &Params;
+    /// The generator's trainable parameters.
+    fn generator_params(&self) -> Vec<Param>;
+    /// The critic's trainable parameters.
+    fn critic_params(&self) -> Vec<Param>;
+    /// The critic's loss on `batch` and as many generated examples.
+    fn critic_loss(&self, batch: &Self::Batch, ctx: &Ctx) -> candle_core::Result<CriticLoss>;
+    /// The generator's loss on `n` generated examples.
+    fn generator_loss(&self, n: usize, ctx: &Ctx) -> candle_core::Result<Tensor>;
+    /// Runs after every critic update (WGAN clips the critic's weights here).
+    fn after_critic_update(&self) -> candle_core::Result<()> {
+        Ok(())
+    }
+    /// Critic updates per generator update (WGAN: 5).
+    fn critic_steps(&self) -> u64 {
+        1
+    }
+}
+
+/// What judges an epoch's generator (sample grids, sample quality): figures for the epoch's
+/// record, and the one (lower is better) that picks the `best` checkpoint and drives early
+/// stopping; without one, the latest epoch is the best.
+pub type EpochJudge<'a> = dyn FnMut(u64) -> Result<(BTreeMap<String, f64>, Option<f64>), TrainError> + 'a;
+
+/// The running sums of an epoch beyond `TrainerState::epoch_sums` (the critic's loss, its
+/// batches and the real examples live there).
+const GENERATOR_LOSS: usize = 0;
+const GENERATOR_STEPS: usize = 1;
+const REAL_SCORE: usize = 2;
+const FAKE_SCORE: usize = 3;
+const SUMS: usize = 4;
+
+fn finite(what: &str, v: f64, epoch: u64, batch: u64) -> Result<(), TrainError> {
+    if v.is_finite() {
+        return Ok(());
+    }
+    Err(TrainError::Invalid(format!(
+        "the {what} loss became {v} at epoch {epoch}, batch {batch}: lower the learning rate"
+    )))
+}
+
+impl Trainer {
+    /// Trains `step`'s generator and critic on the real examples of `train`; after each
+    /// epoch `judge` reports on the generator. With `resume`, continues from
+    /// `run_dir/last`. `data_hash` joins the configuration hash as in [`Trainer::fit`].
+    pub fn fit_adversarial<S, D>(
+        &self,
+        step: &S,
+        train: &DataLoader<D, S::Batch>,
+        resume: bool,
+        data_hash: &str,
+        judge: &mut EpochJudge<'_>,
+    ) -> Result<FitSummary, TrainError>
+    where
+        S: AdversarialStep,
+        D: Dataset + 'static,
+    {
+        let c = &self.config;
+        let refuse = |m: &str| Err(TrainError::Invalid(m.into()));
+        if self.data_parallel.is_some() {
+            return refuse("a GAN trains in one process: data parallelism is not offered for it");
+        }
+        if c.grad_accum != 1 {
+            return refuse("train.grad_accum: a GAN updates after every batch; leave it at 1");
+        }
+        if self.profile.is_some() {
+            return refuse("--profile covers classifier and reconstruction steps, not a GAN's two updates");
+        }
+        if c.precision != super::Precision::F32 {
+            return refuse("train.precision: a GAN trains in f32");
+        }
+        if c.epochs == 0 {
+            return refuse("epochs must be at least 1");
+        }
+        std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
+        trident_nn::runtime::keep_freed_memory();
+        let per_epoch = train.batches_per_epoch() as u64;
+        if per_epoch == 0 {
+            return refuse("the training set gives no batch");
+        }
+        let n_critic = step.critic_steps().max(1);
+        let batches = per_epoch * c.epochs;
+        let mut critic = Updater::of(step.critic_params(), c, batches, None, self.progress)?;
+        let mut generator = Updater::of(
+            step.generator_params(),
+            c,
+            (batches / n_critic).max(1),
+            None,
+            self.progress,
+        )?;
+        let hash = self.config_hash(data_hash);
+        let checkpoints = Checkpoints::new(&self.run_dir, &self.checkpoint_files, None);
+        let mut state = checkpoints.open(
+            resume,
+            step.params(),
+            &mut [&mut generator, &mut critic],
+            &hash,
+            self.progress,
+        )?;
+        // The critic updates once per batch, the generator once per `n_critic`.
+        generator.optimizer_mut().steps = state.micro_step / n_critic;
+        let mut log = RunLog::open(&self.run_dir, state.epoch, c.epochs, true, self.progress)?;
+        if state.finished {
+            // Killed while drawing the final plots: draw them again.
+            log.plots()?;
+            return Ok(FitSummary {
+                records: log.records,
+                interrupted: false,
+                early_stopped: false,
+                state,
+                profile: None,
+            });
+        }
+        let mut stop = StopRequest::new(&self.stop, self.stop_after_steps);
+        let rule = EarlyStopping {
+            monitor: Monitor::ValLoss,
+            patience: c.early_stopping_patience,
+        };
+        let (mut interrupted, mut early_stopped) = (false, false);
+        let params = step.params();
+        'epochs: while state.epoch < c.epochs {
+            let epoch = state.epoch;
+            let bar = log.progress_bar(per_epoch, epoch);
+            bar.set_position(state.batch_in_epoch);
+            let started = Instant::now();
+            let seen_before = state.epoch_sums.3;
+            if state.extra_sums.len() != SUMS {
+                state.extra_sums = vec![0.0; SUMS];
+            }
+            let mut loader = train.epoch_from(epoch, state.batch_in_epoch as usize);
+            let mut i = state.batch_in_epoch;
+            while i < per_epoch {
+                let batch = loader
+                    .next()
+                    .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
+                let t = state.micro_step;
+                // The critic.
+                params.begin_step();
+                let out = step.critic_loss(&batch, &Ctx::train(c.seed, 2 * t))?;
+                let d_loss = out.loss.to_scalar::<f32>()? as f64;
+                finite("critic's", d_loss, epoch, i)?;
+                let grads = out.loss.backward()?;
+                critic.gather(params, &grads)?;
+                drop(grads);
+                let lr = critic.update(None, state.optimizer_step)?;
+                step.after_critic_update()?;
+                state.optimizer_step += 1;
+                let sums = &mut state.epoch_sums;
+                sums.0 += d_loss;
+                sums.1 += 1;
+                sums.3 += out.examples as u64;
+                state.extra_sums[REAL_SCORE] += out.real;
+                state.extra_sums[FAKE_SCORE] += out.fake;
+                // The generator, every `n_critic` batches of the run.
+                if (t + 1).is_multiple_of(n_critic) {
+                    params.begin_step();
+                    let loss = step.generator_loss(out.examples, &Ctx::train(c.seed, 2 * t + 1))?;
+                    let g_loss = loss.to_scalar::<f32>()? as f64;
+                    finite("generator's", g_loss, epoch, i)?;
+                    let grads = loss.backward()?;
+                    generator.gather(params, &grads)?;
+                    drop(grads);
+                    generator.update(None, (t + 1) / n_critic - 1)?;
+                    state.extra_sums[GENERATOR_LOSS] += g_loss;
+                    state.extra_sums[GENERATOR_STEPS] += 1.0;
+                }
+                state.micro_step += 1;
+                i += 1;
+                state.batch_in_epoch = i;
+                bar.inc(1);
+                stop.steps_this_process += 1;
+                let n = state.optimizer_step;
+                if n.is_multiple_of(c.log_every.max(1)) {
+                    log.step_scalars(n, d_loss, lr)?;
+                }
+                let (loss_sum, loss_n, _, seen) = state.epoch_sums;
+                let rate = (seen - seen_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
+                log.step_message(
+                    &bar,
+                    epoch,
+                    i,
+                    per_epoch,
+                    1,
+                    loss_sum / loss_n.max(1) as f64,
+                    rate,
+                );
+                let stop_now = stop.asked(0);
+                let periodic = c.checkpoint_every > 0 && n.is_multiple_of(c.checkpoint_every);
+                if (stop_now || periodic) && i < per_epoch {
+                    checkpoints.save_last(params, &state, &[&generator, &critic])?;
+                    if stop_now {
+                        bar.abandon_with_message("interrupted: checkpoint written");
+                        interrupted = true;
+                        break 'epochs;
+                    }
+                }
+            }
+            bar.finish_and_clear();
+            let seconds = started.elapsed().as_secs_f64();
+            let (mut figures, metric) = judge(epoch)?;
+            let (loss_sum, loss_n, _, seen) = state.epoch_sums;
+            let x = &state.extra_sums;
+            let per_batch = |v: f64| v / loss_n.max(1) as f64;
+            figures.insert("d_real".into(), per_batch(x[REAL_SCORE]));
+            figures.insert("d_fake".into(), per_batch(x[FAKE_SCORE]));
+            if x[GENERATOR_STEPS] > 0.0 {
+                figures.insert("generator_loss".into(), x[GENERATOR_LOSS] / x[GENERATOR_STEPS]);
+            }
+            log.epoch(EpochRecord {
+                epoch,
+                step: state.optimizer_step,
+                train_loss: loss_sum / loss_n.max(1) as f64,
+                train_accuracy: None,
+                val_loss: None,
+                val_accuracy: None,
+                val_macro_f1: None,
+                lr: critic.lr(state.optimizer_step.saturating_sub(1)),
+                epoch_seconds: seconds,
+                examples_per_second: (seen - seen_before) as f64 / seconds.max(1e-9),
+                figures,
+            })?;
+            state.epoch += 1;
+            state.batch_in_epoch = 0;
+            state.epoch_sums = (0.0, 0, 0, 0);
+            state.extra_sums = vec![0.0; SUMS];
+            let verdict = rule.judge(&mut state, epoch, metric);
+            state.finished = state.epoch >= c.epochs || verdict.early;
+            if verdict.improved {
+                checkpoints.save_best(params, &state, &[&generator, &critic])?;
+                checkpoints.save_last_as_best()?;
+            } else {
+                checkpoints.save_last(params, &state, &[&generator, &critic])?;
+            }
+            log.plots_periodically()?;
+            if verdict.early {
+                early_stopped = true;
+                if self.progress {
+                    eprintln!(
+                        "early stop: no better epoch for {} epochs (best {:.4} at epoch {})",
+                        state.epochs_without_improvement,
+                        state.best_metric.unwrap_or(f64::NAN),
+                        state.best_epoch.unwrap_or(0) + 1
+                    );
+                }
+                break;
+            }
+            if stop.asked(0) && !state.finished {
+                interrupted = true;
+                break;
+            }
+        }
+        log.plots_if_behind()?;
+        Ok(FitSummary {
+            records: log.records,
+            interrupted,
+            early_stopped,
+            state,
+            profile: None,
+        })
+    }
+}
