@@ -174,4 +174,15 @@ impl Cnn {
         let _layer = layer(|| "fc2".into());
         self.fc2.forward(&h)
     }
+
+    /// The penultimate layer `[batch, 128]` (after its ReLU, without dropout) and the
+    /// logits, in evaluation mode: the feature space that judges generated images.
+    pub fn features_and_logits(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let ctx = Ctx::eval();
+        let h = relu_max_pool2d(&self.bn1.forward(&self.conv1.forward(x)?, &ctx)?, 2)?;
+        let h = relu_max_pool2d(&self.bn2.forward(&self.conv2.forward(&h)?, &ctx)?, 2)?;
+        let f = self.fc1.forward(&h.flatten_from(1)?)?.relu()?;
+        let logits = self.fc2.forward(&f)?;
+        Ok((f, logits))
+    }
 }

@@ -23,6 +23,34 @@ pub struct RunConfig {
     /// Anomaly detection with an autoencoder: which classes are normal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anomaly: Option<AnomalySection>,
+    /// A GAN's scoring: the classifier whose features judge its samples, and how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gan: Option<GanSection>,
+}
+
+/// `[gan]`: generated images are scored in the feature space of a trained classifier of
+/// the same images (`judge`, a `trident train` checkpoint of a `cnn`): after every epoch
+/// the Fréchet distance of `epoch_samples` generated images to the validation images (it
+/// picks `best`), and after training the full report on `samples` generated images
+/// against the test images, beside the real training images' own figures (the floor).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GanSection {
+    /// The judging classifier's checkpoint directory (e.g. `runs/fashion-cnn/best`).
+    pub judge: std::path::PathBuf,
+    /// Generated images scored after training.
+    #[serde(default = "gan_samples")]
+    pub samples: usize,
+    /// Generated images scored after each epoch (against as many validation images).
+    #[serde(default = "gan_epoch_samples")]
+    pub epoch_samples: usize,
+}
+
+fn gan_samples() -> usize {
+    10_000
+}
+fn gan_epoch_samples() -> usize {
+    2_000
 }
 
 /// `[anomaly]`: the autoencoder trains and validates on the `normal` classes' examples only;
@@ -405,15 +433,29 @@ impl RunConfig {
     /// An autoencoder or a forecaster has no accuracy: it monitors the validation loss
     /// unless the file asked for another metric, which is an error.
     fn monitor_for_the_task(&mut self, text: &str) -> anyhow::Result<()> {
+        use trident_train::trainer::Monitor;
+        let table: toml::Table = toml::from_str(text)?;
+        let given = table.get("train").and_then(|t| t.get("monitor")).is_some();
+        if matches!(self.model, ModelConfig::Gan(_)) {
+            match (given, self.train.monitor) {
+                (false, _) => self.train.monitor = Monitor::ValFd,
+                (true, Monitor::ValFd) => {}
+                (true, m) => anyhow::bail!(
+                    "train.monitor = {m:?}: a gan's best epoch has the lowest Fréchet distance of its samples to the validation images (\"val_fd\", from [gan] judge)"
+                ),
+            }
+            return Ok(());
+        }
+        anyhow::ensure!(
+            self.train.monitor != Monitor::ValFd,
+            "train.monitor = \"val_fd\" judges a gan's samples; this model is not a gan"
+        );
         if !matches!(
             self.model,
             ModelConfig::Autoencoder(_) | ModelConfig::Forecaster(_)
         ) {
             return Ok(());
         }
-        let table: toml::Table = toml::from_str(text)?;
-        let given = table.get("train").and_then(|t| t.get("monitor")).is_some();
-        use trident_train::trainer::Monitor;
         match (given, self.train.monitor) {
             (false, _) => self.train.monitor = Monitor::ValLoss,
             (true, Monitor::ValLoss) => {}
@@ -457,6 +499,12 @@ impl RunConfig {
                         }
                     }
                 }
+            }
+            ModelConfig::Gan(g) if g.loss == trident_zoo::card::GanObjective::Dcgan && g.clip.is_some() => {
+                return Err(unused(
+                    "model.clip",
+                    "only loss = \"wgan\" clips the critic's weights",
+                ))
             }
             ModelConfig::Forecaster(f) if f.net != ForecastNet::Mlp && f.activation.is_some() => {
                 return Err(unused(
@@ -595,9 +643,12 @@ impl RunConfig {
                 anyhow::ensure!(
                     matches!(
                         self.model,
-                        ModelConfig::Vit(_) | ModelConfig::Cnn { .. } | ModelConfig::Autoencoder(_)
+                        ModelConfig::Vit(_)
+                            | ModelConfig::Cnn { .. }
+                            | ModelConfig::Autoencoder(_)
+                            | ModelConfig::Gan(_)
                     ),
-                    "model.kind must be an image model (vit, cnn, autoencoder) for image data"
+                    "model.kind must be an image model (vit, cnn, autoencoder, gan) for image data"
                 );
             }
             DataConfig::Table {
@@ -638,6 +689,29 @@ impl RunConfig {
                 || matches!(self.data, DataConfig::Table { .. }),
             "model.kind = \"mlp\" or \"sequential\" takes table data (data.kind = \"table\")"
         );
+        let gan = matches!(self.model, ModelConfig::Gan(_));
+        anyhow::ensure!(
+            !gan || matches!(self.data, DataConfig::Idx { .. } | DataConfig::Folder { .. }),
+            "model.kind = \"gan\" generates images: it takes image data (data.kind = \"idx\" or \"folder\")"
+        );
+        anyhow::ensure!(
+            !gan || (self.distill.is_none() && self.anomaly.is_none()),
+            "a gan is neither distilled nor an anomaly detector: remove [distill] / [anomaly]"
+        );
+        anyhow::ensure!(
+            self.gan.is_none() || gan,
+            "[gan] scores a GAN's samples: it needs model.kind = \"gan\""
+        );
+        anyhow::ensure!(
+            !gan || self.gan.is_some() || self.train.early_stopping_patience.is_none(),
+            "train.early_stopping_patience: a gan stops on the Fréchet distance its [gan] judge gives; add [gan] judge = \"<classifier run>/best\""
+        );
+        if let Some(g) = &self.gan {
+            anyhow::ensure!(
+                g.samples >= 2 && g.epoch_samples >= 2,
+                "gan.samples and gan.epoch_samples must be at least 2"
+            );
+        }
         let autoencoder = matches!(self.model, ModelConfig::Autoencoder(_));
         anyhow::ensure!(
             self.anomaly.is_none() || autoencoder,

@@ -3,6 +3,7 @@
 pub mod anomaly;
 pub mod config;
 pub mod forecast;
+mod gan;
 pub mod report;
 pub mod task;
 
@@ -261,6 +262,12 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
             let (splits, classes, shape) = image_splits(&c)?;
             let card = card_for(&c, classes, Some(shape));
             let model = Model::build(&card, c.run.seed, None)?;
+            if let task::Net::Gan(_) = model.net {
+                if !matches!(replicas, Replicas::One) {
+                    bail!("a gan trains in one process: remove --data-parallel / --dist");
+                }
+                return train_gan(&c, &args, model, splits);
+            }
             run(&c, &args, model, splits, &replicas)
         }
         DataConfig::Table { .. } => {
@@ -439,10 +446,9 @@ fn run<D: Dataset + 'static>(
     splits: Splits<D>,
     replicas: &Replicas,
 ) -> anyhow::Result<()> {
-    let (config_file, resume) = (&args.config, args.resume);
+    let config_file = &args.config;
     let teacher = load_teacher(c, &model)?;
     let lead = replicas.lead();
-    let dir = &c.run.dir;
     let classes = model.card.classes.clone();
     let (tr, va, te) = splits.sizes;
     eprintln!(
@@ -461,32 +467,7 @@ fn run<D: Dataset + 'static>(
         );
     }
     eprintln!("matrix products: {}", trident_nn::blas::backend());
-    let mut trainer = Trainer::new(c.train.clone(), classes.clone(), dir);
-    trainer.checkpoint_files = model.checkpoint_files()?;
-    let resolved = toml::to_string_pretty(c)?;
-    trainer
-        .checkpoint_files
-        .push(("run.toml".into(), resolved.clone().into_bytes()));
-    trainer.stop_after_steps = args.stop_after_steps;
-    trainer.progress = lead;
-    if lead && (args.profile || args.profile_steps.is_some()) {
-        trainer.profile = Some(trident_train::profile::ProfileOptions {
-            steps: args.profile_steps,
-            dir: dir.join("profile"),
-            num_workers: c.loader.num_workers,
-            bf16: c.train.precision == trident_train::trainer::Precision::Bf16,
-        });
-    }
-    install_signal_handlers(&trainer)?;
-    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-    if !resume && lead {
-        write_atomic(&dir.join("config.toml"), resolved.as_bytes())?;
-    }
-    // Everything that shapes the run beyond [train] joins the resume check.
-    let data_hash = format!(
-        "{:?}|{:?}|{:?}|{}|{:?}",
-        c.data, c.loader, c.model, c.run.seed, c.distill
-    );
+    let (trainer, data_hash) = trainer_for(c, args, &model, lead)?;
     let (summary, teacher) = match (teacher, &c.distill) {
         (Some((teacher, cache)), Some(d)) => {
             // mut: an MPI rank other than 0 swaps in the cache rank 0 wrote.
@@ -561,6 +542,114 @@ fn run<D: Dataset + 'static>(
     }
     // Test the best checkpoint.
     test_and_report(c, &model, teacher.as_ref(), &splits, &summary, peak_rss)
+}
+
+/// The trainer of a run (its checkpoint files, stop budget, progress, profiling and
+/// signal handlers), the run directory with its `config.toml`, and the hash of everything
+/// beyond `[train]` that shapes the run (it joins the resume check).
+fn trainer_for(
+    c: &RunConfig,
+    args: &TrainArgs,
+    model: &Model,
+    lead: bool,
+) -> anyhow::Result<(Trainer, String)> {
+    let dir = &c.run.dir;
+    let mut trainer = Trainer::new(c.train.clone(), model.card.classes.clone(), dir);
+    trainer.checkpoint_files = model.checkpoint_files()?;
+    let resolved = toml::to_string_pretty(c)?;
+    trainer
+        .checkpoint_files
+        .push(("run.toml".into(), resolved.clone().into_bytes()));
+    trainer.stop_after_steps = args.stop_after_steps;
+    trainer.progress = lead;
+    if lead && (args.profile || args.profile_steps.is_some()) {
+        trainer.profile = Some(trident_train::profile::ProfileOptions {
+            steps: args.profile_steps,
+            dir: dir.join("profile"),
+            num_workers: c.loader.num_workers,
+            bf16: c.train.precision == trident_train::trainer::Precision::Bf16,
+        });
+    }
+    install_signal_handlers(&trainer)?;
+    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+    if !args.resume && lead {
+        write_atomic(&dir.join("config.toml"), resolved.as_bytes())?;
+    }
+    let data_hash = format!(
+        "{:?}|{:?}|{:?}|{}|{:?}|{:?}",
+        c.data, c.loader, c.model, c.run.seed, c.distill, c.gan
+    );
+    Ok((trainer, data_hash))
+}
+
+/// `trident train` of a GAN: the adversarial loop, a sample grid per epoch, and with
+/// `[gan] judge` the sample-quality report of the best epoch (`<run>/report.json`).
+fn train_gan(
+    c: &RunConfig,
+    args: &TrainArgs,
+    model: Model,
+    splits: Splits<task::ImageSet>,
+) -> anyhow::Result<()> {
+    let (tr, va, te) = splits.sizes;
+    eprintln!(
+        "{}: {} parameters (generator {}, discriminator {}); data {tr} train / {va} val / {te} test",
+        args.config.display(),
+        model.param_count(),
+        model
+            .params
+            .all()
+            .iter()
+            .filter(|p| p.name.starts_with("generator."))
+            .map(|p| p.var.elem_count())
+            .sum::<usize>(),
+        model
+            .params
+            .all()
+            .iter()
+            .filter(|p| p.name.starts_with("discriminator."))
+            .map(|p| p.var.elem_count())
+            .sum::<usize>(),
+    );
+    let (trainer, data_hash) = trainer_for(c, args, &model, true)?;
+    let step = gan::GanStep::new(&model)?;
+    let review = gan::EpochReview::new(&step, c, splits.val.as_ref())?;
+    let mut judge = |epoch: u64| {
+        review
+            .review(epoch)
+            .map_err(|e| trident_train::TrainError::Invalid(format!("{e:#}")))
+    };
+    let summary = trainer.fit_adversarial(&step, &splits.train, args.resume, &data_hash, &mut judge)?;
+    let dir = &c.run.dir;
+    if summary.interrupted {
+        eprintln!(
+            "stopped at epoch {}, batch {}: resume with `trident train --config {} --resume`",
+            summary.state.epoch + 1,
+            summary.state.batch_in_epoch,
+            args.config.display()
+        );
+        if trainer.stop.load(Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        return Ok(());
+    }
+    let best = dir.join("best");
+    eprintln!(
+        "samples of every epoch in {}; best epoch {}",
+        dir.join("samples").display(),
+        summary.state.best_epoch.map_or(0, |e| e + 1)
+    );
+    let Some(section) = &c.gan else {
+        eprintln!("no [gan] judge: the samples are not scored (add [gan] judge = \"<a cnn run>/best\")");
+        return Ok(());
+    };
+    let best_model = Model::load_checkpoint(&best)?;
+    let best_step = gan::GanStep::new(&best_model)?;
+    let report = gan::report(&best_step, section, &splits.train, &splits.test, dir)?;
+    for l in report.lines() {
+        println!("{l}");
+    }
+    println!("wrote {}/report.json, samples.png and classes.png", dir.display());
+    Ok(())
 }
 
 /// The student (and teacher) on the test split from the best checkpoint: the test report,
@@ -1010,6 +1099,27 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
                 bail!("--data takes a text, table or series file; image runs evaluate their configured test set")
             }
         }
+    }
+    if let task::Net::Gan(_) = model.net {
+        if onnx.is_some() {
+            bail!("--onnx: a gan's report generates images with the checkpoint's generator; `trident export` writes that generator");
+        }
+        let section = c.gan.as_ref().with_context(|| {
+            format!(
+                "{}: the run has no [gan] judge to score samples with; add one to {}",
+                args.model.display(),
+                run_file.display()
+            )
+        })?;
+        let (s, _, _) = image_splits(&c)?;
+        let out = args.out.unwrap_or_else(|| args.model.join("eval-test"));
+        let step = gan::GanStep::new(&model)?;
+        let report = gan::report(&step, section, &s.train, &s.test, &out)?;
+        for l in report.lines() {
+            println!("{l}");
+        }
+        println!("wrote {}/report.json, samples.png and classes.png", out.display());
+        return Ok(());
     }
     if let InputSpec::Series(spec) = &model.card.input {
         let suffix = if onnx.is_some() { "-onnx" } else { "" };

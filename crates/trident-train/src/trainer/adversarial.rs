@@ -111,6 +111,9 @@ impl Trainer {
         if c.epochs == 0 {
             return refuse("epochs must be at least 1");
         }
+        if c.monitor != Monitor::ValFd {
+            return refuse("train.monitor: a GAN's best epoch has the lowest Fréchet distance (\"val_fd\")");
+        }
         std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
         trident_nn::runtime::keep_freed_memory();
         let per_epoch = train.batches_per_epoch() as u64;
@@ -152,7 +155,7 @@ impl Trainer {
         }
         let mut stop = StopRequest::new(&self.stop, self.stop_after_steps);
         let rule = EarlyStopping {
-            monitor: Monitor::ValLoss,
+            monitor: Monitor::ValFd,
             patience: c.early_stopping_patience,
         };
         let (mut interrupted, mut early_stopped) = (false, false);

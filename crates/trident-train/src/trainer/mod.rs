@@ -125,12 +125,15 @@ pub enum Monitor {
     ValMacroF1,
     /// Validation loss (lower is better).
     ValLoss,
+    /// A GAN's Fréchet distance of generated to validation images in a judge's feature
+    /// space (lower is better).
+    ValFd,
 }
 
 impl Monitor {
     fn better(self, new: f64, old: f64) -> bool {
         match self {
-            Monitor::ValLoss => new < old,
+            Monitor::ValLoss | Monitor::ValFd => new < old,
             _ => new > old,
         }
     }
@@ -668,6 +671,11 @@ impl Run<'_> {
                         .macro_f1
                 }
                 Monitor::ValLoss => e.loss,
+                Monitor::ValFd => {
+                    return Err(TrainError::Invalid(
+                        "train.monitor = \"val_fd\" judges a GAN's samples; this model is not a GAN".into(),
+                    ))
+                }
             }),
             None => None,
         };

@@ -1,0 +1,200 @@
+//! `[model] kind = "gan"` end to end on tiny images: a DCGAN judged by a small CNN (sample
+//! grids per epoch, the per-epoch Fréchet distance that picks `best`, the report beside
+//! the real images' floor, `trident eval` reproducing it), a WGAN (RMSprop, weight
+//! clipping, five critic updates per generator update) resuming bit for bit from a
+//! checkpoint holding both optimizers, and the errors for configurations that cannot work.
+
+mod common;
+use common::{assert_same_checkpoints, epoch_records, failed, ok, trident};
+
+use std::path::{Path, PathBuf};
+
+fn config(dir: &Path, run: &str, model: &str, train: &str, extra: &str) -> PathBuf {
+    let cfg = format!(
+        r#"
+[run]
+dir = "{run}"
+seed = 3
+[data]
+kind = "idx"
+train_images = "train-images"
+train_labels = "train-labels"
+test_images = "test-images"
+test_labels = "test-labels"
+classes = ["top", "bottom"]
+val_fraction = 0.2
+[loader]
+batch_size = 8
+num_workers = 0
+[model]
+{model}
+[train]
+epochs = 3
+log_every = 2
+{train}
+{extra}
+"#
+    );
+    let path = dir.join(format!("{run}.toml"));
+    std::fs::write(&path, cfg).unwrap();
+    path
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+const DCGAN: &str = "kind = \"gan\"\nz = 8\nwidth = 4";
+const ADAM: &str = "lr = 2e-3\n[train.optimizer]\nname = \"adamw\"\nbeta1 = 0.5\nweight_decay = 0.0";
+const JUDGE: &str = "[gan]\njudge = \"judge/best\"\nsamples = 32\nepoch_samples = 12";
+
+/// A small CNN that tells the two image kinds apart: the judge.
+fn train_judge(d: &Path) {
+    let cfg = config(d, "judge", "kind = \"cnn\"\nwidth = 4", "lr = 1e-2", "");
+    ok(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+}
+
+#[test]
+fn a_dcgan_is_judged_every_epoch_and_reported_against_the_real_floor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    train_judge(d);
+    let cfg = config(d, "gan", DCGAN, ADAM, JUDGE);
+    let out = trident(&["train", "--config", cfg.to_str().unwrap()], d);
+    let printed = ok(&out);
+    for e in 1..=3 {
+        assert!(d.join(format!("gan/samples/epoch-{e:03}.png")).is_file());
+    }
+    for f in [
+        "samples.png",
+        "report.json",
+        "classes.png",
+        "best/model.safetensors",
+    ] {
+        assert!(d.join("gan").join(f).is_file(), "{f}");
+    }
+    // Every epoch's record carries the two losses, the scores and the Fréchet distance.
+    let records = epoch_records(&d.join("gan"));
+    assert_eq!(records.len(), 3);
+    for r in &records {
+        for k in ["generator_loss", "d_real", "d_fake", "val_fd"] {
+            assert!(r["figures"][k].as_f64().is_some_and(f64::is_finite), "{k}: {r}");
+        }
+        assert!(r["train_accuracy"].is_null());
+    }
+    // `best` is the epoch of the lowest validation Fréchet distance.
+    let fds: Vec<f64> = records
+        .iter()
+        .map(|r| r["figures"]["val_fd"].as_f64().unwrap())
+        .collect();
+    let best = fds
+        .iter()
+        .enumerate()
+        .min_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0;
+    let state = json(&d.join("gan/best/state.json"));
+    assert_eq!(state["best_epoch"].as_u64(), Some(best as u64), "{fds:?}");
+    let r = json(&d.join("gan/report.json"));
+    let (g, floor) = (&r["generated"], &r["floor"]);
+    assert_eq!(g["images"], 32);
+    assert_eq!(floor["images"], 32);
+    for q in [g, floor] {
+        let shares: f64 = q["class_shares"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .sum();
+        assert!((shares - 1.0).abs() < 1e-9);
+        let one_nn = q["one_nn_accuracy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&one_nn));
+    }
+    // Real training images are as good as samples get: their Fréchet distance to the
+    // test images lies below the generated ones', and the judge sees both kinds in them.
+    assert!(
+        floor["frechet"].as_f64().unwrap() < g["frechet"].as_f64().unwrap(),
+        "{r}"
+    );
+    assert!(floor["class_entropy_bits"].as_f64().unwrap() > 0.9, "{r}");
+    assert!(
+        printed.contains("generated") && printed.contains("real"),
+        "{printed}"
+    );
+    // `eval` reproduces the report from the checkpoint.
+    ok(&trident(&["eval", "--model", "gan/best"], d));
+    let again = json(&d.join("gan/best/eval-test/report.json"));
+    assert_eq!(again["generated"], r["generated"]);
+    assert_eq!(again["floor"], r["floor"]);
+}
+
+#[test]
+fn a_wgan_resumes_exactly_with_both_optimizers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    let model = "kind = \"gan\"\nloss = \"wgan\"\nz = 8\nwidth = 4\nclip = 0.05";
+    let train = "lr = 5e-4\n[train.optimizer]\nname = \"rmsprop\"";
+    let whole = config(d, "whole", model, train, "");
+    ok(&trident(&["train", "--config", whole.to_str().unwrap()], d));
+    // 77 training images in batches of 8: 10 per epoch, 30 critic updates in 3 epochs, a
+    // generator update after every 5th.
+    let state = json(&d.join("whole/last/state.json"));
+    assert_eq!(state["optimizer_step"], 30);
+    // The critic's weights stay clipped.
+    let weights =
+        candle_core::safetensors::load(d.join("whole/last/model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    let w = weights["discriminator.conv2.weight"]
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert!(w.iter().all(|v| v.abs() <= 0.05 + 1e-7));
+    assert!(w.iter().any(|v| v.abs() > 0.049), "clipped at the bound");
+    // The generator's optimizer state is there beside the critic's.
+    let opt = candle_core::safetensors::load(
+        d.join("whole/last/optimizer.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    assert!(opt.contains_key("v.generator.up1.weight") && opt.contains_key("v.discriminator.conv1.weight"));
+    // Stopped after 7 critic updates (mid-epoch, between generator updates), then after
+    // 17 (in the second epoch), resumed each time: the same weights and states.
+    let parts = config(d, "parts", model, train, "");
+    let p = parts.to_str().unwrap();
+    ok(&trident(&["train", "--config", p, "--stop-after-steps", "7"], d));
+    ok(&trident(
+        &["train", "--config", p, "--resume", "--stop-after-steps", "10"],
+        d,
+    ));
+    ok(&trident(&["train", "--config", p, "--resume"], d));
+    assert_same_checkpoints(&d.join("whole"), &d.join("parts"));
+}
+
+#[test]
+fn gan_configurations_that_cannot_work_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    let run = |name: &str, model: &str, train: &str, extra: &str| {
+        let cfg = config(d, name, model, train, extra);
+        failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d))
+    };
+    let e = run("a", &format!("{DCGAN}\nclip = 0.01"), ADAM, "");
+    assert!(e.contains("model.clip") && e.contains("wgan"), "{e}");
+    let e = run("b", DCGAN, &format!("monitor = \"val_loss\"\n{ADAM}"), "");
+    assert!(e.contains("train.monitor") && e.contains("val_fd"), "{e}");
+    let e = run("c", DCGAN, &format!("early_stopping_patience = 2\n{ADAM}"), "");
+    assert!(
+        e.contains("early_stopping_patience") && e.contains("[gan] judge"),
+        "{e}"
+    );
+    let e = run("d", DCGAN, ADAM, "[gan]\njudge = \"nowhere/best\"");
+    assert!(e.contains("gan.judge = nowhere/best"), "{e}");
+    let e = run("e", "kind = \"cnn\"", ADAM, "[gan]\njudge = \"nowhere/best\"");
+    assert!(e.contains("[gan]") && e.contains("model.kind = \"gan\""), "{e}");
+    let e = run("f", DCGAN, &format!("grad_accum = 2\n{ADAM}"), "");
+    assert!(e.contains("grad_accum"), "{e}");
+}
