@@ -241,6 +241,36 @@ lr = 3e-3
     return work / "forecast_run" / "best"
 
 
+def train_gan(work: Path) -> Path:
+    """A DCGAN of the shapes images train_image wrote (a tiny one: only serving is checked)."""
+    (work / "gan.toml").write_text(
+        """
+[run]
+dir = "gan_run"
+seed = 1
+[data]
+kind = "folder"
+train_dir = "shapes/train"
+test_dir = "shapes/test"
+height = 8
+width = 8
+mean = 0.5
+std = 0.25
+[loader]
+batch_size = 8
+[model]
+kind = "gan"
+z = 6
+width = 4
+[train]
+epochs = 2
+lr = 2e-3
+"""
+    )
+    run(["train", "--config", "gan.toml"], work)
+    return work / "gan_run" / "best"
+
+
 def predict(model: Path, inputs: list[str], cwd: Path) -> list[dict]:
     return [json.loads(line) for line in run(["predict", "--model", str(model), *inputs], cwd).splitlines()]
 
@@ -253,8 +283,10 @@ def deployed(tmp_path_factory):
     table_ckpt = train_table(work)
     image_ae, table_ae = train_autoencoders(work)
     forecaster = train_forecaster(work)
+    gan = train_gan(work)
     repo = work / "models"
     run(["package", "--model", str(forecaster), "--repository", str(repo), "--name", "forecast"], work)
+    run(["package", "--model", str(gan), "--repository", str(repo), "--name", "generator"], work)
     run(["package", "--model", str(image_ae), "--repository", str(repo), "--name", "shapes_ae"], work)
     run(["package", "--model", str(table_ae), "--repository", str(repo), "--name", "penguins_ae"], work)
     run(["package", "--model", str(table_ckpt), "--repository", str(repo), "--name", "penguins"], work)
@@ -295,7 +327,7 @@ def deployed(tmp_path_factory):
     srv = TridentServer(repo, extra_args=["--cache-config", "local,size=1048576"])
     try:
         srv.wait_started()
-        names = ["sentiment", "shapes", "penguins", "shapes_ae", "penguins_ae", "forecast", "batched", "warm_file", "cached"]
+        names = ["sentiment", "shapes", "penguins", "shapes_ae", "penguins_ae", "forecast", "generator", "batched", "warm_file", "cached"]
         names += ["sentiment_int8"] if fused else []
         srv.wait_models(names, ["warm_broken"], timeout=120)
     except BaseException:
@@ -473,6 +505,32 @@ def test_forecaster_serves_what_trident_predict_forecasts(deployed):
     g = grpcclient.InferInput("values", list(x.shape), "FP32")
     g.set_data_from_numpy(x)
     assert np.allclose(srv.grpc_client().infer("forecast", [g]).as_numpy("forecast"), want, rtol=1e-4)
+
+
+def test_gan_generator_serves_images_from_latent_vectors(deployed):
+    """The packaged generator takes latent vectors and answers, over HTTP and gRPC, the
+    images its ONNX graph gives when ONNX Runtime runs it directly: pixels in [0, 1]."""
+    import onnxruntime as ort
+    import tritonclient.grpc as grpcclient
+
+    srv, work = deployed["server"], deployed["work"]
+    meta = srv.client().get_model_metadata("generator")
+    assert meta["inputs"] == [{"name": "z", "datatype": "FP32", "shape": [-1, 6]}], meta
+    assert meta["outputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 8, 8]}], meta
+    z = np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32)
+    session = ort.InferenceSession(str(work / "models" / "generator" / "1" / "model.onnx"))
+    (want,) = session.run(["image"], {"z": z})
+    inp = httpclient.InferInput("z", list(z.shape), "FP32")
+    inp.set_data_from_numpy(z)
+    got = srv.client().infer("generator", [inp]).as_numpy("image")
+    assert got.shape == (5, 1, 8, 8)
+    assert np.allclose(got, want, atol=1e-5)
+    assert got.min() >= 0.0 and got.max() <= 1.0
+    # Different latent vectors, different images.
+    assert np.abs(got[0] - got[1]).max() > 1e-3
+    g = grpcclient.InferInput("z", list(z.shape), "FP32")
+    g.set_data_from_numpy(z)
+    assert np.allclose(srv.grpc_client().infer("generator", [g]).as_numpy("image"), want, atol=1e-5)
 
 
 def test_int8_fused_model_keeps_the_labels(deployed):

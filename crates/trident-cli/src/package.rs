@@ -162,9 +162,10 @@ fn folders(
         // Contrib operators: ONNX Runtime only.
         _ => "parameters [\n  { key: \"trident.onnx_engine\" value { string_value: \"ort\" } }\n]\n".into(),
     };
-    if let InputSpec::Series(_) = model.card.input {
+    if matches!(model.card.input, InputSpec::Series(_)) || matches!(model.net, trident_zoo::Net::Gan(_)) {
         // A forecaster's graph takes raw values and gives raw forecasts (its transform is
-        // inside): one model, no pre-processing step.
+        // inside), a GAN's generator takes latent vectors and gives pixels in [0, 1]: one
+        // model, no pre-processing step.
         let config = format!(
             "name: \"{name}\"\nplatform: \"onnxruntime_onnx\"\n{}{}{}{}{engine}",
             batching(args),

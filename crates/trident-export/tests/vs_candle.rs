@@ -393,3 +393,71 @@ fn cnn_batch_norm_folded() {
     );
     run_all("cnn", card, None, 1);
 }
+
+#[test]
+fn gan_generator_images_match_candle() {
+    let g = trident_zoo::card::GanModel {
+        loss: trident_zoo::card::GanObjective::Dcgan,
+        z: 6,
+        width: 3,
+        clip: None,
+        critic_steps: None,
+        critic_batch_norm: true,
+    };
+    let mut card = image_card(ModelConfig::Gan(g), 1);
+    card.classes = Vec::new();
+    let model = Model::build(&card, 7, None).unwrap();
+    perturb(&model);
+    let trident_zoo::Net::Gan(gan) = &model.net else {
+        unreachable!()
+    };
+    let z = trident_nn::gan::latent(3, 6, 11).unwrap();
+    let want: Vec<f32> = gan
+        .generator
+        .forward(&z, &Ctx::eval())
+        .unwrap()
+        .affine(0.5, 0.5)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let exported = export(&model, FP32).unwrap();
+    assert_eq!(exported.outputs[0].dims, [1, 8, 8]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("generator.onnx");
+    std::fs::write(&file, exported.to_bytes()).unwrap();
+    onnx_checker("generator", &file);
+    let zv: Vec<f32> = z.flatten_all().unwrap().to_vec1().unwrap();
+    let input = trident_core::Tensor::from_f32(vec![3, 6], &zv).unwrap();
+    for engine in engines() {
+        let loaded = engine
+            .load(
+                &file,
+                &LoadOptions {
+                    threads_per_instance: 1,
+                    config: Default::default(),
+                },
+            )
+            .unwrap_or_else(|e| panic!("generator on {}: {e}", engine.name()));
+        let out = loaded
+            .instance()
+            .unwrap()
+            .execute(vec![("z".into(), input.clone())])
+            .unwrap();
+        assert_eq!(out[0].0, "image");
+        assert_eq!(out[0].1.shape(), [3, 1, 8, 8]);
+        let got = out[0].1.to_f32().unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-5,
+            "generator on {}: max |difference| {worst}",
+            engine.name()
+        );
+        assert!(got.iter().all(|p| (0.0..=1.0).contains(p)));
+    }
+}

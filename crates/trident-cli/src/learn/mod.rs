@@ -1413,6 +1413,14 @@ fn pick<D: Dataset>(
 pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
     let classes = &model.card.classes;
+    if let task::Net::Gan(_) = model.net {
+        bail!(
+            "{}: a gan generates images rather than predicting from inputs: `trident eval --model {}` \
+             draws and scores samples, `trident export` writes the generator (latent vectors in, images out)",
+            args.model.display(),
+            args.model.display()
+        );
+    }
     if let (InputSpec::Series(_), task::Net::Autoencoder(_)) = (&model.card.input, &model.net) {
         bail!(
             "{}: an autoencoder on a series ranks the windows of a whole series: `trident eval --model {} [--data file.csv]`",

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The Fashion-MNIST GAN examples (examples/gan/fashion-{dcgan,wgan}.toml) in Trident beside
+# PyTorch's equivalent (benches/peers/torch_gan.py), on the same number of batches, in
+# interleaved rounds on this machine.
+#
+#   benches/gan_epochs.sh [rounds] [batches] [dcgan|wgan …]   # TRIDENT_BIN: the binary (default trident)
+#
+# Trident runs one epoch of `batches` batches (data.max_train, no [gan] judge) and its
+# figure is that epoch's `epoch_seconds` in metrics.jsonl (the training pass; the sample
+# grid and checkpoint after it are not counted); PyTorch's is its loop over as many
+# batches after 5 warm-up batches.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2}
+batches=${2:-100}
+shift 2 || true
+kinds=("${@:-dcgan}")
+bin=${TRIDENT_BIN:-trident}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs)), $(nproc) cores; $(date -u '+%F %H:%M UTC')"
+for r in $(seq 1 "$rounds"); do
+  for kind in "${kinds[@]}"; do
+    bs=$(sed -n 's/^batch_size = //p' "examples/gan/fashion-$kind.toml")
+    # One epoch of `batches` batches, without the judge.
+    sed -e "s|^dir = .*|dir = \"$work/$kind-$r\"|" \
+        -e "s|^val_fraction = .*|val_fraction = 0.0\nmax_train = $((batches * bs))|" \
+        -e '/^\[gan\]/,$d' "examples/gan/fashion-$kind.toml" > "$work/$kind.toml"
+    "$bin" train --config "$work/$kind.toml" --epochs 1 >/dev/null 2>"$work/log" || { cat "$work/log" >&2; exit 1; }
+    python3 - "$work/$kind-$r" "$kind" "$batches" "$bs" <<'PY'
+import json, sys
+run, kind, batches, bs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+r = [json.loads(l) for l in open(f"{run}/metrics.jsonl")][0]
+print(f"{kind:5s} trident  {batches} batches of {bs}  {r['epoch_seconds']:.2f} s  {r['examples_per_second']:,.0f} ex/s")
+PY
+    python3 benches/peers/torch_gan.py "$kind" "$batches" | tail -1
+  done
+done

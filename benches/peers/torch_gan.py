@@ -1,0 +1,102 @@
+"""PyTorch's equivalent of examples/gan/fashion-{dcgan,wgan}.toml: the same networks layer
+for layer (generator: linear z(100) -> 128x7x7, batch norm, ReLU, ConvTranspose 4x4/2 to 64
+maps, batch norm, ReLU, ConvTranspose 4x4/2 to the image, tanh; discriminator: Conv 4x4/2 to
+64 maps, LeakyReLU(0.2), Conv 4x4/2 to 128, batch norm, LeakyReLU, linear to one logit),
+N(0, 0.02) initialisation, and the same updates: DCGAN (Adam lr 2e-4, betas (0.5, 0.999),
+batch 128, the critic then the generator every batch, non-saturating loss) or WGAN
+(RMSprop lr 5e-5, batch 64, weights clipped to 0.01, a generator update every 5 critic
+updates). Runs on `batches` batches of the Fashion-MNIST training images (pixels scaled
+to [-1, 1]); only the time is compared with Trident, not the samples.
+
+Prints seconds and images per second of the training pass, like benches/gan_epochs.sh
+reads Trident's metrics.jsonl. Threads: TORCH_THREADS (default 2); COMPILE=1 compiles
+both networks with torch.compile.
+
+    python3 benches/peers/torch_gan.py dcgan|wgan [batches]
+"""
+
+import gzip
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def images(path):
+    raw = gzip.open(path).read()
+    n, h, w = (int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(3))
+    return np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(n, 1, h, w).astype(np.float32) / 127.5 - 1.0
+
+
+def init(m):
+    if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
+        nn.init.normal_(m.weight, 0.0, 0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
+def networks(z=100, w=64):
+    g = nn.Sequential(
+        nn.Linear(z, 2 * w * 7 * 7), nn.Unflatten(1, (2 * w, 7, 7)), nn.BatchNorm2d(2 * w), nn.ReLU(),
+        nn.ConvTranspose2d(2 * w, w, 4, 2, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
+        nn.ConvTranspose2d(w, 1, 4, 2, 1), nn.Tanh(),
+    )
+    d = nn.Sequential(
+        nn.Conv2d(1, w, 4, 2, 1), nn.LeakyReLU(0.2),
+        nn.Conv2d(w, 2 * w, 4, 2, 1, bias=False), nn.BatchNorm2d(2 * w), nn.LeakyReLU(0.2),
+        nn.Flatten(), nn.Linear(2 * w * 7 * 7, 1),
+    )
+    g.apply(init)
+    d.apply(init)
+    return g, d
+
+
+def main():
+    kind = sys.argv[1]
+    batches = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "2")))
+    torch.manual_seed(0)
+    x = torch.from_numpy(images("data/fashion-mnist/train-images-idx3-ubyte.gz")[:54000].copy())
+    g, d = networks()
+    wgan = kind == "wgan"
+    bs, critic_steps = (64, 5) if wgan else (128, 1)
+    if wgan:
+        og, od = (torch.optim.RMSprop(m.parameters(), lr=5e-5) for m in (g, d))
+    else:
+        og, od = (torch.optim.Adam(m.parameters(), lr=2e-4, betas=(0.5, 0.999)) for m in (g, d))
+    gs, ds = (torch.compile(g), torch.compile(d)) if os.environ.get("COMPILE") == "1" else (g, d)
+    sp = nn.functional.softplus
+    order = torch.randperm(len(x))
+
+    def run(n):
+        for t in range(n):
+            real = x[order[(t * bs) % len(x):(t * bs) % len(x) + bs]]
+            fake = gs(torch.randn(len(real), 100)).detach()
+            sr, sf = ds(real), ds(fake)
+            loss = (sf.mean() - sr.mean()) if wgan else (sp(-sr).mean() + sp(sf).mean())
+            od.zero_grad()
+            loss.backward()
+            od.step()
+            if wgan:
+                for p in d.parameters():
+                    p.data.clamp_(-0.01, 0.01)
+            if (t + 1) % critic_steps == 0:
+                s = ds(gs(torch.randn(len(real), 100)))
+                gl = -s.mean() if wgan else sp(-s).mean()
+                og.zero_grad()
+                gl.backward()
+                og.step()
+
+    run(5)  # warm-up (and compilation)
+    t0 = time.perf_counter()
+    run(batches)
+    secs = time.perf_counter() - t0
+    print(f"{kind:5s} pytorch {torch.__version__}{' compiled' if os.environ.get('COMPILE') == '1' else ''}  "
+          f"{batches} batches of {bs}  {secs:.2f} s  {batches * bs / secs:,.0f} ex/s")
+
+
+if __name__ == "__main__":
+    main()
