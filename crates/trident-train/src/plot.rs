@@ -17,7 +17,8 @@ fn publish(tmp: &Path, path: &Path) -> Result<(), TrainError> {
     })
 }
 
-/// `loss.png` (train and validation loss) and, for a classifier, `accuracy.png` in `dir`.
+/// `loss.png` (train and validation loss; a GAN's two losses) and, for a classifier,
+/// `accuracy.png` in `dir`; a GAN judged each epoch also gets `fd.png`.
 pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainError> {
     if records.is_empty() {
         return Ok(());
@@ -28,14 +29,36 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainE
             .filter_map(|r| f(r).map(|v| ((r.epoch + 1) as f64, v)))
             .collect()
     };
-    line_chart(
-        &dir.join("loss.png"),
-        "loss",
-        &[
-            ("train", series(&|r| Some(r.train_loss))),
-            ("validation", series(&|r| r.val_loss)),
-        ],
-    )?;
+    let figure = |name: &'static str| move |r: &EpochRecord| r.figures.get(name).copied();
+    let generator = series(&figure("generator_loss"));
+    if generator.is_empty() {
+        line_chart(
+            &dir.join("loss.png"),
+            "loss",
+            &[
+                ("train", series(&|r| Some(r.train_loss))),
+                ("validation", series(&|r| r.val_loss)),
+            ],
+        )?;
+    } else {
+        // A GAN: both networks' losses, and the judge's distance when there is one.
+        line_chart(
+            &dir.join("loss.png"),
+            "loss",
+            &[
+                ("discriminator", series(&|r| Some(r.train_loss))),
+                ("generator", generator),
+            ],
+        )?;
+        let fd = series(&figure("val_fd"));
+        if !fd.is_empty() {
+            line_chart(
+                &dir.join("fd.png"),
+                "Fréchet distance to validation images",
+                &[("generated", fd)],
+            )?;
+        }
+    }
     if records
         .iter()
         .all(|r| r.train_accuracy.is_none() && r.val_accuracy.is_none())
