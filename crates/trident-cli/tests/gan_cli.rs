@@ -198,3 +198,57 @@ fn gan_configurations_that_cannot_work_are_refused_by_name() {
     let e = run("f", DCGAN, &format!("grad_accum = 2\n{ADAM}"), "");
     assert!(e.contains("grad_accum"), "{e}");
 }
+
+/// The shipped DCGAN example on a slice of Fashion-MNIST, judged by the shipped CNN
+/// example trained for one epoch on another slice: the scoring on real images. Real
+/// training images against real test images sit at the floor (1-NN accuracy near 0.5,
+/// every class present); a generator after nine batches does not.
+#[test]
+fn the_fashion_dcgan_example_is_scored_against_real_images() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let required = "TRIDENT_FASHION_REQUIRED";
+    let file = "fashion-mnist/train-images-idx3-ubyte.gz";
+    let Some(judge) = common::real_example("examples/fashion/cnn.toml", file, "fashion", required, d) else {
+        return;
+    };
+    let slice = |cfg: &Path, n: usize, extra: &str| {
+        let text = std::fs::read_to_string(cfg)
+            .unwrap()
+            .replace(
+                "val_fraction = 0.1",
+                &format!("val_fraction = 0.1\nmax_train = {n}"),
+            )
+            .replace(
+                "judge = \"runs/fashion-cnn/best\"",
+                "judge = \"fashion-cnn/best\"",
+            )
+            + extra;
+        std::fs::write(cfg, text).unwrap();
+    };
+    slice(&judge, 3000, "");
+    ok(&trident(
+        &["train", "--config", judge.to_str().unwrap(), "--epochs", "1"],
+        d,
+    ));
+    let gan = common::real_example("examples/gan/fashion-dcgan.toml", file, "fashion", required, d).unwrap();
+    slice(&gan, 1280, "");
+    let text = std::fs::read_to_string(&gan)
+        .unwrap()
+        .replace("samples = 10000", "samples = 1000")
+        .replace("epoch_samples = 2000", "epoch_samples = 128");
+    std::fs::write(&gan, text).unwrap();
+    ok(&trident(
+        &["train", "--config", gan.to_str().unwrap(), "--epochs", "1"],
+        d,
+    ));
+    let r = json(&d.join("gan-fashion-dcgan/report.json"));
+    let (g, floor) = (&r["generated"], &r["floor"]);
+    let f = |q: &serde_json::Value, k: &str| q[k].as_f64().unwrap();
+    assert_eq!(g["images"], 1000);
+    assert!(f(floor, "one_nn_accuracy") < 0.6, "{r}");
+    assert!(f(floor, "class_entropy_bits") > 3.0, "{r}");
+    assert!(f(floor, "frechet") < f(g, "frechet"), "{r}");
+    assert!(f(floor, "kernel_mmd2") < f(g, "kernel_mmd2"), "{r}");
+    assert!(f(g, "one_nn_accuracy") > f(floor, "one_nn_accuracy"), "{r}");
+}
