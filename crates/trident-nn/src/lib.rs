@@ -31,6 +31,7 @@ pub mod math;
 pub mod ops;
 pub mod params;
 pub mod pca;
+pub mod pth;
 pub mod rnn;
 pub mod runtime;
 mod scratch;
