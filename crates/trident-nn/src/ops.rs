@@ -1215,6 +1215,186 @@ impl CustomOp2 for ConvTranspose {
     }
 }
 
+// ---------------------------------------------------------------- depthwise convolution
+
+/// Depthwise 2-D convolution (PyTorch's `conv2d` with `groups = channels`): `x`
+/// `[b, c, h, w]`, `weight` `[c, 1, k, k]`, `stride`, and zero padding `[top, left,
+/// bottom, right]` — unequal sides give TensorFlow's "SAME" padding, which puts the odd
+/// pixel at the bottom and right. Each channel plane is convolved directly (a `k × k`
+/// kernel over one plane is too small for a matrix product); the backward pass gives the
+/// input and the weight gradients in one pass per channel.
+pub fn depthwise_conv2d(x: &Tensor, weight: &Tensor, stride: usize, pads: [usize; 4]) -> Result<Tensor> {
+    let (_, c, h, w) = x.dims4()?;
+    let (wc, one, k, k2) = weight.dims4()?;
+    if wc != c || one != 1 || k != k2 {
+        bail!(
+            "depthwise_conv2d: weight {:?} does not fit {c} channels (expected [{c}, 1, k, k])",
+            weight.dims()
+        )
+    }
+    if stride == 0 || h + pads[0] + pads[2] < k || w + pads[1] + pads[3] < k {
+        bail!("depthwise_conv2d: kernel {k} does not fit input {h}x{w} with padding {pads:?}")
+    }
+    x.contiguous()?.apply_op2(
+        &weight.contiguous()?,
+        Depthwise {
+            k,
+            stride,
+            pads,
+            layer: crate::trace::current_layer(),
+        },
+    )
+}
+
+struct Depthwise {
+    k: usize,
+    stride: usize,
+    pads: [usize; 4],
+    layer: Option<std::sync::Arc<str>>,
+}
+
+impl Depthwise {
+    fn out_size(&self, h: usize, w: usize) -> (usize, usize) {
+        let [t, l, b, r] = self.pads;
+        (
+            (h + t + b - self.k) / self.stride + 1,
+            (w + l + r - self.k) / self.stride + 1,
+        )
+    }
+
+    /// Calls `f(output index, input index, tap)` for every output pixel of a plane and
+    /// every kernel tap that lands inside the input.
+    #[inline]
+    fn taps(&self, h: usize, w: usize, mut f: impl FnMut(usize, usize, usize)) {
+        let (oh, ow) = self.out_size(h, w);
+        let (k, s, [t, l, _, _]) = (self.k, self.stride, self.pads);
+        for oy in 0..oh {
+            for ky in 0..k {
+                let iy = (oy * s + ky) as isize - t as isize;
+                if iy < 0 || iy as usize >= h {
+                    continue;
+                }
+                for ox in 0..ow {
+                    for kx in 0..k {
+                        let ix = (ox * s + kx) as isize - l as isize;
+                        if ix >= 0 && (ix as usize) < w {
+                            f(oy * ow + ox, iy as usize * w + ix as usize, ky * k + kx);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl CustomOp2 for Depthwise {
+    fn name(&self) -> &'static str {
+        "trident-depthwise-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "depthwise_conv2d")?;
+        let wt = f32_slice(s2, l2, "depthwise_conv2d weight")?;
+        let &[b, c, h, w] = l1.dims() else {
+            bail!("depthwise_conv2d: expected [b, c, h, w]")
+        };
+        let (oh, ow) = self.out_size(h, w);
+        let kk = self.k * self.k;
+        let _span = crate::trace::op_span_flops(self.name(), "op.fwd", 2 * (b * c * oh * ow * kk) as u64);
+        let mut out = vec![0f32; b * c * oh * ow];
+        out.par_chunks_mut(oh * ow).enumerate().for_each(|(plane, y)| {
+            let ch = plane % c;
+            let (xp, wp) = (
+                &x[plane * h * w..(plane + 1) * h * w],
+                &wt[ch * kk..(ch + 1) * kk],
+            );
+            self.taps(h, w, |o, i, tap| y[o] += xp[i] * wp[tap]);
+        });
+        Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (b, c, h, w) = x.dims4()?;
+        let (oh, ow) = self.out_size(h, w);
+        let kk = self.k * self.k;
+        let _span = crate::trace::op_span_in(
+            &self.layer,
+            self.name(),
+            "op.bwd",
+            4 * (b * c * oh * ow * kk) as u64,
+        );
+        let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
+        let (x_guard, w_guard, g_guard);
+        let xv = view!(x, x_guard, "depthwise_conv2d backward");
+        let wv = view!(weight, w_guard, "depthwise_conv2d backward");
+        let gv = view!(grad, g_guard, "depthwise_conv2d backward");
+        let need_dx = x.track_op();
+        // One task per channel: its weight gradient over the batch, and its input planes'
+        // gradients (disjoint slices of dx).
+        let per_channel: Vec<(Vec<f32>, Vec<f32>)> = (0..c)
+            .into_par_iter()
+            .map(|ch| {
+                let wp = &wv[ch * kk..(ch + 1) * kk];
+                let mut dw = vec![0f32; kk];
+                let mut dx = vec![0f32; if need_dx { b * h * w } else { 0 }];
+                for n in 0..b {
+                    let plane = n * c + ch;
+                    let xp = &xv[plane * h * w..(plane + 1) * h * w];
+                    let g = &gv[plane * oh * ow..(plane + 1) * oh * ow];
+                    if need_dx {
+                        let d = &mut dx[n * h * w..(n + 1) * h * w];
+                        self.taps(h, w, |o, i, tap| {
+                            dw[tap] += g[o] * xp[i];
+                            d[i] += g[o] * wp[tap];
+                        });
+                    } else {
+                        self.taps(h, w, |o, i, tap| dw[tap] += g[o] * xp[i]);
+                    }
+                }
+                (dw, dx)
+            })
+            .collect();
+        let mut dw = vec![0f32; c * kk];
+        let mut dx = vec![0f32; if need_dx { b * c * h * w } else { 0 }];
+        for (ch, (dwc, dxc)) in per_channel.into_iter().enumerate() {
+            dw[ch * kk..(ch + 1) * kk].copy_from_slice(&dwc);
+            if need_dx {
+                for n in 0..b {
+                    let plane = n * c + ch;
+                    dx[plane * h * w..(plane + 1) * h * w].copy_from_slice(&dxc[n * h * w..(n + 1) * h * w]);
+                }
+            }
+        }
+        let dev = x.device();
+        Ok((
+            need_dx
+                .then(|| Tensor::from_vec(dx, x.shape(), dev))
+                .transpose()?,
+            Some(Tensor::from_vec(dw, weight.shape(), dev)?),
+        ))
+    }
+}
+
+/// TensorFlow's "SAME" padding of one axis of `size` for a kernel `k` and `stride`:
+/// (before, after), the odd pixel after. The output has `ceil(size / stride)` values.
+pub fn same_padding(size: usize, k: usize, stride: usize) -> (usize, usize) {
+    let out = size.div_ceil(stride);
+    let total = ((out - 1) * stride + k).saturating_sub(size);
+    (total / 2, total - total / 2)
+}
+
 // ---------------------------------------------------------------- ReLU + max pooling
 
 /// `max_pool2d(relu(x), k)` in one op: `x` `[b, c, h, w]`, windows of `k × k` with stride
@@ -1604,6 +1784,62 @@ mod tests {
             assert!(g.get(&x).is_none());
             close(&flat(g.get(wv.as_tensor()).unwrap()), &gw, 1e-5);
         }
+    }
+
+    #[test]
+    fn depthwise_conv2d_matches_candle_grouped_values_and_finite_difference_gradients() {
+        let dev = &Device::Cpu;
+        for (k, stride, size) in [(3, 1, 6), (3, 2, 7), (5, 2, 8), (5, 1, 5)] {
+            let (pt, pb) = same_padding(size, k, stride);
+            let (pl, pr) = same_padding(size + 1, k, stride);
+            let xs: Vec<f32> = (0..2 * 3 * size * (size + 1))
+                .map(|i| (i as f32 * 0.37).sin())
+                .collect();
+            let ws: Vec<f32> = (0..3 * k * k).map(|i| (i as f32 * 0.53).cos() * 0.5).collect();
+            let x = Tensor::from_vec(xs.clone(), (2, 3, size, size + 1), dev).unwrap();
+            let w = Tensor::from_vec(ws.clone(), (3, 1, k, k), dev).unwrap();
+            let pads = [pt, pl, pb, pr];
+            let ours = depthwise_conv2d(&x, &w, stride, pads).unwrap();
+            // candle: pad explicitly (asymmetric), then a grouped convolution.
+            let padded = x
+                .pad_with_zeros(2, pt, pb)
+                .unwrap()
+                .pad_with_zeros(3, pl, pr)
+                .unwrap();
+            let theirs = padded.conv2d(&w, 0, stride, 1, 3).unwrap();
+            assert_eq!(ours.dims(), theirs.dims());
+            assert_eq!(
+                ours.dims()[2],
+                size.div_ceil(stride),
+                "SAME keeps ceil(size / stride)"
+            );
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            close(&flat(&ours), &flat(&theirs), 1e-5);
+            let probe = Tensor::from_vec(
+                (0..ours.elem_count())
+                    .map(|i| (i as f32 * 0.11).cos())
+                    .collect::<Vec<_>>(),
+                ours.shape(),
+                dev,
+            )
+            .unwrap();
+            let loss = |x: &Tensor, w: &Tensor| (depthwise_conv2d(x, w, stride, pads)? * &probe)?.sum_all();
+            let (xv, wv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&w).unwrap());
+            let grads = loss(xv.as_tensor(), wv.as_tensor()).unwrap().backward().unwrap();
+            close(
+                &flat(grads.get(xv.as_tensor()).unwrap()),
+                &numeric_grad(|x| loss(x, &w), &xs, &[2, 3, size, size + 1]),
+                1e-2,
+            );
+            close(
+                &flat(grads.get(wv.as_tensor()).unwrap()),
+                &numeric_grad(|w| loss(&x, w), &ws, &[3, 1, k, k]),
+                1e-2,
+            );
+        }
+        assert_eq!(same_padding(224, 3, 2), (0, 1));
+        assert_eq!(same_padding(112, 5, 2), (1, 2));
+        assert_eq!(same_padding(14, 5, 1), (2, 2));
     }
 
     #[test]
