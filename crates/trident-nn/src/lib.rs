@@ -24,6 +24,7 @@ pub mod blas;
 pub mod blocks;
 pub mod custom;
 pub mod dense;
+pub mod efficientnet;
 pub mod forecast;
 pub mod gan;
 pub mod layers;
