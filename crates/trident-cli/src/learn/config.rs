@@ -234,6 +234,10 @@ pub enum DataConfig {
         /// Use only the first N training images (quick runs); the test set stays whole.
         #[serde(default)]
         max_train: Option<usize>,
+        /// Few-shot: train on this many images of each class (a seeded draw from the
+        /// training split; validation keeps its own images).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        per_class: Option<usize>,
         /// Augment training images: random crop after 2 px zero padding, then a horizontal
         /// flip with probability ½ (reproducible per seed, epoch and image).
         #[serde(default)]
@@ -261,6 +265,8 @@ pub enum DataConfig {
         std: f32,
         #[serde(default)]
         max_train: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        per_class: Option<usize>,
         #[serde(default)]
         augment: bool,
     },
@@ -371,6 +377,7 @@ pub struct ImageOptions {
     pub mean: f32,
     pub std: f32,
     pub max_train: Option<usize>,
+    pub per_class: Option<usize>,
     pub augment: bool,
 }
 
@@ -383,6 +390,7 @@ impl DataConfig {
                 mean,
                 std,
                 max_train,
+                per_class,
                 augment,
                 ..
             }
@@ -391,6 +399,7 @@ impl DataConfig {
                 mean,
                 std,
                 max_train,
+                per_class,
                 augment,
                 ..
             } => Some(ImageOptions {
@@ -398,6 +407,7 @@ impl DataConfig {
                 mean: *mean,
                 std: *std,
                 max_train: *max_train,
+                per_class: *per_class,
                 augment: *augment,
             }),
             DataConfig::Text { .. } | DataConfig::Table { .. } | DataConfig::Series { .. } => None,
@@ -647,8 +657,9 @@ impl RunConfig {
                             | ModelConfig::Cnn { .. }
                             | ModelConfig::Autoencoder(_)
                             | ModelConfig::Gan(_)
+                            | ModelConfig::EfficientnetLite0(_)
                     ),
-                    "model.kind must be an image model (vit, cnn, autoencoder, gan) for image data"
+                    "model.kind must be an image model (vit, cnn, efficientnet_lite0, autoencoder, gan) for image data"
                 );
             }
             DataConfig::Table {

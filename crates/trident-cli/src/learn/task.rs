@@ -306,6 +306,9 @@ pub fn image_splits(c: &RunConfig) -> anyhow::Result<ImageSplits> {
     let n = opts.max_train.map_or(train.len(), |m| m.min(train.len()));
     let (mut tr, mut va, _) = split_indices(n, opts.val_fraction, 0.0, c.run.seed);
     tr.sort_unstable(); // the loader shuffles per epoch; keep the split itself ordered
+    if let Some(k) = opts.per_class {
+        tr = per_class_draw(&tr, k, classes.len(), c.run.seed, |i| train.source.label(i))?;
+    }
     let normal = c.normal_classes(&classes)?;
     keep_normal(&mut tr, normal.as_deref(), |i| train.source.label(i));
     keep_normal(&mut va, normal.as_deref(), |i| train.source.label(i));
@@ -753,4 +756,43 @@ fn series_collate(
         let y = trident_nn::Tensor::from_vec(y, (n, horizon), &trident_nn::Device::Cpu).map_err(err)?;
         Ok(Batch::Series(x, y))
     }
+}
+
+/// `k` indices of each class drawn from `indices` (seeded; kept in ascending order), for
+/// few-shot training (`data.per_class`). A class with fewer than `k` is an error that
+/// names it.
+fn per_class_draw(
+    indices: &[usize],
+    k: usize,
+    classes: usize,
+    seed: u64,
+    label: impl Fn(usize) -> usize,
+) -> anyhow::Result<Vec<usize>> {
+    if k == 0 {
+        bail!("data.per_class must be at least 1");
+    }
+    let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); classes];
+    for &i in indices {
+        by_class[label(i)].push(i);
+    }
+    let mut out = Vec::with_capacity(k * classes);
+    for (c, mut pool) in by_class.into_iter().enumerate() {
+        if pool.len() < k {
+            bail!(
+                "data.per_class = {k}: class {c} has {} training images",
+                pool.len()
+            );
+        }
+        // A seeded Fisher–Yates prefix per class.
+        let mut s =
+            trident_nn::ops::splitmix(seed ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x7065_7263);
+        for j in 0..k {
+            s = trident_nn::ops::splitmix(s);
+            let pick = j + (s % (pool.len() - j) as u64) as usize;
+            pool.swap(j, pick);
+        }
+        out.extend_from_slice(&pool[..k]);
+    }
+    out.sort_unstable();
+    Ok(out)
 }
