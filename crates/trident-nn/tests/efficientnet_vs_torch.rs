@@ -70,3 +70,51 @@ fn pretrained_logits_match_pytorch() {
         assert_eq!(top(&g), top(&w), "{input}");
     }
 }
+
+/// With its ImageNet classifier, the pretrained network names scikit-learn's two bundled
+/// photographs (a flower, a Chinese temple), read as every image model reads files.
+#[test]
+fn the_pretrained_network_names_two_photographs() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/efficientnet-lite0");
+    let file = dir.join("efficientnet-lite0-57934424.pth");
+    if !file.is_file() {
+        assert!(
+            std::env::var_os("TRIDENT_EFFICIENTNET_REQUIRED").is_none(),
+            "scripts/fetch-data.sh efficientnet"
+        );
+        return;
+    }
+    let params = Params::new();
+    let m = EfficientNetLite0::new(
+        &params.builder(0, Some(pretrained(&file, true).unwrap())),
+        1000,
+        InputAdapter {
+            channels: 3,
+            scale: 1,
+        },
+        0.2,
+        false,
+    )
+    .unwrap();
+    // ImageNet classes 985 "daisy" and 698 "palace", among the top three (the photographs
+    // are squashed to 224x224, not cropped: the temple's first class is then 442, "bell
+    // cote"; centre-cropped it is "palace").
+    for (photo, class) in [("flower.jpg", 985), ("china.jpg", 698)] {
+        let px = trident_data::folder::decode_image(&dir.join(photo), 3, (224, 224)).unwrap();
+        let x = trident_nn::Tensor::from_vec(px, (1, 3, 224, 224), &trident_nn::Device::Cpu).unwrap();
+        let l: Vec<f32> = m
+            .forward(&x, &Ctx::eval())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let mut order: Vec<usize> = (0..1000).collect();
+        order.sort_by(|&a, &b| l[b].total_cmp(&l[a]));
+        assert!(
+            order[..3].contains(&class),
+            "{photo}: top classes {:?}",
+            &order[..3]
+        );
+    }
+}
