@@ -1,7 +1,8 @@
 //! `[model] kind = "efficientnet_lite0"`: a linear probe on the pretrained network trains
 //! the classifier alone (the backbone's weights and batch-norm statistics stay as loaded),
 //! fine-tuning trains everything, `data.per_class` draws that many training images of each
-//! class, and the configurations that cannot work are refused by name.
+//! class, the exported graph scores like the checkpoint, and the configurations that
+//! cannot work are refused by name.
 
 mod common;
 use common::{failed, ok, trident};
@@ -151,9 +152,33 @@ fn transfer_configurations_that_cannot_work_are_refused_by_name() {
         .into_owned();
     assert!(log.contains("data 10 train"), "{log}");
     assert!(d.join("scratch/test/metrics.json").is_file(), "{log}");
-    let e = failed(&trident(
+    // Exported (the input adapter in the graph), it scores the test images as the checkpoint does.
+    ok(&trident(
         &["export", "--model", "scratch/best", "--out", "x.onnx"],
         d,
     ));
-    assert!(e.contains("no ONNX export"), "{e}");
+    ok(&trident(
+        &[
+            "eval",
+            "--model",
+            "scratch/best",
+            "--onnx",
+            "x.onnx",
+            "--engine",
+            "tract",
+        ],
+        d,
+    ));
+    let json = |p: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(d.join(p)).unwrap()).unwrap()
+    };
+    let (a, b) = (
+        json("scratch/test/metrics.json"),
+        json("scratch/best/eval-test-onnx/metrics.json"),
+    );
+    assert_eq!(a["accuracy"], b["accuracy"]);
+    assert!(
+        (a["loss"].as_f64().unwrap() - b["loss"].as_f64().unwrap()).abs() < 1e-3,
+        "{a} {b}"
+    );
 }

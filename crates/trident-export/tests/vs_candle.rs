@@ -461,3 +461,44 @@ fn gan_generator_images_match_candle() {
         assert!(got.iter().all(|p| (0.0..=1.0).contains(p)));
     }
 }
+
+#[test]
+fn efficientnet_lite0_grey_upsampled_and_rgb() {
+    for (channels, scale) in [(1, 4), (3, 1)] {
+        let e = trident_zoo::card::EfficientNetModel {
+            pretrained: None,
+            mode: trident_zoo::card::TransferMode::Finetune,
+            scale,
+            dropout: 0.2,
+        };
+        let mut card = image_card(ModelConfig::EfficientnetLite0(e), channels);
+        if channels == 3 {
+            // 8x8 RGB images would vanish by the last stride: 32x32.
+            card.input = InputSpec::Image {
+                channels: 3,
+                height: 32,
+                width: 32,
+                mean: 0.5,
+                std: 0.25,
+            };
+        }
+        let model = Model::build(&card, 7, None).unwrap();
+        perturb(&model);
+        let size = if channels == 3 { 32 } else { 8 };
+        let n = 2 * channels * size * size;
+        let px: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let x = Tensor::from_vec(px.clone(), (2, channels, size, size), &Device::Cpu).unwrap();
+        let t =
+            trident_core::Tensor::from_f32(vec![2, channels as i64, size as i64, size as i64], &px).unwrap();
+        let batch = trident_zoo::Batch::Image(x, vec![0, 0]);
+        let want = candle_logits(&model, &batch);
+        check(
+            &format!("efficientnet {channels}ch x{scale}"),
+            &model,
+            FP32,
+            vec![("pixel_values".into(), t)],
+            &want,
+            2e-3,
+        );
+    }
+}
