@@ -6,6 +6,8 @@
 # accuracy on the 10,000 test images of each.
 #   scripts/fetch-data.sh fashion efficientnet
 #   examples/transfer/compare.sh [trident binary (default: trident)] [sizes (default: "10 100")]
+# KEEP=1 keeps each arm's finished run (one with test/metrics.json) instead of training it
+# again: an interrupted comparison goes on where it stopped.
 set -euo pipefail
 bin=${1:-trident}
 sizes=${2:-10 100}
@@ -22,12 +24,14 @@ for n in $sizes; do
       scratch) edit='/^pretrained = /d' ;;
     esac
     sed -e "s|^dir = .*|dir = \"$run\"|; s/^per_class = .*/per_class = $n/; $edit" "$base" > "$tmp/$arm-$n.toml"
-    rm -rf "$run"  # a fresh run each time
-    "$bin" train --config "$tmp/$arm-$n.toml" > "$tmp/log" 2>&1 || { cat "$tmp/log"; exit 1; }
+    if [[ ${KEEP:-0} != 1 || ! -f $run/test/metrics.json ]]; then
+      rm -rf "$run"  # a fresh run
+      "$bin" train --config "$tmp/$arm-$n.toml" > "$tmp/log" 2>&1 || { cat "$tmp/log"; exit 1; }
+    fi
     python3 - "$run" "$n" "$arm" <<'PY'
 import json, sys, statistics
 run, n, arm = sys.argv[1:]
-m = json.load(open(f"{run}/test/metrics.json"))
+m = json.load(open(f"{run}/test/metrics.json"))["report"]
 epochs = [json.loads(l)["epoch_seconds"] for l in open(f"{run}/metrics.jsonl")]
 print(f"{n:<10} {arm:<10} {m['accuracy']:9.4f} {m['macro_f1']:9.4f} {statistics.median(epochs):10.1f}")
 PY

@@ -304,7 +304,6 @@ impl BatchNorm2d {
     /// Normalises `x`.
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
         let c = x.dim(1)?;
-        let shape = (1, c, 1, 1);
         if ctx.train {
             let n = (x.elem_count() / c) as f64;
             let (y, mean, var) = ops::batch_norm_train(x, &self.weight, &self.bias, self.eps as f32)?;
@@ -317,15 +316,11 @@ impl BatchNorm2d {
                 .set(&((self.running_var.as_tensor() * (1.0 - m))? + (unbiased * m)?)?)?;
             return Ok(y);
         }
-        let (mean, var) = (
-            self.running_mean.as_tensor().reshape(shape)?,
-            self.running_var.as_tensor().reshape(shape)?,
-        );
-        let xhat = x
-            .broadcast_sub(&mean)?
-            .broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        xhat.broadcast_mul(&self.weight.reshape(shape)?)?
-            .broadcast_add(&self.bias.reshape(shape)?)
+        // The running statistics folded into a scale and a shift per channel, applied in
+        // one pass (gradients still reach the weight and bias through the folding).
+        let scale = (&self.weight / (self.running_var.as_tensor() + self.eps)?.sqrt()?)?;
+        let shift = (&self.bias - (self.running_mean.as_tensor() * &scale)?)?;
+        ops::channel_affine(x, &scale, &shift)
     }
 }
 
