@@ -217,6 +217,10 @@ impl EfficientNetLite0 {
     /// Class logits `[batch, classes]` of images given as pixels in [0, 1].
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
         let f = self.features(x, ctx)?;
+        // A frozen backbone takes no gradient: cut the graph here, or the backward pass
+        // runs through every block for weights that do not train (a probe's step cost as
+        // much as fine-tuning's).
+        let f = if self.frozen { f.detach() } else { f };
         let _layer = crate::trace::layer(|| "head".into());
         self.head.forward(&self.drop.forward(&f, ctx)?)
     }
