@@ -691,6 +691,43 @@ fn channel_stats(x: &[f32], b: usize, c: usize, hw: usize) -> (Vec<f32>, Vec<f32
         .unzip()
 }
 
+/// `x · scale[ch] + shift[ch]` of `[b, c, hw]` values, each plane on its own task.
+fn affine_planes(x: &[f32], c: usize, hw: usize, scale: &[f32], shift: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(hw.max(1)).enumerate().for_each(|(plane, o)| {
+        let (a, b) = (scale[plane % c], shift[plane % c]);
+        for (o, &v) in o.iter_mut().zip(&x[plane * hw..(plane + 1) * hw]) {
+            *o = v * a + b;
+        }
+    });
+    out
+}
+
+/// Per channel of `[b, c, hw]` gradients `g` and inputs `x`: `(Σ g, Σ f(g, x))`, with
+/// `f = term(channel)`, summed in f64.
+fn channel_sums<F: Fn(f32, f32) -> f32>(
+    g: &[f32],
+    x: &[f32],
+    (b, c, hw): (usize, usize, usize),
+    term: impl Fn(usize) -> F + Sync,
+) -> Vec<(f32, f32)> {
+    (0..c)
+        .into_par_iter()
+        .map(|ch| {
+            let f = term(ch);
+            let (mut sg, mut sf) = (0f64, 0f64);
+            for i in 0..b {
+                let r = (i * c + ch) * hw..(i * c + ch + 1) * hw;
+                for (&g, &v) in g[r.clone()].iter().zip(&x[r]) {
+                    sg += g as f64;
+                    sf += f(g, v) as f64;
+                }
+            }
+            (sg as f32, sf as f32)
+        })
+        .collect()
+}
+
 struct BatchNorm {
     eps: f32,
     /// Batch mean and biased variance per channel of the op's input.
@@ -729,15 +766,13 @@ impl CustomOp3 for BatchNorm {
             )
         }
         let (mean, var) = (&self.mean, &self.var);
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(hw).enumerate().for_each(|(plane, o)| {
-            let ch = plane % c;
-            let rstd = 1.0 / (var[ch] + self.eps).sqrt();
-            let (scale, shift) = (g[ch] * rstd, bt[ch] - mean[ch] * g[ch] * rstd);
-            for (o, &v) in o.iter_mut().zip(&x[plane * hw..(plane + 1) * hw]) {
-                *o = v * scale + shift;
-            }
-        });
+        let (scale, shift): (Vec<f32>, Vec<f32>) = (0..c)
+            .map(|ch| {
+                let rstd = 1.0 / (var[ch] + self.eps).sqrt();
+                (g[ch] * rstd, bt[ch] - mean[ch] * g[ch] * rstd)
+            })
+            .unzip();
+        let out = affine_planes(x, c, hw, &scale, &shift);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -761,21 +796,10 @@ impl CustomOp3 for BatchNorm {
         let (mean, var) = (&self.mean, &self.var);
         let n = (b * hw) as f32;
         // Per channel: sum(g) and sum(g * xhat).
-        let sums: Vec<(f32, f32)> = (0..c)
-            .into_par_iter()
-            .map(|ch| {
-                let rstd = 1.0 / (var[ch] + self.eps).sqrt();
-                let (mut sg, mut sgx) = (0f64, 0f64);
-                for i in 0..b {
-                    let r = (i * c + ch) * hw..(i * c + ch + 1) * hw;
-                    for (&g, &v) in gs[r.clone()].iter().zip(&xs[r]) {
-                        sg += g as f64;
-                        sgx += (g * (v - mean[ch]) * rstd) as f64;
-                    }
-                }
-                (sg as f32, sgx as f32)
-            })
-            .collect();
+        let sums = channel_sums(gs, xs, (b, c, hw), |ch| {
+            let (m, rstd) = (mean[ch], 1.0 / (var[ch] + self.eps).sqrt());
+            move |g, v| g * (v - m) * rstd
+        });
         let mut dx = vec![0f32; xs.len()];
         dx.par_chunks_mut(hw).enumerate().for_each(|(plane, d)| {
             let ch = plane % c;
@@ -847,14 +871,7 @@ impl CustomOp3 for ChannelAffine {
         let &[_, c, h, w] = l1.dims() else {
             bail!("channel_affine: expected [b, c, h, w], got {:?}", l1.dims())
         };
-        let hw = h * w;
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(hw.max(1)).enumerate().for_each(|(plane, o)| {
-            let (a, b) = (scale[plane % c], shift[plane % c]);
-            for (o, &v) in o.iter_mut().zip(&x[plane * hw..(plane + 1) * hw]) {
-                *o = v * a + b;
-            }
-        });
+        let out = affine_planes(x, c, h * w, scale, shift);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -874,20 +891,7 @@ impl CustomOp3 for ChannelAffine {
         let xs = view!(x, x_guard, "channel_affine backward");
         let gs = view!(grad, g_guard, "channel_affine backward");
         let a = scale.to_vec1::<f32>()?;
-        let sums: Vec<(f32, f32)> = (0..c)
-            .into_par_iter()
-            .map(|ch| {
-                let (mut sg, mut sgx) = (0f64, 0f64);
-                for i in 0..b {
-                    let r = (i * c + ch) * hw..(i * c + ch + 1) * hw;
-                    for (&g, &v) in gs[r.clone()].iter().zip(&xs[r]) {
-                        sg += g as f64;
-                        sgx += (g * v) as f64;
-                    }
-                }
-                (sg as f32, sgx as f32)
-            })
-            .collect();
+        let sums = channel_sums(gs, xs, (b, c, hw), |_| |g: f32, v: f32| g * v);
         let dx = x.track_op().then(|| {
             let mut dx = vec![0f32; gs.len()];
             dx.par_chunks_mut(hw.max(1)).enumerate().for_each(|(plane, d)| {
