@@ -833,17 +833,8 @@ fn efficientnet(
     x = conv(w, &x, "_conv_stem", "_bn0", 3, 2, (hh, ww), false)?;
     (hh, ww) = (hh.div_ceil(2), ww.div_ceil(2));
     x = relu6(w, &x);
-    let stages = [
-        (3, 1, 1, 32, 16, 1),
-        (3, 2, 6, 16, 24, 2),
-        (5, 2, 6, 24, 40, 2),
-        (3, 2, 6, 40, 80, 3),
-        (5, 1, 6, 80, 112, 3),
-        (5, 2, 6, 112, 192, 4),
-        (3, 1, 6, 192, 320, 1),
-    ];
     let mut i = 0;
-    for (k, st, ex, cin, cout, repeats) in stages {
+    for (k, st, ex, cin, cout, repeats) in trident_nn::efficientnet::STAGES {
         for r in 0..repeats {
             let p = format!("_blocks.{i}");
             let (inp, stride) = if r == 0 { (cin, st) } else { (cout, 1) };

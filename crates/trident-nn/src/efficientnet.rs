@@ -18,7 +18,7 @@ use candle_core::{Result, Tensor};
 
 /// One stage of blocks: kernel, stride of its first block, expansion ratio, input and
 /// output channels, repeats (EfficientNet-B0's, which Lite0 keeps).
-const STAGES: [(usize, usize, usize, usize, usize, usize); 7] = [
+pub const STAGES: [(usize, usize, usize, usize, usize, usize); 7] = [
     (3, 1, 1, 32, 16, 1),
     (3, 2, 6, 16, 24, 2),
     (5, 2, 6, 24, 40, 2),
