@@ -95,30 +95,12 @@ impl Trainer {
         D: Dataset + 'static,
     {
         let c = &self.config;
-        let refuse = |m: &str| Err(TrainError::Invalid(m.into()));
-        if self.data_parallel.is_some() {
-            return refuse("a GAN trains in one process: data parallelism is not offered for it");
-        }
-        if c.grad_accum != 1 {
-            return refuse("train.grad_accum: a GAN updates after every batch; leave it at 1");
-        }
-        if self.profile.is_some() {
-            return refuse("--profile covers classifier and reconstruction steps, not a GAN's two updates");
-        }
-        if c.precision != super::Precision::F32 {
-            return refuse("train.precision: a GAN trains in f32");
-        }
-        if c.epochs == 0 {
-            return refuse("epochs must be at least 1");
-        }
-        if c.monitor != Monitor::ValFd {
-            return refuse("train.monitor: a GAN's best epoch has the lowest Fréchet distance (\"val_fd\")");
-        }
+        self.refuse_for_gan()?;
         std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
         trident_nn::runtime::keep_freed_memory();
         let per_epoch = train.batches_per_epoch() as u64;
         if per_epoch == 0 {
-            return refuse("the training set gives no batch");
+            return Err(TrainError::Invalid("the training set gives no batch".into()));
         }
         let n_critic = step.critic_steps().max(1);
         let batches = per_epoch * c.epochs;
@@ -267,12 +249,7 @@ impl Trainer {
             state.extra_sums = vec![0.0; SUMS];
             let verdict = rule.judge(&mut state, epoch, metric);
             state.finished = state.epoch >= c.epochs || verdict.early;
-            if verdict.improved {
-                checkpoints.save_best(params, &state, &[&generator, &critic])?;
-                checkpoints.save_last_as_best()?;
-            } else {
-                checkpoints.save_last(params, &state, &[&generator, &critic])?;
-            }
+            checkpoints.save_epoch(params, &state, &[&generator, &critic], verdict.improved)?;
             log.plots_periodically()?;
             if verdict.early {
                 early_stopped = true;
@@ -299,5 +276,37 @@ impl Trainer {
             state,
             profile: None,
         })
+    }
+
+    /// What a GAN's loop does not offer, refused by name before anything is written.
+    fn refuse_for_gan(&self) -> Result<(), TrainError> {
+        let c = &self.config;
+        if self.data_parallel.is_some() {
+            return Err(TrainError::Invalid(
+                "a GAN trains in one process: data parallelism is not offered for it".into(),
+            ));
+        }
+        if c.grad_accum != 1 {
+            return Err(TrainError::Invalid(
+                "train.grad_accum: a GAN updates after every batch; leave it at 1".into(),
+            ));
+        }
+        if self.profile.is_some() {
+            return Err(TrainError::Invalid(
+                "--profile covers classifier and reconstruction steps, not a GAN's two updates".into(),
+            ));
+        }
+        if c.precision != super::Precision::F32 {
+            return Err(TrainError::Invalid("train.precision: a GAN trains in f32".into()));
+        }
+        if c.epochs == 0 {
+            return Err(TrainError::Invalid("epochs must be at least 1".into()));
+        }
+        if c.monitor != Monitor::ValFd {
+            return Err(TrainError::Invalid(
+                "train.monitor: a GAN's best epoch has the lowest Fréchet distance (\"val_fd\")".into(),
+            ));
+        }
+        Ok(())
     }
 }

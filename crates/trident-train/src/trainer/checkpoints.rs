@@ -162,6 +162,24 @@ impl<'a> Checkpoints<'a> {
         self.save(&self.best, params, state, updaters)
     }
 
+    /// An epoch's checkpoints: `best` then `last` as its copy when the epoch `improved`,
+    /// `last` alone otherwise. `best` first: a run killed between the two resumes from the
+    /// older `last` and redoes this epoch, as it would have before either was written.
+    pub fn save_epoch(
+        &self,
+        params: &Params,
+        state: &TrainerState,
+        updaters: &[&Updater],
+        improved: bool,
+    ) -> Result<(), TrainError> {
+        if improved {
+            self.save_best(params, state, updaters)?;
+            self.save_last_as_best()
+        } else {
+            self.save_last(params, state, updaters)
+        }
+    }
+
     /// Writes `last` as a copy of `best`, just written at the same state (files shared
     /// by hard links where possible): what an epoch that is the best so far writes instead
     /// of the whole checkpoint a second time.

@@ -685,16 +685,8 @@ impl Run<'_> {
         state.epoch_sums = (0.0, 0, 0, 0);
         let verdict = rule.judge(state, epoch, metric);
         state.finished = state.epoch >= self.config.epochs || verdict.early;
-        // `best` first: a run killed between the two resumes from the older `last` and
-        // redoes this epoch, as it would have before either was written.
-        if verdict.improved {
-            self.checkpoints
-                .save_best(params, &self.state, &[&self.updater])?;
-            self.checkpoints.save_last_as_best()?;
-        } else {
-            self.checkpoints
-                .save_last(params, &self.state, &[&self.updater])?;
-        }
+        self.checkpoints
+            .save_epoch(params, &self.state, &[&self.updater], verdict.improved)?;
         self.log.plots_periodically()?;
         Ok(verdict)
     }
