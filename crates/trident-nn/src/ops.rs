@@ -1155,23 +1155,7 @@ impl CustomOp2 for Conv {
         };
         // Each image with its slice of `dx` (none when the input needs no gradient); per
         // task, the weight gradient of its images, summed at the end.
-        let images: Vec<Option<&mut [f32]>> = if need_dx {
-            dx.chunks_mut(chw).map(Some).collect()
-        } else {
-            (0..b).map(|_| None).collect()
-        };
-        let zero = || vec![0f32; o * ckk];
-        let dw = images
-            .into_par_iter()
-            .enumerate()
-            .fold(zero, |mut dw, (n, d)| {
-                image(n, d, &mut dw);
-                dw
-            })
-            .reduce(zero, |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            });
+        let dw = per_image_backward(need_dx.then_some((&mut dx[..], chw)), b, o * ckk, image);
         let dev = x.device();
         Ok((
             need_dx
@@ -1180,6 +1164,34 @@ impl CustomOp2 for Conv {
             Some(Tensor::from_vec(dw, weight.shape(), dev)?),
         ))
     }
+}
+
+/// The backward pass both convolutions share: `image(n, its slice of dx (when `dx` is
+/// given as the buffer and each image's length), its task's weight gradient)` for each of
+/// the `b` images in parallel; returns the weight gradient (`dw_len` values) summed over
+/// the tasks.
+fn per_image_backward(
+    dx: Option<(&mut [f32], usize)>,
+    b: usize,
+    dw_len: usize,
+    image: impl Fn(usize, Option<&mut [f32]>, &mut [f32]) + Sync + Send,
+) -> Vec<f32> {
+    let images: Vec<Option<&mut [f32]>> = match dx {
+        Some((dx, per_image)) => dx.chunks_mut(per_image).map(Some).collect(),
+        None => (0..b).map(|_| None).collect(),
+    };
+    let zero = || vec![0f32; dw_len];
+    images
+        .into_par_iter()
+        .enumerate()
+        .fold(zero, |mut dw, (n, d)| {
+            image(n, d, &mut dw);
+            dw
+        })
+        .reduce(zero, |mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+            a
+        })
 }
 
 // ---------------------------------------------------------------- transposed convolution
@@ -1308,23 +1320,7 @@ impl CustomOp2 for ConvTranspose {
             }
             crate::scratch::give(cols);
         };
-        let images: Vec<Option<&mut [f32]>> = if need_dx {
-            dx.chunks_mut(i * ihw).map(Some).collect()
-        } else {
-            (0..b).map(|_| None).collect()
-        };
-        let zero = || vec![0f32; i * okk];
-        let dw = images
-            .into_par_iter()
-            .enumerate()
-            .fold(zero, |mut dw, (n, d)| {
-                image(n, d, &mut dw);
-                dw
-            })
-            .reduce(zero, |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                a
-            });
+        let dw = per_image_backward(need_dx.then_some((&mut dx[..], i * ihw)), b, i * okk, image);
         let dev = x.device();
         Ok((
             need_dx
