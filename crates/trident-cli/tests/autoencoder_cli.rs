@@ -5,7 +5,7 @@
 //! errors for configurations that cannot work.
 
 mod common;
-use common::{assert_same_checkpoints, epoch_records, failed, ok, trident};
+use common::{assert_same_checkpoints, epoch_records, failed, ok, trident, TOP_BOTTOM_DATA};
 
 use std::path::{Path, PathBuf};
 
@@ -15,14 +15,7 @@ fn image_config(dir: &Path, run: &str, model: &str, extra: &str) -> PathBuf {
 [run]
 dir = "{run}"
 seed = 4
-[data]
-kind = "idx"
-train_images = "train-images"
-train_labels = "train-labels"
-test_images = "test-images"
-test_labels = "test-labels"
-classes = ["top", "bottom"]
-val_fraction = 0.2
+{TOP_BOTTOM_DATA}
 [loader]
 batch_size = 8
 num_workers = 0

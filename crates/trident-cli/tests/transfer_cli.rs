@@ -5,7 +5,7 @@
 //! cannot work are refused by name.
 
 mod common;
-use common::{failed, ok, trident};
+use common::{failed, ok, trident, TOP_BOTTOM_DATA};
 
 use std::path::{Path, PathBuf};
 
@@ -30,14 +30,7 @@ fn config(dir: &Path, run: &str, model: &str, data: &str) -> PathBuf {
 [run]
 dir = "{run}"
 seed = 2
-[data]
-kind = "idx"
-train_images = "train-images"
-train_labels = "train-labels"
-test_images = "test-images"
-test_labels = "test-labels"
-classes = ["top", "bottom"]
-val_fraction = 0.2
+{TOP_BOTTOM_DATA}
 {data}
 [loader]
 batch_size = 8

@@ -170,6 +170,17 @@ pub fn write_top_bottom_images(dir: &Path) {
     }
 }
 
+/// The `[data]` section of a run on [`write_top_bottom_images`]'s files (its keys up to
+/// `val_fraction = 0.2`; a config adds its own after it).
+pub const TOP_BOTTOM_DATA: &str = r#"[data]
+kind = "idx"
+train_images = "train-images"
+train_labels = "train-labels"
+test_images = "test-images"
+test_labels = "test-labels"
+classes = ["top", "bottom"]
+val_fraction = 0.2"#;
+
 /// A shipped example run on real data from `scripts/fetch-data.sh <fetch>`: `None` (the
 /// test is skipped) when `data/<data_file>` is absent, unless the environment variable
 /// `required` is set (CI sets it), which fails instead. Otherwise the example config is
