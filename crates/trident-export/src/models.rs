@@ -235,32 +235,11 @@ fn vit(w: &mut Writer, c: &trident_nn::vision::VitConfig, spec: &InputSpec) -> a
     Ok((w.linear(&cls, "head")?, vec![io]))
 }
 
-/// A 3×3 convolution (padding 1, no bias) followed by an evaluation-mode batch norm,
-/// folded into one convolution: `W' = W · γ/√(var + ε)`, `b' = β − mean · γ/√(var + ε)`.
+/// A 3×3 convolution (padding 1) with its evaluation-mode batch norm folded in
+/// ([`folded_conv`]), then ReLU and 2×2 max pooling: one block of the CNN.
 fn conv_bn(w: &mut Writer, x: &str, conv: &str, bn: &str) -> anyhow::Result<String> {
     const EPS: f32 = 1e-5; // BatchNorm2d's
-    let (dims, mut k) = w.tensor(&format!("{conv}.weight"))?;
-    let (_, gamma) = w.tensor(&format!("{bn}.weight"))?;
-    let (_, beta) = w.tensor(&format!("{bn}.bias"))?;
-    let (_, mean) = w.tensor(&format!("{bn}.running_mean"))?;
-    let (_, var) = w.tensor(&format!("{bn}.running_var"))?;
-    let per_out = k.len() / dims[0];
-    let mut bias = vec![0f32; dims[0]];
-    for o in 0..dims[0] {
-        let s = gamma[o] / (var[o] + EPS).sqrt();
-        k[o * per_out..(o + 1) * per_out].iter_mut().for_each(|v| *v *= s);
-        bias[o] = beta[o] - mean[o] * s;
-    }
-    let kw = w.g.weight(&format!("{conv}.weight"), &dims, &k);
-    let kb = w.g.weight(&format!("{conv}.bias"), &[dims[0]], &bias);
-    let y = w.g.op(
-        "Conv",
-        &[x, &kw, &kb],
-        &[
-            ("kernel_shape", Attr::Ints(vec![dims[2] as i64, dims[3] as i64])),
-            ("pads", Attr::Ints(vec![1, 1, 1, 1])),
-        ],
-    );
+    let y = folded_conv(w, x, conv, bn, EPS, 1, vec![1, 1, 1, 1], false)?;
     let y = w.g.op("Relu", &[&y], &[]);
     Ok(w.g.op(
         "MaxPool",
