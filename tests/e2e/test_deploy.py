@@ -92,6 +92,20 @@ lr = 5e-3
     return work / "text_run" / "best"
 
 
+# The [data] and [loader] sections of a run on the shapes images train_image writes.
+SHAPES_DATA = """[data]
+kind = "folder"
+train_dir = "shapes/train"
+test_dir = "shapes/test"
+height = 8
+width = 8
+mean = 0.5
+std = 0.25
+[loader]
+batch_size = 8
+"""
+
+
 def train_image(work: Path) -> tuple[Path, list[Path]]:
     rng = np.random.default_rng(5)
     for split, n in [("train", 24), ("test", 6)]:
@@ -105,16 +119,9 @@ def train_image(work: Path) -> tuple[Path, list[Path]]:
 [run]
 dir = "image_run"
 seed = 1
-[data]
-kind = "folder"
-train_dir = "shapes/train"
-test_dir = "shapes/test"
-height = 8
-width = 8
-mean = 0.5
-std = 0.25
-[loader]
-batch_size = 8
+"""
+        + SHAPES_DATA
+        + """
 [model]
 kind = "cnn"
 width = 4
@@ -248,16 +255,9 @@ def train_gan(work: Path) -> Path:
 [run]
 dir = "gan_run"
 seed = 1
-[data]
-kind = "folder"
-train_dir = "shapes/train"
-test_dir = "shapes/test"
-height = 8
-width = 8
-mean = 0.5
-std = 0.25
-[loader]
-batch_size = 8
+"""
+        + SHAPES_DATA
+        + """
 [model]
 kind = "gan"
 z = 6
