@@ -191,7 +191,7 @@ fn recurrent_forecasters_train_and_resume_exactly() {
     let d = tmp.path();
     write_series(d);
     for (net, data) in [("lstm", "normalize = \"season\""), ("gru", "log = true")] {
-        let model = format!("net = \"{net}\"\nhidden = [8]");
+        let model = format!("net = \"{net}\"\nhidden = [8, 8]");
         let whole = config(d, &format!("{net}-whole"), data, &model);
         ok(&trident(&["train", "--config", whole.to_str().unwrap()], d));
         let m = json(&d.join(format!("{net}-whole/test/metrics.json")));
@@ -202,12 +202,28 @@ fn recurrent_forecasters_train_and_resume_exactly() {
         ok(&trident(&["train", "--config", p, "--resume"], d));
         assert_same_checkpoints(&d.join(format!("{net}-whole")), &d.join(format!("{net}-parts")));
     }
-    // An lstm is not exported (yet), and says so.
-    let err = failed(&trident(
-        &["export", "--model", "lstm-whole/best", "--out", "l.onnx"],
-        d,
-    ));
-    assert!(err.contains("not exported yet"), "{err}");
+    // Exported, each forecasts the backtest as its checkpoint does, in both engines.
+    for net in ["lstm", "gru"] {
+        let best = d.join(format!("{net}-whole/best"));
+        let bs = best.to_str().unwrap();
+        let onnx = format!("{net}.onnx");
+        ok(&trident(&["export", "--model", bs, "--out", &onnx], d));
+        let mae = maes(&json(&d.join(format!("{net}-whole/test/metrics.json"))));
+        for engine in ["tract", "ort"] {
+            if engine == "ort" && !cfg!(feature = "ort") {
+                continue;
+            }
+            ok(&trident(
+                &["eval", "--model", bs, "--onnx", &onnx, "--engine", engine],
+                d,
+            ));
+            let theirs = maes(&json(&best.join("eval-test-onnx/metrics.json")));
+            assert!(
+                (theirs[0] - mae[0]).abs() < 1e-3 * mae[0],
+                "{net} {engine}: {theirs:?} vs {mae:?}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -348,41 +348,71 @@ fn onnx_gates(v: &[f32], lstm: bool) -> Vec<f32> {
         .collect()
 }
 
+/// ONNX weights of layer `l` of `rnn.*` for the direction suffixes `sfx` ("" and/or
+/// "_reverse"): W `[dirs, gates·H, in]`, R `[dirs, gates·H, H]`, B `[dirs, 2·gates·H]`.
+/// W's rows get zero columns up to `min_input` (see [`recurrent_forecast`]).
+fn rnn_weights(
+    w: &mut Writer,
+    l: usize,
+    sfx: &[&str],
+    lstm: bool,
+    hidden: usize,
+    min_input: usize,
+) -> anyhow::Result<[String; 3]> {
+    let gates = if lstm { 4 } else { 3 };
+    let (mut wi, mut wh, mut b) = (Vec::new(), Vec::new(), Vec::new());
+    let mut inp = 0;
+    for s in sfx {
+        let (d, v) = w.tensor(&format!("rnn.weight_ih_l{l}{s}"))?;
+        inp = d[1].max(min_input);
+        for row in onnx_gates(&v, lstm).chunks(d[1]) {
+            wi.extend_from_slice(row);
+            wi.extend(std::iter::repeat_n(0.0, inp - d[1]));
+        }
+        wh.extend(onnx_gates(&w.tensor(&format!("rnn.weight_hh_l{l}{s}"))?.1, lstm));
+        b.extend(onnx_gates(&w.tensor(&format!("rnn.bias_ih_l{l}{s}"))?.1, lstm));
+        b.extend(onnx_gates(&w.tensor(&format!("rnn.bias_hh_l{l}{s}"))?.1, lstm));
+    }
+    let (n, g) = (sfx.len(), gates * hidden);
+    let tag = sfx.concat();
+    Ok([
+        w.g.weight(&format!("rnn.l{l}{tag}.W"), &[n, g, inp], &wi),
+        w.g.weight(&format!("rnn.l{l}{tag}.R"), &[n, g, hidden], &wh),
+        w.g.weight(&format!("rnn.l{l}{tag}.B"), &[n, 2 * g], &b),
+    ])
+}
+
+/// Zero initial states `[1, batch, hidden]` for a one-direction LSTM/GRU node, the batch
+/// taken from `like`'s first dimension: given explicitly because tract cannot build its
+/// own for a symbolic batch.
+fn zero_state(w: &mut Writer, like: &str, hidden: usize) -> String {
+    let batch = w.batch_dim(like);
+    let (one_d, h_d) = (w.g.ints(&[1]), w.g.ints(&[hidden as i64]));
+    let shape =
+        w.g.op("Concat", &[&one_d, &batch, &h_d], &[("axis", Attr::Int(0))]);
+    let zeros = w.g.weight("rnn.zero_state", &[1, 1, hidden], &vec![0.0; hidden]);
+    w.g.op("Expand", &[&zeros, &shape], &[])
+}
+
+/// The LSTM or GRU node's attributes (PyTorch's GRU applies the reset gate after the
+/// recurrent product).
+fn rnn_attrs(lstm: bool, hidden: usize) -> Vec<(&'static str, Attr)> {
+    let mut attrs = vec![("hidden_size", Attr::Int(hidden as i64))];
+    if !lstm {
+        attrs.push(("linear_before_reset", Attr::Int(1)));
+    }
+    attrs
+}
+
 fn rnn(w: &mut Writer, r: &trident_zoo::RnnModel, lstm: bool) -> anyhow::Result<Built> {
     let (ids, io_ids) = token_input(w, "input_ids");
     let (mask, io_mask) = token_input(w, "attention_mask");
     let hidden = r.hidden;
-    let gates = if lstm { 4 } else { 3 };
     let op = if lstm { "LSTM" } else { "GRU" };
     let emb = w.param("embedding.weight")?;
     let mut x = w.g.op("Gather", &[&emb, &ids], &[]);
     let mask_f = w.g.op("Cast", &[&mask], &[("to", Attr::Int(Elem::Float as i64))]);
-    let mut attrs = vec![("hidden_size", Attr::Int(hidden as i64))];
-    if !lstm {
-        // PyTorch's GRU applies the reset gate after the recurrent product.
-        attrs.push(("linear_before_reset", Attr::Int(1)));
-    }
-    // ONNX weights for direction suffixes: W [dirs, gates·H, in], R [dirs, gates·H, H],
-    // B [dirs, 2·gates·H].
-    let weights = |w: &mut Writer, l: usize, sfx: &[&str]| -> anyhow::Result<[String; 3]> {
-        let (mut wi, mut wh, mut b) = (Vec::new(), Vec::new(), Vec::new());
-        let mut inp = 0;
-        for s in sfx {
-            let (d, v) = w.tensor(&format!("rnn.weight_ih_l{l}{s}"))?;
-            inp = d[1];
-            wi.extend(onnx_gates(&v, lstm));
-            wh.extend(onnx_gates(&w.tensor(&format!("rnn.weight_hh_l{l}{s}"))?.1, lstm));
-            b.extend(onnx_gates(&w.tensor(&format!("rnn.bias_ih_l{l}{s}"))?.1, lstm));
-            b.extend(onnx_gates(&w.tensor(&format!("rnn.bias_hh_l{l}{s}"))?.1, lstm));
-        }
-        let (n, g) = (sfx.len(), gates * hidden);
-        let tag = sfx.concat();
-        Ok([
-            w.g.weight(&format!("rnn.l{l}{tag}.W"), &[n, g, inp], &wi),
-            w.g.weight(&format!("rnn.l{l}{tag}.R"), &[n, g, hidden], &wh),
-            w.g.weight(&format!("rnn.l{l}{tag}.B"), &[n, 2 * g], &b),
-        ])
-    };
+    let attrs = rnn_attrs(lstm, hidden);
     let to_time = [("perm", Attr::Ints(vec![1, 0, 2]))];
     if w.opts.flavour == Flavour::OrtFused {
         // One bidirectional node; `sequence_lens` makes the reverse direction start at
@@ -395,7 +425,7 @@ fn rnn(w: &mut Writer, r: &trident_zoo::RnnModel, lstm: bool) -> anyhow::Result<
         a.push(("direction", Attr::Str("bidirectional")));
         let merge = w.g.ints(&[0, 0, 2 * hidden as i64]);
         for l in 0..r.layers {
-            let [wi, wh, b] = weights(w, l, &["", "_reverse"])?;
+            let [wi, wh, b] = rnn_weights(w, l, &["", "_reverse"], lstm, hidden, 0)?;
             let xt = w.g.op("Transpose", &[&x], &to_time);
             let y = w.g.op_n("", op, &[&xt, &wi, &wh, &b, &lens], &a, 1).remove(0); // [S, 2, B, H]
             let y =
@@ -428,14 +458,7 @@ fn rnn(w: &mut Writer, r: &trident_zoo::RnnModel, lstm: bool) -> anyhow::Result<
             let full = w.g.op("Expand", &[&idx, &shape], &[]);
             w.g.op("GatherElements", &[v, &full], &[("axis", Attr::Int(1))])
         };
-        // Zero initial states given explicitly, [1, batch, hidden]: tract cannot build
-        // its own for a symbolic batch.
-        let batch = w.batch_dim(&ids);
-        let (one_d, h_d) = (w.g.ints(&[1]), w.g.ints(&[hidden as i64]));
-        let h0_shape =
-            w.g.op("Concat", &[&one_d, &batch, &h_d], &[("axis", Attr::Int(0))]);
-        let zeros = w.g.weight("rnn.zero_state", &[1, 1, hidden], &vec![0.0; hidden]);
-        let h0 = w.g.op("Expand", &[&zeros, &h0_shape], &[]);
+        let h0 = zero_state(w, &ids, hidden);
         let run = |w: &mut Writer, v: &str, ws: &[String; 3]| {
             let xt = w.g.op("Transpose", &[v], &to_time);
             let mut inputs = vec![xt.as_str(), &ws[0], &ws[1], &ws[2], "", &h0];
@@ -448,8 +471,8 @@ fn rnn(w: &mut Writer, r: &trident_zoo::RnnModel, lstm: bool) -> anyhow::Result<
             w.g.op("Transpose", &[&y], &to_time)
         };
         for l in 0..r.layers {
-            let fwd = weights(w, l, &[""])?;
-            let bwd = weights(w, l, &["_reverse"])?;
+            let fwd = rnn_weights(w, l, &[""], lstm, hidden, 0)?;
+            let bwd = rnn_weights(w, l, &["_reverse"], lstm, hidden, 0)?;
             let f = run(w, &x, &fwd);
             let xr = reverse(w, &x);
             let b = run(w, &xr, &bwd);
@@ -594,19 +617,13 @@ fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> anyhow::Result<S
     ))
 }
 
-/// An MLP forecaster with its series transform in the graph: `values` FP32 `[batch,
+/// A forecaster (MLP, LSTM or GRU) with its series transform in the graph: `values` FP32 `[batch,
 /// window]` (raw values, oldest first) in, `forecast` FP32 `[batch, horizon]` (raw values)
 /// out — the log, the window's (or training) mean and the scale, then back.
 fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::Result<Exported> {
     let InputSpec::Series(s) = &card.input else {
         bail!("a forecaster whose card does not describe a series")
     };
-    if f.net != ForecastNet::Mlp {
-        bail!(
-            "an {:?} forecaster is not exported yet (the mlp forecaster is)",
-            f.net
-        );
-    }
     let (window, horizon) = (s.window as i64, s.horizon as i64);
     let x = w.g.input("values", Elem::Float, &[BATCH, Dim::Fixed(window)]);
     let t = if s.log {
@@ -635,20 +652,31 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
     let std = w.g.float_scalar(s.std as f32);
     let centred = w.g.op("Sub", &[&t, &centre], &[]);
     let mut h = w.g.op("Div", &[&centred, &std], &[]);
-    let layers = f.hidden.len() + 1;
-    for i in 0..layers {
-        h = w.linear(&h, &format!("layers.{i}"))?;
-        if i + 1 < layers {
-            h = activation(&mut w, &h, f.activation())
-                .with_context(|| format!("the custom activation {:?} has no ONNX export", f.activation()))?;
+    match f.net {
+        ForecastNet::Mlp => {
+            let layers = f.hidden.len() + 1;
+            for i in 0..layers {
+                h = w.linear(&h, &format!("layers.{i}"))?;
+                if i + 1 < layers {
+                    h = activation(&mut w, &h, f.activation()).with_context(|| {
+                        format!("the custom activation {:?} has no ONNX export", f.activation())
+                    })?;
+                }
+            }
         }
+        ForecastNet::Lstm | ForecastNet::Gru => h = recurrent_forecast(&mut w, &h, f)?,
     }
     let scaled = w.g.op("Mul", &[&h, &std], &[]);
     let y = w.g.op("Add", &[&scaled, &offset], &[]);
     let y = if s.log { w.g.op("Exp", &[&y], &[]) } else { y };
     w.g.output(&y, "forecast", Elem::Float, &[BATCH, Dim::Fixed(horizon)]);
     let doc = format!(
-        "Trident MLP forecaster: the next {horizon} values of {:?} from the last {window}",
+        "Trident {} forecaster: the next {horizon} values of {:?} from the last {window}",
+        match f.net {
+            ForecastNet::Mlp => "MLP",
+            ForecastNet::Lstm => "LSTM",
+            ForecastNet::Gru => "GRU",
+        },
         s.column
     );
     Ok(Exported {
@@ -665,6 +693,48 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
         }],
         per_class: false,
     })
+}
+
+/// An LSTM or GRU forecaster's network on the normalised window `x` `[batch, window]`:
+/// the stack over the window's values, one per time step (standard nodes with explicit
+/// zero states, which ONNX Runtime and tract both run), its last state through `head`.
+fn recurrent_forecast(w: &mut Writer, x: &str, f: &ForecasterModel) -> anyhow::Result<String> {
+    let lstm = f.net == ForecastNet::Lstm;
+    let hidden = *f
+        .hidden
+        .first()
+        .context("model.hidden: an lstm or gru forecaster needs a width per layer")?;
+    let op = if lstm { "LSTM" } else { "GRU" };
+    let attrs = rnn_attrs(lstm, hidden);
+    let h0 = zero_state(w, x, hidden);
+    // [batch, window] → [window, batch, 1]: time-major, one value per step.
+    let t = w.g.op("Transpose", &[x], &[("perm", Attr::Ints(vec![1, 0]))]);
+    let axis2 = w.g.ints(&[2]);
+    let mut seq = w.g.op("Unsqueeze", &[&t, &axis2], &[]);
+    // tract 0.23's fused GRU fails on an input of width 1 ("xw not contiguous": its
+    // input product comes out column-major): the GRU reads each value beside a zero,
+    // through a zero weight column, which changes no result.
+    let min_input = if lstm { 0 } else { 2 };
+    if !lstm {
+        let zero = w.g.float_scalar(0.0);
+        let zeros = w.g.op("Mul", &[&seq, &zero], &[]);
+        seq = w.g.op("Concat", &[&seq, &zeros], &[("axis", Attr::Int(2))]);
+    }
+    let mut last = String::new();
+    for l in 0..f.hidden.len() {
+        let [wi, wh, b] = rnn_weights(w, l, &[""], lstm, hidden, if l == 0 { min_input } else { 0 })?;
+        let mut inputs = vec![seq.as_str(), &wi, &wh, &b, "", &h0];
+        if lstm {
+            inputs.push(&h0);
+        }
+        let outs = w.g.op_n("", op, &inputs, &attrs, 2); // Y [S, 1, B, H], Y_h [1, B, H]
+        let axis1 = w.g.ints(&[1]);
+        seq = w.g.op("Squeeze", &[&outs[0], &axis1], &[]);
+        last = outs[1].clone();
+    }
+    let axis0 = w.g.ints(&[0]);
+    let last = w.g.op("Squeeze", &[&last, &axis0], &[]); // [B, H]
+    w.linear(&last, "head")
 }
 
 /// A GAN's generator (the discriminator only trains it): `z` FP32 `[batch, z]` (latent
