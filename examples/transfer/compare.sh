@@ -7,7 +7,8 @@
 #   scripts/fetch-data.sh fashion efficientnet
 #   examples/transfer/compare.sh [trident binary (default: trident)] [sizes (default: "10 100")]
 # KEEP=1 keeps each arm's finished run (one with test/metrics.json) instead of training it
-# again: an interrupted comparison goes on where it stopped.
+# again: an interrupted comparison goes on where it stopped. ARMS picks arms (default
+# "finetune probe scratch").
 set -euo pipefail
 bin=${1:-trident}
 sizes=${2:-10 100}
@@ -16,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 base=examples/transfer/fashion-finetune.toml
 printf '%-10s %-10s %9s %9s %10s\n' per_class arm accuracy macro-F1 'epoch (s)'
 for n in $sizes; do
-  for arm in finetune probe scratch; do
+  for arm in ${ARMS:-finetune probe scratch}; do
     run="runs/transfer-$arm-$n"
     case $arm in
       finetune) edit='' ;;

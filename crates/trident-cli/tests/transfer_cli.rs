@@ -139,6 +139,26 @@ fn transfer_configurations_that_cannot_work_are_refused_by_name() {
         d,
     ));
     assert!(e.contains("model.pretrained = nowhere.pth"), "{e}");
+    let e = failed(&trident(
+        &[
+            "train",
+            "--config",
+            config(d, "d", "mode = \"probe\"\nbn_momentum = 0.1", "")
+                .to_str()
+                .unwrap(),
+        ],
+        d,
+    ));
+    assert!(e.contains("model.bn_momentum") && e.contains("probe"), "{e}");
+    let e = failed(&trident(
+        &[
+            "train",
+            "--config",
+            config(d, "e", "bn_momentum = 0", "").to_str().unwrap(),
+        ],
+        d,
+    ));
+    assert!(e.contains("model.bn_momentum = 0 is not in (0, 1]"), "{e}");
     // From scratch with a few images of each class trains and tests.
     let cfg = config(d, "scratch", "", "per_class = 5");
     let log = String::from_utf8_lossy(&trident(&["train", "--config", cfg.to_str().unwrap()], d).stderr)

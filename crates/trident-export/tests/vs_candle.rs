@@ -470,6 +470,7 @@ fn efficientnet_lite0_grey_upsampled_and_rgb() {
             mode: trident_zoo::card::TransferMode::Finetune,
             scale,
             dropout: 0.2,
+            bn_momentum: None,
         };
         let mut card = image_card(ModelConfig::EfficientnetLite0(e), channels);
         if channels == 3 {

@@ -4,7 +4,9 @@
 //! (`_conv_stem`, `_bn0`, `_blocks.N._expand_conv` / `_bn0` / `_depthwise_conv` / `_bn1` /
 //! `_project_conv` / `_bn2`, `_conv_head`, `_bn1`), and TensorFlow's "SAME" padding
 //! reproduced (the odd pixel at the bottom and right: `ops::same_padding`), which the
-//! weights were trained with. Batch norms use TensorFlow's eps 1e-3 (momentum 0.01).
+//! weights were trained with. Batch norms use TensorFlow's eps 1e-3; their running
+//! statistics' momentum is the caller's ([`PRETRAINED_BN_MOMENTUM`], TensorFlow's 0.01, for
+//! the pretrained weights).
 //!
 //! The ImageNet classifier (`_fc`) is replaced by a new `head` for the task's classes;
 //! grey or small images are adapted in the graph (`input`): channels repeated to three and
@@ -32,7 +34,11 @@ pub const STAGES: [(usize, usize, usize, usize, usize, usize); 7] = [
 const STEM: usize = 32;
 /// Width of the features the classifier reads.
 pub const FEATURES: usize = 1280;
-const BN_MOMENTUM: f64 = 0.01;
+/// The batch norms' momentum the pretrained weights were trained with (TensorFlow's 0.01).
+/// A network trained from scratch for a few hundred steps needs a faster one (PyTorch's
+/// 0.1), or its running statistics still hold mostly their initial values when it is
+/// evaluated.
+pub const PRETRAINED_BN_MOMENTUM: f64 = 0.01;
 const BN_EPS: f64 = 1e-3;
 
 /// How images reach the network: their channels and size, and the integer upsampling
@@ -52,13 +58,28 @@ struct ConvBn {
 }
 
 impl ConvBn {
-    fn new(pb: &ParamBuilder, conv: &str, bn: &str, shape: (usize, usize, usize, usize)) -> Result<Self> {
-        let fan_out = shape.0 * shape.2 * shape.3;
+    fn new(
+        pb: &ParamBuilder,
+        conv: &str,
+        bn: &str,
+        shape: (usize, usize, usize, usize),
+        momentum: f64,
+    ) -> Result<Self> {
+        // TensorFlow's `conv_kernel_initializer`: N(0, 2 / fan_out) with fan_out = k·k·out
+        // filters per input channel — for a depthwise kernel ([k, k, c, 1] there) one, so
+        // k·k, not k·k·c (which starts its outputs ~c times too small, and lets AdamW's
+        // first steps change them by orders of magnitude: batch-norm statistics that cannot
+        // follow).
+        let fan_out = if shape.1 == 1 && shape.2 > 1 {
+            shape.2 * shape.3
+        } else {
+            shape.0 * shape.2 * shape.3
+        };
         Ok(ConvBn {
             weight: pb
                 .pp(conv)
                 .get(shape, "weight", Init::Normal((2.0 / fan_out as f32).sqrt()))?,
-            bn: BatchNorm2d::with(&pb.pp(bn), shape.0, BN_MOMENTUM, BN_EPS)?,
+            bn: BatchNorm2d::with(&pb.pp(bn), shape.0, momentum, BN_EPS)?,
         })
     }
 }
@@ -110,14 +131,19 @@ pub struct EfficientNetLite0 {
 
 impl EfficientNetLite0 {
     /// The network under `pb`, initialised or loaded by name; `frozen` keeps the backbone
-    /// in evaluation mode (its parameters are frozen by the caller).
+    /// in evaluation mode (its parameters are frozen by the caller); `bn_momentum` is the
+    /// batch norms' running-statistics momentum.
     pub fn new(
         pb: &ParamBuilder,
         classes: usize,
         input: InputAdapter,
         dropout: f32,
         frozen: bool,
+        bn_momentum: f64,
     ) -> Result<Self> {
+        if !(bn_momentum > 0.0 && bn_momentum <= 1.0) {
+            candle_core::bail!("efficientnet: batch-norm momentum {bn_momentum} is not in (0, 1]")
+        }
         if !matches!(input.channels, 1 | 3) || input.scale == 0 {
             candle_core::bail!(
                 "efficientnet: images of {} channels, upsampled {}x: it takes 1 or 3 channels and a factor of at least 1",
@@ -125,7 +151,7 @@ impl EfficientNetLite0 {
                 input.scale
             )
         }
-        let stem = ConvBn::new(pb, "_conv_stem", "_bn0", (STEM, 3, 3, 3))?;
+        let stem = ConvBn::new(pb, "_conv_stem", "_bn0", (STEM, 3, 3, 3), bn_momentum)?;
         let mut blocks = Vec::new();
         for &(k, s, e, cin, cout, repeats) in &STAGES {
             for r in 0..repeats {
@@ -136,10 +162,10 @@ impl EfficientNetLite0 {
                 let mid = inp * e;
                 blocks.push(Block {
                     expand: (e != 1)
-                        .then(|| ConvBn::new(&bp, "_expand_conv", "_bn0", (mid, inp, 1, 1)))
+                        .then(|| ConvBn::new(&bp, "_expand_conv", "_bn0", (mid, inp, 1, 1), bn_momentum))
                         .transpose()?,
-                    depthwise: ConvBn::new(&bp, "_depthwise_conv", "_bn1", (mid, 1, k, k))?,
-                    project: ConvBn::new(&bp, "_project_conv", "_bn2", (cout, mid, 1, 1))?,
+                    depthwise: ConvBn::new(&bp, "_depthwise_conv", "_bn1", (mid, 1, k, k), bn_momentum)?,
+                    project: ConvBn::new(&bp, "_project_conv", "_bn2", (cout, mid, 1, 1), bn_momentum)?,
                     kernel: k,
                     stride,
                     residual: stride == 1 && inp == cout,
@@ -149,7 +175,7 @@ impl EfficientNetLite0 {
         Ok(EfficientNetLite0 {
             stem,
             blocks,
-            head_conv: ConvBn::new(pb, "_conv_head", "_bn1", (FEATURES, 320, 1, 1))?,
+            head_conv: ConvBn::new(pb, "_conv_head", "_bn1", (FEATURES, 320, 1, 1), bn_momentum)?,
             drop: Dropout::new(pb, dropout),
             head: Linear::new(&pb.pp("head"), FEATURES, classes)?,
             input,
@@ -268,4 +294,39 @@ pub fn pretrained(file: &std::path::Path, imagenet_head: bool) -> Result<crate::
         )
     }
     Ok(crate::Loaded::from_tensors(map, &file.display().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Params;
+
+    #[test]
+    fn kernels_start_at_tensorflows_scale() {
+        let p = Params::new();
+        let input = InputAdapter {
+            channels: 3,
+            scale: 1,
+        };
+        EfficientNetLite0::new(&p.builder(0, None), 10, input, 0.2, false, 0.1).unwrap();
+        let std = |name: &str| {
+            let v = p.all().into_iter().find(|q| q.name == name).unwrap().var;
+            let v = v.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt()
+        };
+        // N(0, 2 / fan_out): fan_out = k·k for a depthwise kernel, k·k·out otherwise.
+        for (name, fan_out) in [
+            ("_blocks.15._depthwise_conv.weight", 3 * 3),
+            ("_blocks.10._depthwise_conv.weight", 5 * 5),
+            ("_blocks.15._expand_conv.weight", 1152),
+            ("_conv_stem.weight", 32 * 3 * 3),
+        ] {
+            let want = (2.0 / fan_out as f32).sqrt();
+            assert!(
+                (std(name) / want - 1.0).abs() < 0.1,
+                "{name}: std {} vs {want}",
+                std(name)
+            );
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! TRIDENT_EFFICIENTNET_REQUIRED is set (CI sets it), which fails instead.
 
 use std::path::Path;
-use trident_nn::efficientnet::{pretrained, EfficientNetLite0, InputAdapter};
+use trident_nn::efficientnet::{pretrained, EfficientNetLite0, InputAdapter, PRETRAINED_BN_MOMENTUM};
 use trident_nn::{Ctx, Params};
 
 #[test]
@@ -48,7 +48,15 @@ fn pretrained_logits_match_pytorch() {
     ] {
         let params = Params::new();
         let loaded = pretrained(&file, true).unwrap();
-        let m = EfficientNetLite0::new(&params.builder(0, Some(loaded)), 1000, adapter, 0.2, false).unwrap();
+        let m = EfficientNetLite0::new(
+            &params.builder(0, Some(loaded)),
+            1000,
+            adapter,
+            0.2,
+            false,
+            PRETRAINED_BN_MOMENTUM,
+        )
+        .unwrap();
         assert!(
             params.initialised_names().is_empty(),
             "{:?}",
@@ -94,6 +102,7 @@ fn the_pretrained_network_names_two_photographs() {
         },
         0.2,
         false,
+        PRETRAINED_BN_MOMENTUM,
     )
     .unwrap();
     // ImageNet classes 985 "daisy" and 698 "palace", among the top three (the photographs

@@ -92,6 +92,23 @@ pub struct EfficientNetModel {
     /// Dropout before the classifier.
     #[serde(default = "effnet_dropout")]
     pub dropout: f32,
+    /// The batch norms' running-statistics momentum (default: 0.01, TensorFlow's, which the
+    /// pretrained weights were trained with; 0.1, PyTorch's, from scratch). Probe mode
+    /// keeps the backbone's statistics fixed and refuses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bn_momentum: Option<f64>,
+}
+
+impl EfficientNetModel {
+    /// The batch norms' momentum: the configured one, or the default for the weights the
+    /// network starts from.
+    pub fn bn_momentum(&self) -> f64 {
+        self.bn_momentum.unwrap_or(if self.pretrained.is_some() {
+            trident_nn::efficientnet::PRETRAINED_BN_MOMENTUM
+        } else {
+            0.1
+        })
+    }
 }
 
 /// What a transfer-learning run trains.

@@ -804,6 +804,14 @@ fn efficientnet(
         bail!("efficientnet_lite0 takes images")
     };
     let probe = e.mode == crate::card::TransferMode::Probe;
+    match e.bn_momentum {
+        Some(_) if probe => bail!(
+            "model.bn_momentum has no effect with model.mode = \"probe\": the frozen backbone runs on its \
+             pretrained running statistics; remove it"
+        ),
+        Some(m) if !(m > 0.0 && m <= 1.0) => bail!("model.bn_momentum = {m} is not in (0, 1]"),
+        _ => {}
+    }
     let loaded = match (&e.pretrained, from_checkpoint) {
         (Some(file), false) => Some(
             trident_nn::efficientnet::pretrained(file, false)
@@ -825,6 +833,7 @@ fn efficientnet(
         adapter,
         e.dropout,
         probe,
+        e.bn_momentum(),
     )?;
     if probe {
         // The backbone's names all start with `_` (the port's); the classifier is `head`.
