@@ -2,7 +2,8 @@
 //!
 //! The model is decluttered and optimised once with its batch/sequence dimensions left
 //! symbolic, so one plan serves every request shape. Each instance owns a tract
-//! `SimpleState` and, when it may use more than one thread, a private rayon pool that
+//! `SimpleState` (spawned afresh for every run where recurrent nodes would otherwise carry
+//! their state from one request into the next) and, when it may use more than one thread, a private rayon pool that
 //! is installed only around its own runs (tract's executor is otherwise global).
 
 use super::{Backend, BackendError, LoadOptions, Model, ModelInstance, ModelIo, TensorSpec};
@@ -140,8 +141,14 @@ impl Model for TractModel {
         } else {
             Executor::SingleThread
         };
+        // Recurrent nodes (tract's Scan, GruSeq) keep their last state in the session and
+        // seed the next run with it — tract's streaming semantics, which would make each
+        // request's answer depend on the one before. A request stands alone here.
+        let fresh_state_per_run = state.op_states.iter().any(Option::is_some);
         Ok(Box::new(TractInstance {
             state,
+            plan: self.plan.clone(),
+            fresh_state_per_run,
             executor,
             input_names: self.io.inputs.iter().map(|s| s.name.clone()).collect(),
             output_names: self.io.outputs.iter().map(|s| s.name.clone()).collect(),
@@ -151,6 +158,9 @@ impl Model for TractModel {
 
 struct TractInstance {
     state: tp::TypedSimpleState,
+    plan: Plan,
+    /// Spawn a new state for every run: the plan has ops that carry state between runs.
+    fresh_state_per_run: bool,
     executor: Executor,
     input_names: Vec<String>,
     output_names: Vec<String>,
@@ -164,6 +174,12 @@ impl ModelInstance for TractInstance {
                 BackendError::Execute(format!("tract needs every input; '{name}' is missing"))
             })?;
             ordered.push(tp::TValue::from_const(Arc::new(to_tract_tensor(name, tensor)?)));
+        }
+        if self.fresh_state_per_run {
+            self.state = self
+                .plan
+                .spawn()
+                .map_err(|e| BackendError::Execute(e.to_string()))?;
         }
         let state = &mut self.state;
         let outputs = multithread_tract_scope(self.executor.clone(), || state.run(ordered))
