@@ -618,8 +618,10 @@ fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> anyhow::Result<S
 }
 
 /// A forecaster (MLP, LSTM or GRU) with its series transform in the graph: `values` FP32 `[batch,
-/// window]` (raw values, oldest first) in, `forecast` FP32 `[batch, horizon]` (raw values)
-/// out — the log, the window's (or training) mean and the scale, then back.
+/// window]` (raw values, oldest first) in — and `position` INT64 `[batch, 1]` (the first
+/// forecast value's row in the series) where it reads calendar features — `forecast` FP32
+/// `[batch, horizon]` (raw values) out: the log, the window's (or training) mean and the
+/// scale, then back.
 fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::Result<Exported> {
     let InputSpec::Series(s) = &card.input else {
         bail!("a forecaster whose card does not describe a series")
@@ -652,6 +654,10 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
     let std = w.g.float_scalar(s.std as f32);
     let centred = w.g.op("Sub", &[&t, &centre], &[]);
     let mut h = w.g.op("Div", &[&centred, &std], &[]);
+    let calendar = (!s.calendar.is_empty()).then(|| calendar_features(&mut w, &s.calendar));
+    if let (Some(feats), ForecastNet::Mlp) = (&calendar, f.net) {
+        h = w.g.op("Concat", &[&h, feats], &[("axis", Attr::Int(1))]);
+    }
     match f.net {
         ForecastNet::Mlp => {
             let layers = f.hidden.len() + 1;
@@ -664,7 +670,10 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
                 }
             }
         }
-        ForecastNet::Lstm | ForecastNet::Gru => h = recurrent_forecast(&mut w, &h, f)?,
+        ForecastNet::Lstm | ForecastNet::Gru => {
+            let cal = calendar.as_deref().map(|c| (c, s.calendar.as_slice()));
+            h = recurrent_forecast(&mut w, &h, f, s.window, cal)?
+        }
     }
     let scaled = w.g.op("Mul", &[&h, &std], &[]);
     let y = w.g.op("Add", &[&scaled, &offset], &[]);
@@ -679,13 +688,21 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
         },
         s.column
     );
+    let mut inputs = vec![Io {
+        name: "values".into(),
+        data_type: "TYPE_FP32",
+        dims: vec![window],
+    }];
+    if calendar.is_some() {
+        inputs.push(Io {
+            name: "position".into(),
+            data_type: "TYPE_INT64",
+            dims: vec![1],
+        });
+    }
     Ok(Exported {
         model: w.g.finish("forecaster", 8, 17, doc),
-        inputs: vec![Io {
-            name: "values".into(),
-            data_type: "TYPE_FP32",
-            dims: vec![window],
-        }],
+        inputs,
         outputs: vec![Io {
             name: "forecast".into(),
             data_type: "TYPE_FP32",
@@ -695,10 +712,38 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
     })
 }
 
+/// The calendar features of the `position` input (INT64 `[batch, 1]`, the first forecast
+/// value's row in the series): `sin` and `cos` of `2π (position mod P) / P` per period,
+/// `[batch, 2 · periods]`, as `SeriesSpec::calendar_features` computes them.
+fn calendar_features(w: &mut Writer, periods: &[usize]) -> String {
+    let pos = w.g.input("position", Elem::Int64, &[BATCH, Dim::Fixed(1)]);
+    let mut feats = Vec::new();
+    for &p in periods {
+        let period = w.g.int_scalar(p as i64);
+        let phase = w.g.op("Mod", &[&pos, &period], &[]);
+        let phase =
+            w.g.op("Cast", &[&phase], &[("to", Attr::Int(Elem::Float as i64))]);
+        let step = w.g.float_scalar((2.0 * std::f64::consts::PI / p as f64) as f32);
+        let angle = w.g.op("Mul", &[&phase, &step], &[]);
+        feats.push(w.g.op("Sin", &[&angle], &[]));
+        feats.push(w.g.op("Cos", &[&angle], &[]));
+    }
+    let refs: Vec<&str> = feats.iter().map(String::as_str).collect();
+    w.g.op("Concat", &refs, &[("axis", Attr::Int(1))])
+}
+
 /// An LSTM or GRU forecaster's network on the normalised window `x` `[batch, window]`:
-/// the stack over the window's values, one per time step (standard nodes with explicit
-/// zero states, which ONNX Runtime and tract both run), its last state through `head`.
-fn recurrent_forecast(w: &mut Writer, x: &str, f: &ForecasterModel) -> anyhow::Result<String> {
+/// the stack over the window's values, one per time step with its row's calendar
+/// features (from the forecast's own `calendar` `[batch, 2F]` by `step_features`' matrix),
+/// as standard nodes with explicit zero states, which ONNX Runtime and tract both run; its
+/// last state through `head`.
+fn recurrent_forecast(
+    w: &mut Writer,
+    x: &str,
+    f: &ForecasterModel,
+    window: usize,
+    calendar: Option<(&str, &[usize])>,
+) -> anyhow::Result<String> {
     let lstm = f.net == ForecastNet::Lstm;
     let hidden = *f
         .hidden
@@ -707,22 +752,37 @@ fn recurrent_forecast(w: &mut Writer, x: &str, f: &ForecasterModel) -> anyhow::R
     let op = if lstm { "LSTM" } else { "GRU" };
     let attrs = rnn_attrs(lstm, hidden);
     let h0 = zero_state(w, x, hidden);
-    // [batch, window] → [window, batch, 1]: time-major, one value per step.
-    let t = w.g.op("Transpose", &[x], &[("perm", Attr::Ints(vec![1, 0]))]);
     let axis2 = w.g.ints(&[2]);
-    let mut seq = w.g.op("Unsqueeze", &[&t, &axis2], &[]);
-    // tract 0.23's fused GRU fails on an input of width 1 ("xw not contiguous": its
-    // input product comes out column-major): the GRU reads each value beside a zero,
-    // through a zero weight column, which changes no result.
-    let min_input = if lstm { 0 } else { 2 };
-    if !lstm {
-        let zero = w.g.float_scalar(0.0);
-        let zeros = w.g.op("Mul", &[&seq, &zero], &[]);
-        seq = w.g.op("Concat", &[&seq, &zeros], &[("axis", Attr::Int(2))]);
+    let mut steps = w.g.op("Unsqueeze", &[x, &axis2], &[]); // [B, window, 1]
+    let mut width = 1;
+    if let Some((feats, periods)) = calendar {
+        let fw = 2 * periods.len();
+        let m = w.g.weight(
+            "calendar.steps",
+            &[fw, window * fw],
+            &trident_nn::forecast::step_features(periods, window),
+        );
+        let per_step = w.g.op("MatMul", &[feats, &m], &[]);
+        let shape = w.g.ints(&[0, window as i64, fw as i64]);
+        let per_step = w.g.op("Reshape", &[&per_step, &shape], &[]);
+        steps = w.g.op("Concat", &[&steps, &per_step], &[("axis", Attr::Int(2))]);
+        width += fw;
     }
+    if width == 1 && !lstm {
+        // tract 0.23's fused GRU fails on an input of width 1 ("xw not contiguous": its
+        // input product comes out column-major): the GRU reads each value beside a zero,
+        // through a zero weight column, which changes no result.
+        let zero = w.g.float_scalar(0.0);
+        let zeros = w.g.op("Mul", &[&steps, &zero], &[]);
+        steps = w.g.op("Concat", &[&steps, &zeros], &[("axis", Attr::Int(2))]);
+        width = 2;
+    }
+    // Time-major for the LSTM/GRU nodes: [window, B, width].
+    let mut seq =
+        w.g.op("Transpose", &[&steps], &[("perm", Attr::Ints(vec![1, 0, 2]))]);
     let mut last = String::new();
     for l in 0..f.hidden.len() {
-        let [wi, wh, b] = rnn_weights(w, l, &[""], lstm, hidden, if l == 0 { min_input } else { 0 })?;
+        let [wi, wh, b] = rnn_weights(w, l, &[""], lstm, hidden, if l == 0 { width } else { 0 })?;
         let mut inputs = vec![seq.as_str(), &wi, &wh, &b, "", &h0];
         if lstm {
             inputs.push(&h0);

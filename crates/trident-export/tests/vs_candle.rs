@@ -503,3 +503,132 @@ fn efficientnet_lite0_grey_upsampled_and_rgb() {
         );
     }
 }
+
+/// Forecasters (MLP, LSTM, GRU; with and without calendar features) with their series
+/// transform in the graph: raw windows (and positions) in, raw forecasts out, as
+/// `SeriesSpec::encode` → the network → `decode` gives them.
+#[test]
+fn forecasters_raw_values_in_and_out() {
+    use trident_zoo::card::{ForecastNet, ForecasterModel, SeriesNormalize};
+    let (window, horizon) = (6, 3);
+    for (net, calendar) in [
+        (ForecastNet::Mlp, vec![]),
+        (ForecastNet::Mlp, vec![4, 7]),
+        (ForecastNet::Lstm, vec![]),
+        (ForecastNet::Lstm, vec![4]),
+        (ForecastNet::Gru, vec![]),
+        (ForecastNet::Gru, vec![4, 7]),
+    ] {
+        let name = format!("{net:?} calendar {calendar:?}");
+        let spec = trident_zoo::SeriesSpec {
+            column: "v".into(),
+            window,
+            horizon,
+            log: true,
+            normalize: SeriesNormalize::Window,
+            season: 3,
+            mean: 2.0,
+            std: 0.7,
+            calendar: calendar.clone(),
+        };
+        let card = ModelCard {
+            model: ModelConfig::Forecaster(ForecasterModel {
+                net,
+                hidden: vec![5, 5],
+                activation: None,
+                dropout: 0.0,
+            }),
+            classes: Vec::new(),
+            input: InputSpec::Series(spec.clone()),
+        };
+        let model = Model::build(&card, 3, None).unwrap();
+        perturb(&model);
+        let trident_zoo::Net::Forecaster(f) = &model.net else {
+            unreachable!()
+        };
+        // Three windows of positive values (one with a jump) and their positions.
+        let windows: [Vec<f64>; 3] = [
+            (0..window).map(|i| 10.0 + i as f64).collect(),
+            (0..window).map(|i| 3.0 + (i as f64 * 1.3).sin()).collect(),
+            (0..window).map(|i| if i == 4 { 40.0 } else { 8.0 }).collect(),
+        ];
+        let positions = [6usize, 29, 1000];
+        let mut want = Vec::new();
+        for (w, &p) in windows.iter().zip(&positions) {
+            let (x, offsets) = spec.encode(w, p);
+            let x = Tensor::from_vec(x, (1, spec.inputs()), &Device::Cpu).unwrap();
+            let y: Vec<f32> = f
+                .forward(&x, &Ctx::eval())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            want.extend(spec.decode(&y, &offsets).into_iter().map(|v| v as f32));
+        }
+        let exported = export(&model, FP32).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("forecaster.onnx");
+        std::fs::write(&file, exported.to_bytes()).unwrap();
+        onnx_checker(&name, &file);
+        let v: Vec<f32> = windows.iter().flatten().map(|&x| x as f32).collect();
+        let mut inputs = vec![(
+            "values".to_string(),
+            trident_core::Tensor::from_f32(vec![3, window as i64], &v).unwrap(),
+        )];
+        if !calendar.is_empty() {
+            let p: Vec<i64> = positions.iter().map(|&p| p as i64).collect();
+            inputs.push((
+                "position".into(),
+                trident_core::Tensor::from_i64(vec![3, 1], &p).unwrap(),
+            ));
+        }
+        for engine in engines() {
+            let loaded = engine
+                .load(
+                    &file,
+                    &LoadOptions {
+                        threads_per_instance: 1,
+                        config: Default::default(),
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{name} on {}: {e}", engine.name()));
+            let mut inst = loaded.instance().unwrap();
+            let out = inst.execute(inputs.clone()).unwrap();
+            assert_eq!(out[0].0, "forecast");
+            let mut got = out[0].1.to_f32().unwrap();
+            // And one window at a time (batch 1, as `eval --onnx` runs them), twice over.
+            for _ in 0..2 {
+                for (i, (w, &p)) in windows.iter().zip(&positions).enumerate() {
+                    let v: Vec<f32> = w.iter().map(|&x| x as f32).collect();
+                    let mut one = vec![(
+                        "values".to_string(),
+                        trident_core::Tensor::from_f32(vec![1, window as i64], &v).unwrap(),
+                    )];
+                    if !calendar.is_empty() {
+                        one.push((
+                            "position".into(),
+                            trident_core::Tensor::from_i64(vec![1, 1], &[p as i64]).unwrap(),
+                        ));
+                    }
+                    let y = inst.execute(one).unwrap()[0].1.to_f32().unwrap();
+                    assert_eq!(
+                        y,
+                        got[i * horizon..(i + 1) * horizon],
+                        "{name} on {}: window {i} alone",
+                        engine.name()
+                    );
+                }
+            }
+            got = got.clone();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                    "{name} on {}:\n got {got:?}\nwant {want:?}",
+                    engine.name()
+                );
+            }
+        }
+    }
+}

@@ -1,6 +1,9 @@
-//! Forecasters: a window of past values in, the next `horizon` values out. An MLP reads
-//! the window as one vector (no hidden layer: a linear autoregression); an LSTM or GRU
-//! reads it as a sequence and maps its last state to the horizon.
+//! Forecasters: a window of past values in, the next `horizon` values out, optionally with
+//! calendar features after the window (the sine and cosine of the first forecast value's
+//! position in each of some periods). An MLP reads the window and the features as one
+//! vector (no hidden layer: a linear autoregression); an LSTM or GRU reads the window as a
+//! sequence, each value with its own row's calendar features, and maps its last state to
+//! the horizon.
 
 use crate::layers::{Activation, Ctx, Linear, Mlp};
 use crate::params::ParamBuilder;
@@ -18,7 +21,33 @@ pub enum Forecaster {
         rnn: Rnn,
         /// Last state → horizon.
         head: Linear,
+        /// With calendar features: `[2F, window · 2F]`, the map from the first forecast
+        /// value's features to each window value's ([`step_features`]).
+        calendar: Option<Tensor>,
     },
+}
+
+/// The matrix that turns the calendar features of row `t` (`sin θ`, `cos θ` per period
+/// `P`, θ = 2π (t mod P) / P) into those of rows `t − window … t − 1`: a row `d` earlier
+/// is θ − 2πd/P, a rotation of (`sin θ`, `cos θ`), so one `[2F, window · 2F]` product gives
+/// every step's features (step-major) from the forecast's own.
+pub fn step_features(periods: &[usize], window: usize) -> Vec<f32> {
+    let f = 2 * periods.len();
+    let mut m = vec![0f32; f * window * f];
+    for (j, &p) in periods.iter().enumerate() {
+        for k in 0..window {
+            let delta = 2.0 * std::f64::consts::PI * (window - k) as f64 / p as f64;
+            let (sd, cd) = (delta.sin() as f32, delta.cos() as f32);
+            let col = k * f + 2 * j;
+            // sin(θ − δ) = sin θ cos δ − cos θ sin δ; cos(θ − δ) = sin θ sin δ + cos θ cos δ.
+            let at = |row: usize, c: usize| row * window * f + c;
+            m[at(2 * j, col)] = cd;
+            m[at(2 * j + 1, col)] = -sd;
+            m[at(2 * j, col + 1)] = sd;
+            m[at(2 * j + 1, col + 1)] = cd;
+        }
+    }
+    m
 }
 
 impl Forecaster {
@@ -41,7 +70,9 @@ impl Forecaster {
         Ok(Forecaster::Mlp(Mlp::new(pb, &sizes, activation, dropout)?))
     }
 
-    /// An LSTM or GRU forecaster of `layers` layers of `hidden` units.
+    /// An LSTM or GRU forecaster of `layers` layers of `hidden` units over windows of
+    /// `window` values, followed in each input row by the calendar features of `periods`.
+    #[allow(clippy::too_many_arguments)]
     pub fn rnn(
         pb: &ParamBuilder,
         kind: CellKind,
@@ -49,25 +80,47 @@ impl Forecaster {
         layers: usize,
         horizon: usize,
         dropout: f32,
+        window: usize,
+        periods: &[usize],
     ) -> Result<Self> {
-        if hidden == 0 || layers == 0 || horizon == 0 {
-            bail!("forecaster: hidden {hidden}, layers {layers} and horizon {horizon} must be at least 1")
+        if hidden == 0 || layers == 0 || horizon == 0 || window == 0 {
+            bail!(
+                "forecaster: hidden {hidden}, layers {layers}, horizon {horizon} and window {window} must be at least 1"
+            )
         }
-        let rnn = Rnn::new(&pb.pp("rnn"), kind, 1, hidden, layers, false, dropout)?;
+        let f = 2 * periods.len();
+        let rnn = Rnn::new(&pb.pp("rnn"), kind, 1 + f, hidden, layers, false, dropout)?;
+        let calendar = (f > 0)
+            .then(|| {
+                Tensor::from_vec(
+                    step_features(periods, window),
+                    (f, window * f),
+                    &candle_core::Device::Cpu,
+                )
+            })
+            .transpose()?;
         Ok(Forecaster::Rnn {
             head: Linear::new(&pb.pp("head"), rnn.output_size(), horizon)?,
             rnn,
+            calendar,
         })
     }
 
-    /// `[batch, window]` → `[batch, horizon]`.
+    /// `[batch, window + calendar features]` → `[batch, horizon]`.
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
         match self {
             Forecaster::Mlp(m) => m.forward(x, ctx),
-            Forecaster::Rnn { rnn, head } => {
-                let (b, s) = x.dims2()?;
+            Forecaster::Rnn { rnn, head, calendar } => {
+                let (b, width) = x.dims2()?;
+                let f = calendar.as_ref().map(|m| m.dim(0)).transpose()?.unwrap_or(0);
+                let s = width - f;
+                let mut steps = x.narrow(1, 0, s)?.unsqueeze(2)?;
+                if let Some(m) = calendar {
+                    let feats = x.narrow(1, s, f)?.matmul(m)?.reshape((b, s, f))?;
+                    steps = Tensor::cat(&[&steps, &feats], 2)?;
+                }
                 let mask = Tensor::ones((b, s), DType::F32, x.device())?;
-                let h = rnn.forward(&x.unsqueeze(2)?, &mask, ctx)?;
+                let h = rnn.forward(&steps, &mask, ctx)?;
                 let last = h.narrow(1, s - 1, 1)?.squeeze(1)?;
                 let _layer = crate::trace::layer(|| "head".into());
                 head.forward(&last)
@@ -89,8 +142,8 @@ mod tests {
         for (i, f) in [
             Forecaster::mlp(&p.builder(1, None).pp("a"), 6, &[8], 3, Activation::Relu, 0.0).unwrap(),
             Forecaster::mlp(&p.builder(1, None).pp("b"), 6, &[], 3, Activation::Relu, 0.0).unwrap(),
-            Forecaster::rnn(&p.builder(1, None).pp("c"), CellKind::Lstm, 5, 2, 3, 0.0).unwrap(),
-            Forecaster::rnn(&p.builder(1, None).pp("d"), CellKind::Gru, 5, 1, 3, 0.0).unwrap(),
+            Forecaster::rnn(&p.builder(1, None).pp("c"), CellKind::Lstm, 5, 2, 3, 0.0, 6, &[]).unwrap(),
+            Forecaster::rnn(&p.builder(1, None).pp("d"), CellKind::Gru, 5, 1, 3, 0.0, 6, &[]).unwrap(),
         ]
         .iter()
         .enumerate()
@@ -105,6 +158,39 @@ mod tests {
                     .unwrap_or_else(|| panic!("{} has no gradient", param.name));
                 let norm = grad.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
                 assert!(norm > 0.0, "{} gets a zero gradient", param.name);
+            }
+        }
+    }
+
+    #[test]
+    fn step_features_are_each_window_rows_own() {
+        let (periods, window, t) = ([7usize, 24], 5usize, 1000usize);
+        let spec = |row: usize| -> Vec<f32> {
+            periods
+                .iter()
+                .flat_map(|&p| {
+                    let a = 2.0 * std::f64::consts::PI * (row % p) as f64 / p as f64;
+                    [a.sin() as f32, a.cos() as f32]
+                })
+                .collect()
+        };
+        let m = Tensor::from_vec(step_features(&periods, window), (4, window * 4), &Device::Cpu).unwrap();
+        let at_t = Tensor::from_vec(spec(t), (1, 4), &Device::Cpu).unwrap();
+        let got = at_t
+            .matmul(&m)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        for k in 0..window {
+            let want = spec(t - window + k);
+            for (g, w) in got[k * 4..(k + 1) * 4].iter().zip(&want) {
+                assert!(
+                    (g - w).abs() < 1e-5,
+                    "step {k}: {:?} vs {want:?}",
+                    &got[k * 4..(k + 1) * 4]
+                );
             }
         }
     }

@@ -444,6 +444,11 @@ pub struct SeriesSpec {
     /// The training part's mean and standard deviation (after the log).
     pub mean: f64,
     pub std: f64,
+    /// Calendar features: for each period `P`, the sine and cosine of the first forecast
+    /// value's position in it (`2π (t mod P) / P`, `t` its row in the series, counted from
+    /// 0), after the window's values in the model's input.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calendar: Vec<usize>,
 }
 
 /// See [`SeriesSpec::normalize`].
@@ -457,9 +462,27 @@ pub enum SeriesNormalize {
 }
 
 impl SeriesSpec {
-    /// The model's input for `window` raw values, and per forecast position the offset its
-    /// output is relative to (in the transformed scale).
-    pub fn encode(&self, window: &[f64]) -> (Vec<f32>, Vec<f64>) {
+    /// Width of the model's input: the window, then two calendar features per period.
+    pub fn inputs(&self) -> usize {
+        self.window + 2 * self.calendar.len()
+    }
+
+    /// The calendar features of a forecast whose first value is row `position` of the
+    /// series: `sin` and `cos` of `2π (position mod P) / P` per period `P`.
+    pub fn calendar_features(&self, position: usize) -> Vec<f32> {
+        self.calendar
+            .iter()
+            .flat_map(|&p| {
+                let a = 2.0 * std::f64::consts::PI * (position % p) as f64 / p as f64;
+                [a.sin() as f32, a.cos() as f32]
+            })
+            .collect()
+    }
+
+    /// The model's input for `window` raw values followed by the value at row `position`
+    /// of the series (its calendar features, if any), and per forecast position the offset
+    /// its output is relative to (in the transformed scale).
+    pub fn encode(&self, window: &[f64], position: usize) -> (Vec<f32>, Vec<f64>) {
         let t: Vec<f64> = window.iter().map(|&v| self.forward(v)).collect();
         let centre = match self.normalize {
             SeriesNormalize::Window | SeriesNormalize::Season => {
@@ -474,10 +497,9 @@ impl SeriesSpec {
             }
             _ => vec![centre; self.horizon],
         };
-        (
-            t.iter().map(|v| ((v - centre) / self.std) as f32).collect(),
-            offsets,
-        )
+        let mut input: Vec<f32> = t.iter().map(|v| ((v - centre) / self.std) as f32).collect();
+        input.extend(self.calendar_features(position));
+        (input, offsets)
     }
 
     /// Targets `values` in the model's scale, relative to `offsets`.

@@ -640,7 +640,7 @@ fn forecaster(
         ForecastNet::Mlp => {
             let act = trident_nn::custom::activation_by_name(f.activation())
                 .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
-            Forecaster::mlp(&pb, s.window, &f.hidden, s.horizon, act, f.dropout)?
+            Forecaster::mlp(&pb, s.inputs(), &f.hidden, s.horizon, act, f.dropout)?
         }
         ForecastNet::Lstm | ForecastNet::Gru => {
             let width = *f
@@ -658,7 +658,16 @@ fn forecaster(
             } else {
                 CellKind::Gru
             };
-            Forecaster::rnn(&pb, kind, width, f.hidden.len(), s.horizon, f.dropout)?
+            Forecaster::rnn(
+                &pb,
+                kind,
+                width,
+                f.hidden.len(),
+                s.horizon,
+                f.dropout,
+                s.window,
+                &s.calendar,
+            )?
         }
     })
 }

@@ -265,7 +265,8 @@ pub fn rank_series(
     for chunk in starts.chunks(512) {
         let mut x = Vec::with_capacity(chunk.len() * w);
         for &s in chunk {
-            x.extend(spec.encode(&values[s..s + w]).0);
+            // An autoencoder's spec has no calendar features (refused by the config).
+            x.extend(spec.encode(&values[s..s + w], s + w).0);
         }
         let x = trident_nn::Tensor::from_vec(x, (chunk.len(), w), &trident_nn::Device::Cpu)?;
         let y = ae.forward(&x, &trident_nn::Ctx::eval())?;

@@ -356,6 +356,12 @@ pub enum DataConfig {
         /// every origin with the one trained model; the runs go to `<run>/refit/`.
         #[serde(default)]
         refit: bool,
+        /// Calendar features: periods in rows (e.g. 12 for months of the year in a monthly
+        /// series; 48 and 336 for the time of day and of the week in a half-hourly one).
+        /// The model also reads the sine and cosine of each forecast's first row's position
+        /// in each period, counted from the series' first row.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        calendar: Vec<usize>,
     },
 }
 
@@ -495,6 +501,7 @@ impl RunConfig {
                     horizon,
                     stride,
                     refit,
+                    calendar,
                     ..
                 } = &self.data
                 {
@@ -503,6 +510,7 @@ impl RunConfig {
                         ("data.horizon", *horizon != 1),
                         ("data.stride", stride.is_some()),
                         ("data.refit", *refit),
+                        ("data.calendar", !calendar.is_empty()),
                     ] {
                         if set {
                             return Err(unused(key, why));
@@ -538,11 +546,15 @@ impl RunConfig {
             season,
             stride,
             normalize,
+            calendar,
             ..
         } = &self.data
         else {
             return Ok(());
         };
+        if let Some(p) = calendar.iter().find(|&&p| p < 2) {
+            anyhow::bail!("data.calendar: period {p}: a period is at least 2 rows");
+        }
         anyhow::ensure!(
             *window > 0 && *horizon > 0 && *step > 0 && *test > 0 && *season > 0,
             "data.window, data.horizon, data.step, data.test and data.season must be at least 1"

@@ -11,17 +11,23 @@ use std::path::Path;
 use trident_data::series::{naive, seasonal_naive, ForecastMetrics};
 use trident_zoo::SeriesSpec;
 
-/// Raw values of the next `horizon` after a raw window: the checkpoint, or its exported
-/// graph.
-pub type ForecastFn<'a> = dyn Fn(&[f64]) -> anyhow::Result<Vec<f64>> + 'a;
+/// Raw values of the next `horizon` after a raw window, the first of them at the given row
+/// of the series (its calendar position): the checkpoint, or its exported graph.
+pub type ForecastFn<'a> = dyn Fn(&[f64], usize) -> anyhow::Result<Vec<f64>> + 'a;
 
-/// The checkpoint's forecast of the values after `window` (raw values, oldest first).
-pub fn model_forecast(model: &Model, spec: &SeriesSpec, window: &[f64]) -> anyhow::Result<Vec<f64>> {
+/// The checkpoint's forecast of the values after `window` (raw values, oldest first), the
+/// first of them at row `position` of the series.
+pub fn model_forecast(
+    model: &Model,
+    spec: &SeriesSpec,
+    window: &[f64],
+    position: usize,
+) -> anyhow::Result<Vec<f64>> {
     let Net::Forecaster(f) = &model.net else {
         bail!("not a forecaster")
     };
-    let (x, offsets) = spec.encode(window);
-    let x = trident_nn::Tensor::from_vec(x, (1, spec.window), &trident_nn::Device::Cpu)?;
+    let (x, offsets) = spec.encode(window, position);
+    let x = trident_nn::Tensor::from_vec(x, (1, spec.inputs()), &trident_nn::Device::Cpu)?;
     let y = f
         .forward(&x, &trident_nn::Ctx::eval())?
         .flatten_all()?
@@ -29,8 +35,8 @@ pub fn model_forecast(model: &Model, spec: &SeriesSpec, window: &[f64]) -> anyho
     Ok(spec.decode(&y, &offsets))
 }
 
-/// `lead` values after `history`, `horizon` at a time, each chunk's forecasts fed back as
-/// the next chunk's inputs.
+/// `lead` values after `history` (the series from its first row), `horizon` at a time,
+/// each chunk's forecasts fed back as the next chunk's inputs.
 pub fn forecast_ahead(
     forecast: &ForecastFn,
     spec: &SeriesSpec,
@@ -47,7 +53,7 @@ pub fn forecast_ahead(
                 seen.len()
             );
         }
-        let next = forecast(&seen[seen.len() - spec.window..])?;
+        let next = forecast(&seen[seen.len() - spec.window..], seen.len())?;
         let take = next.len().min(lead - out.len());
         out.extend_from_slice(&next[..take]);
         seen.extend_from_slice(&next[..take]);

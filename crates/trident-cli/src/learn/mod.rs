@@ -777,11 +777,11 @@ fn backtest_report(
     values: &[f64],
     out: &Path,
 ) -> anyhow::Result<(forecast::Backtest, Vec<String>)> {
-    let f = |w: &[f64]| forecast::model_forecast(model, spec, w);
+    let f = |w: &[f64], at: usize| forecast::model_forecast(model, spec, w, at);
     let update = forecast::updating(&f, spec);
     let refit = |origin: usize, history: &[f64], lead: usize| -> anyhow::Result<Vec<f64>> {
         let (m, spec_o) = train_up_to(c, values.len(), origin)?;
-        let g = |w: &[f64]| forecast::model_forecast(&m, &spec_o, w);
+        let g = |w: &[f64], at: usize| forecast::model_forecast(&m, &spec_o, w, at);
         forecast::forecast_ahead(&g, &spec_o, history, lead)
     };
     let by: &forecast::OriginFn = if forecast::refit(c) { &refit } else { &update };
@@ -1220,7 +1220,7 @@ fn eval_series(
             if forecast::refit(c) {
                 bail!("data.refit: the run's backtest trains a model per origin; --onnx scores one exported model (evaluate without data.refit)");
             }
-            let f = |w: &[f64]| graph.forecast(w);
+            let f = |w: &[f64], at: usize| graph.forecast(w, at);
             let update = forecast::updating(&f, spec);
             forecast::report(c, spec, &series.values, &update, out)?.1
         }
@@ -1265,16 +1265,27 @@ impl OnnxStep {
 }
 
 impl OnnxStep {
-    /// An exported forecaster's `forecast` for one raw window.
-    fn forecast(&self, window: &[f64]) -> anyhow::Result<Vec<f64>> {
+    /// An exported forecaster's `forecast` for one raw window, the first forecast value at
+    /// row `position` of the series (its `position` input, where it reads calendar
+    /// features).
+    fn forecast(&self, window: &[f64], position: usize) -> anyhow::Result<Vec<f64>> {
+        let err = |e: trident_core::TensorError| anyhow::anyhow!("{e}");
         let v: Vec<f32> = window.iter().map(|&x| x as f32).collect();
-        let x = trident_core::Tensor::from_f32(vec![1, v.len() as i64], &v)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut inputs = vec![(
+            "values".to_string(),
+            trident_core::Tensor::from_f32(vec![1, v.len() as i64], &v).map_err(err)?,
+        )];
+        if self.inputs.iter().any(|i| i == "position") {
+            inputs.push((
+                "position".to_string(),
+                trident_core::Tensor::from_i64(vec![1, 1], &[position as i64]).map_err(err)?,
+            ));
+        }
         let outputs = self
             .instance
             .lock()
             .expect("instance lock")
-            .execute(vec![("values".to_string(), x)])
+            .execute(inputs)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let (_, y) = outputs
             .iter()
@@ -1454,7 +1465,16 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
                     spec.window
                 );
             }
-            let f = forecast::model_forecast(&model, spec, &values[values.len() - spec.window..])?;
+            if key == "values" && !spec.calendar.is_empty() {
+                bail!(
+                    "input {}: the model reads calendar features (data.calendar = {:?}): give the series \
+                     as a CSV file, whose length places the forecast in the calendar",
+                    i + 1,
+                    spec.calendar
+                );
+            }
+            let f =
+                forecast::model_forecast(&model, spec, &values[values.len() - spec.window..], values.len())?;
             let name = if key == "file" {
                 input.clone()
             } else {

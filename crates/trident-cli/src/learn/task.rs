@@ -584,7 +584,8 @@ fn encode_rows(
     Ok((kept, dropped))
 }
 
-/// Series windows in the model's scale: `window` inputs and `horizon` targets each.
+/// Series windows in the model's scale: `window` inputs (the values, then any calendar
+/// features) and `horizon` targets each.
 pub struct WindowSet {
     x: Vec<f32>,
     y: Vec<f32>,
@@ -645,6 +646,7 @@ pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) ->
         test,
         val,
         season,
+        calendar,
         ..
     } = &c.data
     else {
@@ -690,6 +692,7 @@ pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) ->
                 season: *season,
                 mean,
                 std: var.sqrt().max(1e-12),
+                calendar: calendar.clone(),
             }
         }
     };
@@ -697,14 +700,14 @@ pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) ->
     let windows = |starts: &mut dyn Iterator<Item = usize>| -> WindowSet {
         let (mut x, mut y) = (Vec::new(), Vec::new());
         for t in starts {
-            let (input, offsets) = spec.encode(&v[t - w..t]);
+            let (input, offsets) = spec.encode(&v[t - w..t], t);
             x.extend(input);
             y.extend(spec.encode_targets(&v[t..t + h], &offsets));
         }
         WindowSet {
             x,
             y,
-            window: w,
+            window: spec.inputs(),
             horizon: h,
         }
     };
@@ -719,7 +722,7 @@ pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) ->
         DataLoader::new(
             Arc::new(Subset::new(Arc::new(set), (0..count).collect())),
             loader_config(c, train),
-            series_collate(w, h),
+            series_collate(spec.inputs(), h),
         )
     };
     let val_loader = (sizes.1 > 0).then(|| mk(val_set, false));
