@@ -12,6 +12,7 @@
 pub mod folder;
 pub mod idx;
 pub mod loader;
+pub mod python;
 pub mod rng;
 pub mod sampler;
 pub mod series;

@@ -42,7 +42,7 @@ pub fn shared() -> Result<Arc<dyn Backend>, String> {
 }
 
 /// `ORT_DYLIB_PATH`; else `libonnxruntime.so*` in the `onnxruntime` Python package,
-/// found by looking where pip puts it ([`package_dirs`]: the active virtual environment,
+/// found by looking where pip puts it ([`trident_data::python::package_dirs`]: the active virtual environment,
 /// the user's site, the site of each `python3` on `PATH`, the system's), or in a system
 /// library folder; only if none has it, by asking `python3` (150–350 ms: a cold start of
 /// the interpreter and the package's import, once most of the server's start-up).
@@ -61,7 +61,7 @@ fn capi(packages: PathBuf) -> PathBuf {
     packages.join("onnxruntime").join("capi")
 }
 
-/// The library in the first folder of [`package_dirs`] or of the system's library
+/// The library in the first folder of [`trident_data::python::package_dirs`] or of the system's library
 /// folders that has one.
 fn find_library() -> Option<PathBuf> {
     let system = [
@@ -70,7 +70,7 @@ fn find_library() -> Option<PathBuf> {
         "/usr/lib64",
         "/usr/lib",
     ];
-    package_dirs()
+    trident_data::python::package_dirs()
         .into_iter()
         .map(capi)
         .chain(system.map(PathBuf::from))
@@ -99,62 +99,6 @@ fn ask_python() -> Result<PathBuf, String> {
     newest_library(&dir).ok_or_else(|| format!("no libonnxruntime.so* in {}", dir.display()))
 }
 
-/// The folders Python packages are installed into, in the order a `python3` started here
-/// would look (a virtual environment first, then the user's site, then each interpreter's
-/// own), without starting one: `lib/python3.*/{site,dist}-packages` under `$VIRTUAL_ENV`,
-/// `~/.local` and the prefix of every `python3` on `PATH` (as found, and with its links
-/// followed; for a pyenv shim, the version pyenv would run), and Debian's
-/// `/usr/lib/python3/dist-packages`.
-fn package_dirs() -> Vec<PathBuf> {
-    let mut prefixes: Vec<PathBuf> = Vec::new();
-    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
-        prefixes.push(venv.into());
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        prefixes.push(Path::new(&home).join(".local"));
-    }
-    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
-        let exe = dir.join("python3");
-        if !exe.is_file() {
-            continue;
-        }
-        // pyenv: `python3` is a shim script in $PYENV_ROOT/shims; the interpreter it runs
-        // is $PYENV_ROOT/versions/<v>, <v> from $PYENV_VERSION or the root's `version`
-        // file (a directory's own `.python-version` is not read).
-        if dir.ends_with("shims") {
-            if let Some(root) = dir.parent().filter(|r| r.join("versions").is_dir()) {
-                let chosen = std::env::var("PYENV_VERSION")
-                    .ok()
-                    .or_else(|| std::fs::read_to_string(root.join("version")).ok())
-                    .unwrap_or_default();
-                for v in chosen.split([':', '\n']).map(str::trim).filter(|v| !v.is_empty()) {
-                    prefixes.push(root.join("versions").join(v));
-                }
-            }
-        }
-        // A venv's bin/python3 links to the base interpreter; both prefixes count.
-        let real = std::fs::canonicalize(&exe).ok();
-        for e in std::iter::once(exe).chain(real) {
-            if let Some(prefix) = e.parent().and_then(Path::parent) {
-                prefixes.push(prefix.to_path_buf());
-            }
-        }
-    }
-    let mut dirs = Vec::new();
-    for prefix in prefixes {
-        let mut versions = entries_named(&prefix.join("lib"), "python3");
-        versions.sort();
-        for v in versions.into_iter().rev() {
-            dirs.push(v.join("site-packages"));
-            dirs.push(v.join("dist-packages"));
-        }
-    }
-    dirs.push("/usr/lib/python3/dist-packages".into());
-    let mut seen = std::collections::HashSet::new();
-    dirs.retain(|d| seen.insert(d.clone()));
-    dirs
-}
-
 /// The `libonnxruntime.so*` in `dir` with the highest version (`libonnxruntime.so.1.32.0`
 /// before `libonnxruntime.so.1.9.0`; the unversioned name last), if any.
 fn newest_library(dir: &Path) -> Option<PathBuf> {
@@ -165,25 +109,10 @@ fn newest_library(dir: &Path) -> Option<PathBuf> {
             .filter_map(|part| part.parse().ok())
             .collect()
     };
-    entries_named(dir, "libonnxruntime.so")
+    trident_data::python::entries_named(dir, "libonnxruntime.so")
         .into_iter()
         .filter(|p| p.is_file())
         .max_by_key(version)
-}
-
-/// The entries of `dir` whose names start with `prefix` (none when it cannot be read).
-fn entries_named(dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .collect()
 }
 
 impl Backend for OrtBackend {
@@ -539,7 +468,7 @@ mod tests {
             std::fs::canonicalize(&found).unwrap(),
             std::fs::canonicalize(&asked).unwrap()
         );
-        let dirs = package_dirs();
+        let dirs = trident_data::python::package_dirs();
         let unique: std::collections::HashSet<_> = dirs.iter().collect();
         assert_eq!(unique.len(), dirs.len(), "no folder searched twice");
     }
