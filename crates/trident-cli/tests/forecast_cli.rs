@@ -378,24 +378,31 @@ fn series_configurations_that_cannot_work_are_refused_by_name() {
     assert!(e.contains("leave no training window"), "{e}");
 }
 
+/// Trains the shipped `examples/forecast/<name>.toml` on its real series
+/// (`scripts/fetch-data.sh series`) in a temporary folder: its test metrics and log, or
+/// `None` when the data is absent (unless TRIDENT_SERIES_REQUIRED is set: CI sets it).
+fn train_example(name: &str) -> Option<(serde_json::Value, String)> {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let cfg = common::real_example(
+        &format!("examples/forecast/{name}.toml"),
+        &format!("series/{name}.csv"),
+        "series",
+        "TRIDENT_SERIES_REQUIRED",
+        d,
+    )?;
+    let log = common::ok_log(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+    Some((json(&d.join(name).join("test/metrics.json")), log))
+}
+
 /// The shipped sunspots example on the real series (`scripts/fetch-data.sh series`):
 /// rolling one-step forecasts of 1990–2008 below AR(9)'s MAE of 11.9 (measured: 9.9).
 /// Skipped when the data is absent, unless TRIDENT_SERIES_REQUIRED is set (CI sets it).
 #[test]
 fn the_sunspots_example_beats_the_autoregression() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let Some(cfg) = common::real_example(
-        "examples/forecast/sunspots.toml",
-        "series/sunspots.csv",
-        "series",
-        "TRIDENT_SERIES_REQUIRED",
-        d,
-    ) else {
+    let Some((m, log)) = train_example("sunspots") else {
         return;
     };
-    let log = common::ok_log(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
-    let m = json(&d.join("sunspots/test/metrics.json"));
     assert_eq!(
         m["backtest"]["origins"].as_array().unwrap().len(),
         19,
@@ -407,19 +414,10 @@ fn the_sunspots_example_beats_the_autoregression() {
 
 #[test]
 fn the_taylor_example_beats_the_weekly_seasonal_naive() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let Some(cfg) = common::real_example(
-        "examples/forecast/taylor.toml",
-        "series/taylor.csv",
-        "series",
-        "TRIDENT_SERIES_REQUIRED",
-        d,
-    ) else {
+    let Some((m, log)) = train_example("taylor") else {
         return;
     };
-    let log = common::ok_log(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
-    let mae = maes(&json(&d.join("taylor/test/metrics.json")));
+    let mae = maes(&m);
     // The last week from one origin, against the weekly seasonal naive's 370.1 MW (the
     // anchor; reproduced exactly by the baseline column).
     assert!((mae[2] - 370.1).abs() < 0.1, "seasonal naive {mae:?}");

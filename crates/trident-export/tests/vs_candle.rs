@@ -133,6 +133,25 @@ fn engines() -> Vec<std::sync::Arc<dyn Backend>> {
     v
 }
 
+/// One instance of `file` loaded by `engine` (one thread).
+fn instance(
+    engine: &std::sync::Arc<dyn Backend>,
+    file: &std::path::Path,
+    name: &str,
+) -> Box<dyn trident_serve::backend::ModelInstance> {
+    engine
+        .load(
+            file,
+            &LoadOptions {
+                threads_per_instance: 1,
+                config: Default::default(),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{name} on {}: {e}", engine.name()))
+        .instance()
+        .unwrap()
+}
+
 /// Runs `inputs` through every engine that accepts the flavour and compares with `want`.
 fn check(
     name: &str,
@@ -153,16 +172,7 @@ fn check(
         if ort_only && engine.name() == "tract" {
             continue;
         }
-        let loaded = engine
-            .load(
-                &file,
-                &LoadOptions {
-                    threads_per_instance: 1,
-                    config: Default::default(),
-                },
-            )
-            .unwrap_or_else(|e| panic!("{name} on {}: {e}", engine.name()));
-        let mut inst = loaded.instance().unwrap();
+        let mut inst = instance(&engine, &file, name);
         let out = inst
             .execute(inputs.clone())
             .unwrap_or_else(|e| panic!("{name} on {}: {e}", engine.name()));
@@ -431,18 +441,7 @@ fn gan_generator_images_match_candle() {
     let zv: Vec<f32> = z.flatten_all().unwrap().to_vec1().unwrap();
     let input = trident_core::Tensor::from_f32(vec![3, 6], &zv).unwrap();
     for engine in engines() {
-        let loaded = engine
-            .load(
-                &file,
-                &LoadOptions {
-                    threads_per_instance: 1,
-                    config: Default::default(),
-                },
-            )
-            .unwrap_or_else(|e| panic!("generator on {}: {e}", engine.name()));
-        let out = loaded
-            .instance()
-            .unwrap()
+        let out = instance(&engine, &file, "generator")
             .execute(vec![("z".into(), input.clone())])
             .unwrap();
         assert_eq!(out[0].0, "image");
@@ -584,19 +583,10 @@ fn forecasters_raw_values_in_and_out() {
             ));
         }
         for engine in engines() {
-            let loaded = engine
-                .load(
-                    &file,
-                    &LoadOptions {
-                        threads_per_instance: 1,
-                        config: Default::default(),
-                    },
-                )
-                .unwrap_or_else(|e| panic!("{name} on {}: {e}", engine.name()));
-            let mut inst = loaded.instance().unwrap();
+            let mut inst = instance(&engine, &file, &name);
             let out = inst.execute(inputs.clone()).unwrap();
             assert_eq!(out[0].0, "forecast");
-            let mut got = out[0].1.to_f32().unwrap();
+            let got = out[0].1.to_f32().unwrap();
             // And one window at a time (batch 1, as `eval --onnx` runs them), twice over.
             for _ in 0..2 {
                 for (i, (w, &p)) in windows.iter().zip(&positions).enumerate() {
@@ -620,7 +610,6 @@ fn forecasters_raw_values_in_and_out() {
                     );
                 }
             }
-            got = got.clone();
             assert_eq!(got.len(), want.len());
             for (g, w) in got.iter().zip(&want) {
                 assert!(
