@@ -245,6 +245,14 @@ lr = 3e-3
 """
     )
     run(["train", "--config", "forecast.toml"], work)
+    # An LSTM with calendar features (the position in a 12-row period): a second input.
+    text = (work / "forecast.toml").read_text()
+    (work / "forecast_lstm.toml").write_text(
+        text.replace('dir = "forecast_run"', 'dir = "forecast_lstm_run"')
+        .replace('normalize = "season"', 'normalize = "season"\ncalendar = [12]')
+        .replace("hidden = [16]", 'net = "lstm"\nhidden = [8]')
+    )
+    run(["train", "--config", "forecast_lstm.toml"], work)
     return work / "forecast_run" / "best"
 
 
@@ -286,6 +294,8 @@ def deployed(tmp_path_factory):
     gan = train_gan(work)
     repo = work / "models"
     run(["package", "--model", str(forecaster), "--repository", str(repo), "--name", "forecast"], work)
+    lstm = work / "forecast_lstm_run" / "best"
+    run(["package", "--model", str(lstm), "--repository", str(repo), "--name", "forecast_lstm"], work)
     run(["package", "--model", str(gan), "--repository", str(repo), "--name", "generator"], work)
     run(["package", "--model", str(image_ae), "--repository", str(repo), "--name", "shapes_ae"], work)
     run(["package", "--model", str(table_ae), "--repository", str(repo), "--name", "penguins_ae"], work)
@@ -342,6 +352,7 @@ def deployed(tmp_path_factory):
         "image_ae": image_ae,
         "table_ae": table_ae,
         "forecaster": forecaster,
+        "forecaster_lstm": work / "forecast_lstm_run" / "best",
         "images": images,
         "fused": fused,
     }
@@ -505,6 +516,48 @@ def test_forecaster_serves_what_trident_predict_forecasts(deployed):
     g = grpcclient.InferInput("values", list(x.shape), "FP32")
     g.set_data_from_numpy(x)
     assert np.allclose(srv.grpc_client().infer("forecast", [g]).as_numpy("forecast"), want, rtol=1e-4)
+
+
+def test_calendar_lstm_forecaster_serves_each_window_from_its_position(deployed):
+    """An LSTM forecaster with calendar features takes the window and the forecast's row
+    (`position`, INT64); over HTTP and gRPC, batched and one window at a time (a recurrent
+    node must not carry one request's state into the next), it answers what `trident
+    predict` gives for the series cut after that window."""
+    import tritonclient.grpc as grpcclient
+
+    srv, work = deployed["server"], deployed["work"]
+    meta = srv.client().get_model_metadata("forecast_lstm")
+    assert meta["inputs"] == [
+        {"name": "values", "datatype": "FP32", "shape": [-1, 12]},
+        {"name": "position", "datatype": "INT64", "shape": [-1, 1]},
+    ], meta
+    lines = (work / "series.csv").read_text().splitlines()
+    series = [float(line.split(",")[1]) for line in lines[1:]]
+    ends = [12, 113, 300]
+    want = []
+    for end in ends:
+        cut = work / f"series_{end}.csv"
+        cut.write_text("\n".join(lines[: end + 1]) + "\n")
+        want.append(predict(deployed["forecaster_lstm"], [str(cut)], work)[0]["forecast"])
+    x = np.array([series[e - 12 : e] for e in ends], dtype=np.float32)
+    pos = np.array([[e] for e in ends], dtype=np.int64)
+
+    def inputs(module, x, pos):
+        a = module.InferInput("values", list(x.shape), "FP32")
+        a.set_data_from_numpy(x)
+        b = module.InferInput("position", list(pos.shape), "INT64")
+        b.set_data_from_numpy(pos)
+        return [a, b]
+
+    for _ in range(2):
+        got = srv.client().infer("forecast_lstm", inputs(httpclient, x, pos)).as_numpy("forecast")
+        assert got.shape == (3, 4)
+        assert np.allclose(got, want, rtol=1e-4), (got, want)
+        for i in range(3):
+            one = srv.client().infer("forecast_lstm", inputs(httpclient, x[i : i + 1], pos[i : i + 1]))
+            assert np.allclose(one.as_numpy("forecast")[0], want[i], rtol=1e-4), (i, one.as_numpy("forecast"), want[i])
+    g = srv.grpc_client().infer("forecast_lstm", inputs(grpcclient, x, pos)).as_numpy("forecast")
+    assert np.allclose(g, want, rtol=1e-4), (g, want)
 
 
 def test_gan_generator_serves_images_from_latent_vectors(deployed):
