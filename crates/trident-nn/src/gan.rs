@@ -70,7 +70,7 @@ impl Generator {
     /// Images `[n, c, h, w]` in [−1, 1] from latent vectors `z` `[n, z]`.
     pub fn forward(&self, z: &Tensor, ctx: &Ctx) -> Result<Tensor> {
         use crate::trace::layer;
-        let (c, h, w) = self.shape.image;
+        let (_, h, w) = self.shape.image;
         let n = z.dim(0)?;
         let x = {
             let _layer = layer(|| "generator.fc".into());
@@ -85,9 +85,7 @@ impl Generator {
                 .relu()?
         };
         let _layer = layer(|| "generator.up2".into());
-        ops::conv_transpose2d(&x, &self.up2, 2, 1)?
-            .broadcast_add(&self.up2_b.reshape((1, c, 1, 1))?)?
-            .tanh()
+        ops::channel_bias(&ops::conv_transpose2d(&x, &self.up2, 2, 1)?, &self.up2_b)?.tanh()
     }
 }
 
@@ -130,18 +128,17 @@ impl Discriminator {
     /// One logit per image `[n]` of images `[n, c, h, w]` in [−1, 1].
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
         use crate::trace::layer;
-        let w1 = self.conv1_b.dim(0)?;
         let h = {
             let _layer = layer(|| "discriminator.conv1".into());
             let h = ops::conv2d(x, &self.conv1_w, 2, 1)?;
-            leaky_relu(&h.broadcast_add(&self.conv1_b.reshape((1, w1, 1, 1))?)?)?
+            leaky_relu(&ops::channel_bias(&h, &self.conv1_b)?)?
         };
         let h = {
             let _layer = layer(|| "discriminator.conv2".into());
             let h = ops::conv2d(&h, &self.conv2_w, 2, 1)?;
             let h = match &self.bn2 {
                 SecondNorm::BatchNorm(bn) => bn.forward(&h, ctx)?,
-                SecondNorm::Bias(b) => h.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?,
+                SecondNorm::Bias(b) => ops::channel_bias(&h, b)?,
             };
             leaky_relu(&h)?
         };
