@@ -71,6 +71,32 @@ fn maes(m: &serde_json::Value) -> Vec<f64> {
         .collect()
 }
 
+/// Exports run `run`'s best checkpoint and repeats its backtest with the graph in tract
+/// and (with the `ort` feature) ONNX Runtime: the model's MAE within 1e-3 of the
+/// checkpoint's, the baselines' equal.
+fn export_forecasts_alike(d: &Path, run: &str) {
+    let best = d.join(run).join("best");
+    let bs = best.to_str().unwrap();
+    let onnx = format!("{run}.onnx");
+    ok(&trident(&["export", "--model", bs, "--out", &onnx], d));
+    let mae = maes(&json(&d.join(run).join("test/metrics.json")));
+    for engine in ["tract", "ort"] {
+        if engine == "ort" && !cfg!(feature = "ort") {
+            continue;
+        }
+        ok(&trident(
+            &["eval", "--model", bs, "--onnx", &onnx, "--engine", engine],
+            d,
+        ));
+        let theirs = maes(&json(&best.join("eval-test-onnx/metrics.json")));
+        assert!(
+            (theirs[0] - mae[0]).abs() < 1e-3 * mae[0],
+            "{run} {engine}: {theirs:?} vs {mae:?}"
+        );
+        assert_eq!(theirs[1..], mae[1..], "{run} {engine}: the baselines");
+    }
+}
+
 #[test]
 fn a_forecaster_beats_the_naive_forecasts_and_every_tool_agrees() {
     let tmp = tempfile::tempdir().unwrap();
@@ -106,22 +132,7 @@ fn a_forecaster_beats_the_naive_forecasts_and_every_tool_agrees() {
         "{out}"
     );
     assert_eq!(maes(&json(&best.join("eval-test/metrics.json"))), mae);
-    ok(&trident(&["export", "--model", bs, "--out", "f.onnx"], d));
-    for engine in ["tract", "ort"] {
-        if engine == "ort" && !cfg!(feature = "ort") {
-            continue;
-        }
-        ok(&trident(
-            &["eval", "--model", bs, "--onnx", "f.onnx", "--engine", engine],
-            d,
-        ));
-        let theirs = maes(&json(&best.join("eval-test-onnx/metrics.json")));
-        assert!(
-            (theirs[0] - mae[0]).abs() < 1e-3 * mae[0],
-            "{engine}: {theirs:?} vs {mae:?}"
-        );
-        assert_eq!(theirs[1..], mae[1..]);
-    }
+    export_forecasts_alike(d, "f");
 
     // `predict`: the next 5 values after a file's series, or after values given inline.
     let out = ok(&trident(&["predict", "--model", bs, "series.csv"], d));
@@ -204,25 +215,7 @@ fn recurrent_forecasters_train_and_resume_exactly() {
     }
     // Exported, each forecasts the backtest as its checkpoint does, in both engines.
     for net in ["lstm", "gru"] {
-        let best = d.join(format!("{net}-whole/best"));
-        let bs = best.to_str().unwrap();
-        let onnx = format!("{net}.onnx");
-        ok(&trident(&["export", "--model", bs, "--out", &onnx], d));
-        let mae = maes(&json(&d.join(format!("{net}-whole/test/metrics.json"))));
-        for engine in ["tract", "ort"] {
-            if engine == "ort" && !cfg!(feature = "ort") {
-                continue;
-            }
-            ok(&trident(
-                &["eval", "--model", bs, "--onnx", &onnx, "--engine", engine],
-                d,
-            ));
-            let theirs = maes(&json(&best.join("eval-test-onnx/metrics.json")));
-            assert!(
-                (theirs[0] - mae[0]).abs() < 1e-3 * mae[0],
-                "{net} {engine}: {theirs:?} vs {mae:?}"
-            );
-        }
+        export_forecasts_alike(d, &format!("{net}-whole"));
     }
 }
 
@@ -278,25 +271,7 @@ fn calendar_features_place_a_forecast_in_its_period_everywhere() {
 
     // The exported graphs take the position as a second input and forecast alike.
     for name in ["cal", "cal-lstm"] {
-        let best = d.join(name).join("best");
-        let bs = best.to_str().unwrap();
-        let onnx = format!("{name}.onnx");
-        ok(&trident(&["export", "--model", bs, "--out", &onnx], d));
-        let mae = maes(&json(&d.join(name).join("test/metrics.json")));
-        for engine in ["tract", "ort"] {
-            if engine == "ort" && !cfg!(feature = "ort") {
-                continue;
-            }
-            ok(&trident(
-                &["eval", "--model", bs, "--onnx", &onnx, "--engine", engine],
-                d,
-            ));
-            let theirs = maes(&json(&best.join("eval-test-onnx/metrics.json")));
-            assert!(
-                (theirs[0] - mae[0]).abs() < 1e-3 * mae[0],
-                "{name} {engine}: {theirs:?} vs {mae:?}"
-            );
-        }
+        export_forecasts_alike(d, name);
     }
     ok(&trident(
         &[

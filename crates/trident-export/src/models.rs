@@ -714,7 +714,7 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
 
 /// The calendar features of the `position` input (INT64 `[batch, 1]`, the first forecast
 /// value's row in the series): `sin` and `cos` of `2π (position mod P) / P` per period,
-/// `[batch, 2 · periods]`, as `SeriesSpec::calendar_features` computes them.
+/// `[batch, 2 · periods]`, as `trident_nn::forecast::calendar_features` computes them.
 fn calendar_features(w: &mut Writer, periods: &[usize]) -> String {
     let pos = w.g.input("position", Elem::Int64, &[BATCH, Dim::Fixed(1)]);
     let mut feats = Vec::new();

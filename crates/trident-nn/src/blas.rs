@@ -81,11 +81,13 @@ fn load() -> Option<Cblas> {
     if choice.eq_ignore_ascii_case("off") {
         return None;
     }
-    // A kernel family the environment chose is kept, but named when this CPU has a
-    // better one: an image that sets OPENBLAS_CORETYPE=Haswell runs half as fast on an
+    let mkl = choice.eq_ignore_ascii_case("mkl");
+    // OpenBLAS: a kernel family the environment chose is kept, but named when this CPU has
+    // a better one: an image that sets OPENBLAS_CORETYPE=Haswell runs half as fast on an
     // AVX-512 CPU (measured on AMD EPYC Zen 5: 215 against 410 GFLOP/s).
     let mut note = String::new();
     match (std::env::var("OPENBLAS_CORETYPE"), core_type()) {
+        _ if mkl => {}
         (Err(_), Some(core)) => {
             // Read by OpenBLAS's constructor when the library is loaded below. This runs
             // once, before any OpenBLAS code exists in the process.
@@ -98,7 +100,7 @@ fn load() -> Option<Cblas> {
         }
         _ => {}
     }
-    let candidates: Vec<String> = if choice.eq_ignore_ascii_case("mkl") {
+    let candidates: Vec<String> = if mkl {
         mkl_candidates()
     } else if choice.is_empty() {
         vec![

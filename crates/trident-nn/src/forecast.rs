@@ -27,6 +27,18 @@ pub enum Forecaster {
     },
 }
 
+/// The calendar features of row `position` of a series: `sin θ` and `cos θ` per period
+/// `P`, θ = 2π (position mod P) / P.
+pub fn calendar_features(periods: &[usize], position: usize) -> Vec<f32> {
+    periods
+        .iter()
+        .flat_map(|&p| {
+            let a = 2.0 * std::f64::consts::PI * (position % p) as f64 / p as f64;
+            [a.sin() as f32, a.cos() as f32]
+        })
+        .collect()
+}
+
 /// The matrix that turns the calendar features of row `t` (`sin θ`, `cos θ` per period
 /// `P`, θ = 2π (t mod P) / P) into those of rows `t − window … t − 1`: a row `d` earlier
 /// is θ − 2πd/P, a rotation of (`sin θ`, `cos θ`), so one `[2F, window · 2F]` product gives
@@ -165,15 +177,7 @@ mod tests {
     #[test]
     fn step_features_are_each_window_rows_own() {
         let (periods, window, t) = ([7usize, 24], 5usize, 1000usize);
-        let spec = |row: usize| -> Vec<f32> {
-            periods
-                .iter()
-                .flat_map(|&p| {
-                    let a = 2.0 * std::f64::consts::PI * (row % p) as f64 / p as f64;
-                    [a.sin() as f32, a.cos() as f32]
-                })
-                .collect()
-        };
+        let spec = |row: usize| calendar_features(&periods, row);
         let m = Tensor::from_vec(step_features(&periods, window), (4, window * 4), &Device::Cpu).unwrap();
         let at_t = Tensor::from_vec(spec(t), (1, 4), &Device::Cpu).unwrap();
         let got = at_t

@@ -470,13 +470,7 @@ impl SeriesSpec {
     /// The calendar features of a forecast whose first value is row `position` of the
     /// series: `sin` and `cos` of `2π (position mod P) / P` per period `P`.
     pub fn calendar_features(&self, position: usize) -> Vec<f32> {
-        self.calendar
-            .iter()
-            .flat_map(|&p| {
-                let a = 2.0 * std::f64::consts::PI * (position % p) as f64 / p as f64;
-                [a.sin() as f32, a.cos() as f32]
-            })
-            .collect()
+        trident_nn::forecast::calendar_features(&self.calendar, position)
     }
 
     /// The model's input for `window` raw values followed by the value at row `position`

@@ -584,23 +584,23 @@ fn encode_rows(
     Ok((kept, dropped))
 }
 
-/// Series windows in the model's scale: `window` inputs (the values, then any calendar
-/// features) and `horizon` targets each.
+/// Series windows in the model's scale: `width` inputs (the window's values, then any
+/// calendar features) and `horizon` targets each.
 pub struct WindowSet {
     x: Vec<f32>,
     y: Vec<f32>,
-    window: usize,
+    width: usize,
     horizon: usize,
 }
 
 impl Dataset for WindowSet {
     type Item = WindowItem;
     fn len(&self) -> usize {
-        self.x.len() / self.window
+        self.x.len() / self.width
     }
     fn get(&self, i: usize) -> Result<Self::Item, DataError> {
         Ok((
-            self.x[i * self.window..(i + 1) * self.window].to_vec(),
+            self.x[i * self.width..(i + 1) * self.width].to_vec(),
             self.y[i * self.horizon..(i + 1) * self.horizon].to_vec(),
         ))
     }
@@ -707,7 +707,7 @@ pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) ->
         WindowSet {
             x,
             y,
-            window: spec.inputs(),
+            width: spec.inputs(),
             horizon: h,
         }
     };
@@ -744,18 +744,18 @@ type WindowItem = (Vec<f32>, Vec<f32>);
 
 /// Stacks windows and their targets into a [`Batch::Series`].
 fn series_collate(
-    window: usize,
+    width: usize,
     horizon: usize,
 ) -> impl Fn(Vec<WindowItem>) -> Result<Batch, DataError> + Send + Sync + 'static {
     move |items| {
         let n = items.len();
-        let (mut x, mut y) = (Vec::with_capacity(n * window), Vec::with_capacity(n * horizon));
+        let (mut x, mut y) = (Vec::with_capacity(n * width), Vec::with_capacity(n * horizon));
         for (a, b) in items {
             x.extend(a);
             y.extend(b);
         }
         let err = |e: candle_core::Error| DataError::Batch(e.to_string());
-        let x = trident_nn::Tensor::from_vec(x, (n, window), &trident_nn::Device::Cpu).map_err(err)?;
+        let x = trident_nn::Tensor::from_vec(x, (n, width), &trident_nn::Device::Cpu).map_err(err)?;
         let y = trident_nn::Tensor::from_vec(y, (n, horizon), &trident_nn::Device::Cpu).map_err(err)?;
         Ok(Batch::Series(x, y))
     }
