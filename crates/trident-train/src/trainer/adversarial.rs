@@ -281,32 +281,32 @@ impl Trainer {
     /// What a GAN's loop does not offer, refused by name before anything is written.
     fn refuse_for_gan(&self) -> Result<(), TrainError> {
         let c = &self.config;
-        if self.data_parallel.is_some() {
-            return Err(TrainError::Invalid(
-                "a GAN trains in one process: data parallelism is not offered for it".into(),
-            ));
+        let refusals = [
+            (
+                self.data_parallel.is_some(),
+                "a GAN trains in one process: data parallelism is not offered for it",
+            ),
+            (
+                c.grad_accum != 1,
+                "train.grad_accum: a GAN updates after every batch; leave it at 1",
+            ),
+            (
+                self.profile.is_some(),
+                "--profile covers classifier and reconstruction steps, not a GAN's two updates",
+            ),
+            (
+                c.precision != super::Precision::F32,
+                "train.precision: a GAN trains in f32",
+            ),
+            (c.epochs == 0, "epochs must be at least 1"),
+            (
+                c.monitor != Monitor::ValFd,
+                "train.monitor: a GAN's best epoch has the lowest Fréchet distance (\"val_fd\")",
+            ),
+        ];
+        match refusals.into_iter().find(|(refused, _)| *refused) {
+            Some((_, why)) => Err(TrainError::Invalid(why.into())),
+            None => Ok(()),
         }
-        if c.grad_accum != 1 {
-            return Err(TrainError::Invalid(
-                "train.grad_accum: a GAN updates after every batch; leave it at 1".into(),
-            ));
-        }
-        if self.profile.is_some() {
-            return Err(TrainError::Invalid(
-                "--profile covers classifier and reconstruction steps, not a GAN's two updates".into(),
-            ));
-        }
-        if c.precision != super::Precision::F32 {
-            return Err(TrainError::Invalid("train.precision: a GAN trains in f32".into()));
-        }
-        if c.epochs == 0 {
-            return Err(TrainError::Invalid("epochs must be at least 1".into()));
-        }
-        if c.monitor != Monitor::ValFd {
-            return Err(TrainError::Invalid(
-                "train.monitor: a GAN's best epoch has the lowest Fréchet distance (\"val_fd\")".into(),
-            ));
-        }
-        Ok(())
     }
 }
