@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The Fashion-MNIST GAN examples (examples/gan/fashion-{dcgan,wgan}.toml) in Trident beside
+# The Fashion-MNIST GAN examples (examples/gan/fashion-{dcgan,wgan,wgan-gp}.toml) in Trident beside
 # PyTorch's equivalent (benches/peers/torch_gan.py), on the same number of batches, in
 # interleaved rounds on this machine.
 #
-#   benches/gan_epochs.sh [rounds] [batches] [dcgan|wgan …]   # TRIDENT_BIN: the binary (default trident)
+#   benches/gan_epochs.sh [rounds] [batches] [dcgan|wgan|wgan-gp …]   # TRIDENT_BIN: the binary (default trident)
 #
 # Trident runs one epoch of `batches` batches (data.max_train, no [gan] judge) and its
 # figure is that epoch's `epoch_seconds` in metrics.jsonl (the training pass; the sample
@@ -31,7 +31,7 @@ for r in $(seq 1 "$rounds"); do
 import json, sys
 run, kind, batches, bs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 r = [json.loads(l) for l in open(f"{run}/metrics.jsonl")][0]
-print(f"{kind:5s} trident  {batches} batches of {bs}  {r['epoch_seconds']:.2f} s  {r['examples_per_second']:,.0f} ex/s")
+print(f"{kind:7s} trident  {batches} batches of {bs}  {r['epoch_seconds']:.2f} s  {r['examples_per_second']:,.0f} ex/s")
 PY
     python3 benches/peers/torch_gan.py "$kind" "$batches" | tail -1
   done

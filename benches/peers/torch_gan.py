@@ -1,18 +1,21 @@
-"""PyTorch's equivalent of examples/gan/fashion-{dcgan,wgan}.toml: the same networks layer
+"""PyTorch's equivalent of examples/gan/fashion-{dcgan,wgan,wgan-gp}.toml: the same networks layer
 for layer (generator: linear z(100) -> 128x7x7, batch norm, ReLU, ConvTranspose 4x4/2 to 64
 maps, batch norm, ReLU, ConvTranspose 4x4/2 to the image, tanh; discriminator: Conv 4x4/2 to
 64 maps, LeakyReLU(0.2), Conv 4x4/2 to 128, batch norm, LeakyReLU, linear to one logit),
 N(0, 0.02) initialisation, and the same updates: DCGAN (Adam lr 2e-4, betas (0.5, 0.999),
 batch 128, the critic then the generator every batch, non-saturating loss) or WGAN
 (RMSprop lr 5e-5, batch 64, weights clipped to 0.01, a generator update every 5 critic
-updates). Runs on `batches` batches of the Fashion-MNIST training images (pixels scaled
+updates) or WGAN-GP (Adam lr 1e-4, betas (0, 0.9), batch 64, no batch norm in the critic
+(a bias on its second convolution instead), the gradient penalty with weight 10 at random
+interpolations through torch.autograd.grad(create_graph=True), a generator update every 5
+critic updates). Runs on `batches` batches of the Fashion-MNIST training images (pixels scaled
 to [-1, 1]); only the time is compared with Trident, not the samples.
 
 Prints seconds and images per second of the training pass, like benches/gan_epochs.sh
 reads Trident's metrics.jsonl. Threads: TORCH_THREADS (default 2); COMPILE=1 compiles
 both networks with torch.compile.
 
-    python3 benches/peers/torch_gan.py dcgan|wgan [batches]
+    python3 benches/peers/torch_gan.py dcgan|wgan|wgan-gp [batches]
 """
 
 import gzip
@@ -38,7 +41,7 @@ def init(m):
             nn.init.zeros_(m.bias)
 
 
-def networks(z=100, w=64):
+def networks(z=100, w=64, critic_bn=True):
     g = nn.Sequential(
         nn.Linear(z, 2 * w * 7 * 7), nn.Unflatten(1, (2 * w, 7, 7)), nn.BatchNorm2d(2 * w), nn.ReLU(),
         nn.ConvTranspose2d(2 * w, w, 4, 2, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
@@ -46,7 +49,9 @@ def networks(z=100, w=64):
     )
     d = nn.Sequential(
         nn.Conv2d(1, w, 4, 2, 1), nn.LeakyReLU(0.2),
-        nn.Conv2d(w, 2 * w, 4, 2, 1, bias=False), nn.BatchNorm2d(2 * w), nn.LeakyReLU(0.2),
+        *((nn.Conv2d(w, 2 * w, 4, 2, 1, bias=False), nn.BatchNorm2d(2 * w)) if critic_bn
+          else (nn.Conv2d(w, 2 * w, 4, 2, 1),)),
+        nn.LeakyReLU(0.2),
         nn.Flatten(), nn.Linear(2 * w * 7 * 7, 1),
     )
     g.apply(init)
@@ -60,10 +65,13 @@ def main():
     torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "2")))
     torch.manual_seed(0)
     x = torch.from_numpy(images("data/fashion-mnist/train-images-idx3-ubyte.gz")[:54000].copy())
-    g, d = networks()
-    wgan = kind == "wgan"
+    gp = kind == "wgan-gp"
+    g, d = networks(critic_bn=not gp)
+    wgan = kind in ("wgan", "wgan-gp")
     bs, critic_steps = (64, 5) if wgan else (128, 1)
-    if wgan:
+    if gp:
+        og, od = (torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.0, 0.9)) for m in (g, d))
+    elif wgan:
         og, od = (torch.optim.RMSprop(m.parameters(), lr=5e-5) for m in (g, d))
     else:
         og, od = (torch.optim.Adam(m.parameters(), lr=2e-4, betas=(0.5, 0.999)) for m in (g, d))
@@ -77,10 +85,15 @@ def main():
             fake = gs(torch.randn(len(real), 100)).detach()
             sr, sf = ds(real), ds(fake)
             loss = (sf.mean() - sr.mean()) if wgan else (sp(-sr).mean() + sp(sf).mean())
+            if gp:
+                eps = torch.rand(len(real), 1, 1, 1)
+                mixed = (eps * real + (1 - eps) * fake).requires_grad_(True)
+                (grad,) = torch.autograd.grad(ds(mixed).sum(), mixed, create_graph=True)
+                loss = loss + 10.0 * ((grad.flatten(1).norm(dim=1) - 1) ** 2).mean()
             od.zero_grad()
             loss.backward()
             od.step()
-            if wgan:
+            if wgan and not gp:
                 for p in d.parameters():
                     p.data.clamp_(-0.01, 0.01)
             if (t + 1) % critic_steps == 0:
@@ -94,7 +107,7 @@ def main():
     t0 = time.perf_counter()
     run(batches)
     secs = time.perf_counter() - t0
-    print(f"{kind:5s} pytorch {torch.__version__}{' compiled' if os.environ.get('COMPILE') == '1' else ''}  "
+    print(f"{kind:7s} pytorch {torch.__version__}{' compiled' if os.environ.get('COMPILE') == '1' else ''}  "
           f"{batches} batches of {bs}  {secs:.2f} s  {batches * bs / secs:,.0f} ex/s")
 
 

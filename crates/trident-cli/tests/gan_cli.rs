@@ -2,7 +2,9 @@
 //! grids per epoch, the per-epoch Fréchet distance that picks `best`, the report beside
 //! the real images' floor, `trident eval` reproducing it), a WGAN (RMSprop, weight
 //! clipping, five critic updates per generator update) resuming bit for bit from a
-//! checkpoint holding both optimizers, and the errors for configurations that cannot work.
+//! checkpoint holding both optimizers, a WGAN-GP (its penalty in the critic's loss, its
+//! random interpolations resumed exactly), and the errors for configurations that cannot
+//! work.
 
 mod common;
 use common::{assert_same_checkpoints, epoch_records, failed, ok, trident, TOP_BOTTOM_DATA};
@@ -167,6 +169,48 @@ fn a_wgan_resumes_exactly_with_both_optimizers() {
 }
 
 #[test]
+fn a_wgan_gp_penalises_the_critic_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    let model = |loss: &str| {
+        format!("kind = \"gan\"\nloss = \"{loss}\"\nz = 8\nwidth = 4\ncritic_batch_norm = false")
+    };
+    let train =
+        "lr = 1e-3\n[train.optimizer]\nname = \"adamw\"\nbeta1 = 0.0\nbeta2 = 0.9\nweight_decay = 0.0";
+    let whole = config(d, "whole", &model("wgan-gp"), train, "");
+    ok(&trident(&["train", "--config", whole.to_str().unwrap()], d));
+    // The critic's loss is mean D(G(z)) − mean D(x) plus the penalty, which is positive;
+    // the same run without it (WGAN, nothing clipped at this bound) has no such excess.
+    let excess = |run: &str| -> Vec<f64> {
+        epoch_records(&d.join(run))
+            .iter()
+            .map(|r| {
+                let f = &r["figures"];
+                r["train_loss"].as_f64().unwrap()
+                    - (f["d_fake"].as_f64().unwrap() - f["d_real"].as_f64().unwrap())
+            })
+            .collect()
+    };
+    let penalty = excess("whole");
+    assert_eq!(penalty.len(), 3);
+    assert!(penalty.iter().all(|p| *p > 1e-3), "{penalty:?}");
+    let plain = config(d, "plain", &format!("{}\nclip = 100.0", model("wgan")), train, "");
+    ok(&trident(&["train", "--config", plain.to_str().unwrap()], d));
+    assert!(
+        excess("plain").iter().all(|p| p.abs() < 1e-5),
+        "{:?}",
+        excess("plain")
+    );
+    // Stopped mid-epoch and between generator updates, resumed: the same weights.
+    let parts = config(d, "parts", &model("wgan-gp"), train, "");
+    let p = parts.to_str().unwrap();
+    ok(&trident(&["train", "--config", p, "--stop-after-steps", "13"], d));
+    ok(&trident(&["train", "--config", p, "--resume"], d));
+    assert_same_checkpoints(&d.join("whole"), &d.join("parts"));
+}
+
+#[test]
 fn gan_configurations_that_cannot_work_are_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
@@ -190,6 +234,25 @@ fn gan_configurations_that_cannot_work_are_refused_by_name() {
     assert!(e.contains("[gan]") && e.contains("model.kind = \"gan\""), "{e}");
     let e = run("f", DCGAN, &format!("grad_accum = 2\n{ADAM}"), "");
     assert!(e.contains("grad_accum"), "{e}");
+    let gp = "kind = \"gan\"\nloss = \"wgan-gp\"\nz = 8\nwidth = 4";
+    let e = run("g", gp, ADAM, "");
+    assert!(e.contains("critic_batch_norm = false"), "{e}");
+    let e = run(
+        "h",
+        &format!("{gp}\ncritic_batch_norm = false\nclip = 0.01"),
+        ADAM,
+        "",
+    );
+    assert!(e.contains("model.clip") && e.contains("\"wgan\""), "{e}");
+    let e = run("i", &format!("{DCGAN}\ngp = 10.0"), ADAM, "");
+    assert!(e.contains("model.gp") && e.contains("wgan-gp"), "{e}");
+    let e = run(
+        "j",
+        &format!("{gp}\ncritic_batch_norm = false\ngp = -1.0"),
+        ADAM,
+        "",
+    );
+    assert!(e.contains("model.gp = -1"), "{e}");
 }
 
 /// The shipped DCGAN example on a slice of Fashion-MNIST, judged by the shipped CNN

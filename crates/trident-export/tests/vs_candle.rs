@@ -413,6 +413,7 @@ fn gan_generator_images_match_candle() {
         clip: None,
         critic_steps: None,
         critic_batch_norm: true,
+        gp: None,
     };
     let mut card = image_card(ModelConfig::Gan(g), 1);
     card.classes = Vec::new();

@@ -11,8 +11,14 @@
 //! on the second, as in the paper; none in a critic trained with `batch_norm = false`) and
 //! a linear layer to one logit. Weights start from N(0, 0.02), the paper's initialisation.
 //!
-//! WGAN-GP is not offered: its penalty differentiates the critic's input gradient again
-//! (a second-order gradient), which candle's autograd does not provide.
+//! WGAN-GP (Gulrajani et al. 2017, arXiv:1704.00028) penalises the critic's gradient with
+//! respect to its input, so its loss is differentiated twice. candle's autograd gives a
+//! gradient as numbers, not as a graph; [`Discriminator::input_gradient`] therefore builds
+//! the critic's input gradient as a graph of its own from the kernels the critic is made
+//! of — the linear layer's weight broadcast back, LeakyReLU's slope (constant almost
+//! everywhere, so its own derivative is zero), and a transposed convolution with the same
+//! kernel for each convolution — and candle differentiates that graph with respect to the
+//! critic's weights. It needs the critic without batch norm (as the paper's).
 
 use crate::layers::{BatchNorm2d, Ctx};
 use crate::ops;
@@ -148,6 +154,58 @@ impl Discriminator {
             .broadcast_add(&self.fc_b)?
             .squeeze(1)
     }
+
+    /// The gradient of the summed scores with respect to the images `x` `[n, c, h, w]`, as a
+    /// graph of the critic's weights (so that a loss on it trains them: WGAN-GP's
+    /// penalty). By the chain rule backwards through [`Self::forward`]: the linear layer's
+    /// weight as a map, times LeakyReLU's slope at the second layer's pre-activation, through
+    /// the second convolution's transpose, times the slope at the first, through the first's.
+    /// The slopes (1 or 0.2) are constants: LeakyReLU's second derivative is zero except at
+    /// 0. Only for a critic without batch norm (its gradient couples the batch's images).
+    pub fn input_gradient(&self, x: &Tensor) -> Result<Tensor> {
+        let SecondNorm::Bias(b2) = &self.bn2 else {
+            candle_core::bail!(
+                "gan: the gradient penalty needs a critic without batch norm (critic_batch_norm = false)"
+            )
+        };
+        let _layer = crate::trace::layer(|| "discriminator.input_gradient".into());
+        // The pre-activations, only for the slopes: nothing is differentiated through them.
+        let (x, w1, w2) = (x.detach(), self.conv1_w.detach(), self.conv2_w.detach());
+        let a1 = ops::channel_bias(&ops::conv2d(&x, &w1, 2, 1)?, &self.conv1_b.detach())?;
+        let a2 = ops::channel_bias(&ops::conv2d(&leaky_relu(&a1)?, &w2, 2, 1)?, &b2.detach())?;
+        let slope = |a: &Tensor| a.gt(0f32)?.to_dtype(a.dtype())?.affine(0.8, 0.2);
+        let g = self.fc_w.reshape(a2.shape().dims()[1..].to_vec())?.unsqueeze(0)?;
+        let g = g.broadcast_mul(&slope(&a2)?)?;
+        let g = ops::conv_transpose2d(&g, &self.conv2_w, 2, 1)?.mul(&slope(&a1)?)?;
+        ops::conv_transpose2d(&g, &self.conv1_w, 2, 1)
+    }
+}
+
+/// WGAN-GP's penalty: `lambda · mean((‖∇ₓ D(x̂)‖₂ − 1)²)` at `x̂ = ε·real + (1 − ε)·fake`,
+/// one `ε ~ U[0, 1]` per image drawn from `seed`. Differentiable with respect to the
+/// critic's weights ([`Discriminator::input_gradient`]); `real` and `fake` are constants.
+pub fn gradient_penalty(
+    critic: &Discriminator,
+    real: &Tensor,
+    fake: &Tensor,
+    lambda: f32,
+    seed: u64,
+) -> Result<Tensor> {
+    let n = real.dim(0)?;
+    let mut state = ops::splitmix(seed ^ 0x6770_656e);
+    let eps: Vec<f32> = (0..n)
+        .map(|_| {
+            state = ops::splitmix(state);
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        })
+        .collect();
+    let eps = Tensor::from_vec(eps, (n, 1, 1, 1), real.device())?;
+    let (real, fake) = (real.detach(), fake.detach());
+    let mixed = (real.broadcast_mul(&eps)? + fake.broadcast_mul(&eps.affine(-1.0, 1.0)?)?)?;
+    let g = critic.input_gradient(&mixed)?;
+    // A tiny floor under the root: its derivative is infinite at zero.
+    let norm = (g.sqr()?.flatten_from(1)?.sum(1)? + 1e-12)?.sqrt()?;
+    (norm - 1.0)?.sqr()?.mean_all()? * lambda as f64
 }
 
 /// LeakyReLU with slope 0.2 below zero, one graph node.
@@ -197,15 +255,23 @@ pub enum GanLoss {
         /// The clipping bound.
         clip: f32,
     },
+    /// WGAN-GP: WGAN's losses, the critic's plus [`gradient_penalty`] instead of clipping.
+    WassersteinGp {
+        /// The penalty's weight λ (the paper's 10).
+        lambda: f32,
+    },
 }
 
 impl GanLoss {
-    /// The discriminator's (critic's) loss from its scores of real and generated images.
+    /// The discriminator's (critic's) loss from its scores of real and generated images
+    /// (WGAN-GP's [`gradient_penalty`] is added to it by the caller, who has the images).
     pub fn critic(&self, real: &Tensor, fake: &Tensor) -> Result<Tensor> {
         match self {
             // BCE(σ(r), 1) + BCE(σ(f), 0) = softplus(−r) + softplus(f)
             GanLoss::Standard => softplus(&real.neg()?)?.mean_all()? + softplus(fake)?.mean_all()?,
-            GanLoss::Wasserstein { .. } => fake.mean_all()? - real.mean_all()?,
+            GanLoss::Wasserstein { .. } | GanLoss::WassersteinGp { .. } => {
+                fake.mean_all()? - real.mean_all()?
+            }
         }
     }
 
@@ -213,7 +279,7 @@ impl GanLoss {
     pub fn generator(&self, fake: &Tensor) -> Result<Tensor> {
         match self {
             GanLoss::Standard => softplus(&fake.neg()?)?.mean_all(),
-            GanLoss::Wasserstein { .. } => fake.mean_all()?.neg(),
+            GanLoss::Wasserstein { .. } | GanLoss::WassersteinGp { .. } => fake.mean_all()?.neg(),
         }
     }
 }
@@ -276,6 +342,115 @@ mod tests {
             ..shape(true)
         };
         assert!(Generator::new(&p.builder(0, None), bad).is_err());
+    }
+
+    /// A critic without batch norm, its weights scaled from N(0, 0.02) to N(0, 0.3) so that
+    /// its input gradient's norm is near 1 and the penalty's gradient is not negligible.
+    fn critic(image: (usize, usize, usize)) -> (Params, Discriminator) {
+        let p = Params::new();
+        let shape = GanShape {
+            image,
+            z: 5,
+            width: 2,
+            critic_batch_norm: false,
+        };
+        let d = Discriminator::new(&p.builder(5, None).pp("discriminator"), shape).unwrap();
+        for name in [
+            "conv1.weight",
+            "conv2.weight",
+            "fc.weight",
+            "conv1.bias",
+            "conv2.bias",
+        ] {
+            let v = &p.get(&format!("discriminator.{name}")).unwrap().var;
+            let scaled = if name.ends_with("bias") {
+                latent(1, v.elem_count(), 9).unwrap().reshape(v.shape()).unwrap() * 0.1
+            } else {
+                v.as_tensor() * 15.0
+            };
+            v.set(&scaled.unwrap()).unwrap();
+        }
+        (p, d)
+    }
+
+    fn images(n: usize, (c, h, w): (usize, usize, usize), seed: u64) -> Tensor {
+        latent(n, c * h * w, seed)
+            .unwrap()
+            .tanh()
+            .unwrap()
+            .reshape((n, c, h, w))
+            .unwrap()
+    }
+
+    #[test]
+    fn the_critics_input_gradient_graph_is_autograds_gradient() {
+        let image = (2, 8, 12);
+        let (_p, d) = critic(image);
+        let x = candle_core::Var::from_tensor(&images(3, image, 1)).unwrap();
+        let scores = d.forward(x.as_tensor(), &Ctx::train(0, 0)).unwrap();
+        let grads = scores.sum_all().unwrap().backward().unwrap();
+        let want: Vec<f32> = grads
+            .get(x.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let got: Vec<f32> = d
+            .input_gradient(x.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 1e-3, "a gradient to compare: {scale}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5 * scale, "{g} vs {w}");
+        }
+        // A critic with batch norm is refused by name.
+        let p = Params::new();
+        let bn = Discriminator::new(
+            &p.builder(5, None),
+            GanShape {
+                image,
+                z: 5,
+                width: 2,
+                critic_batch_norm: true,
+            },
+        )
+        .unwrap();
+        let e = bn.input_gradient(x.as_tensor()).unwrap_err().to_string();
+        assert!(e.contains("critic_batch_norm = false"), "{e}");
+    }
+
+    #[test]
+    fn the_gradient_penalty_trains_the_critics_weights_by_its_true_gradient() {
+        let image = (1, 8, 8);
+        let (p, d) = critic(image);
+        let (real, fake) = (images(3, image, 2), images(3, image, 3));
+        let f = || gradient_penalty(&d, &real, &fake, 10.0, 7);
+        let penalty = f().unwrap().to_scalar::<f32>().unwrap();
+        assert!(penalty > 0.1, "a penalty to differentiate: {penalty}");
+        // The same seed mixes the same way; another does not.
+        assert_eq!(penalty, f().unwrap().to_scalar::<f32>().unwrap());
+        let other = gradient_penalty(&d, &real, &fake, 10.0, 8).unwrap();
+        assert_ne!(penalty, other.to_scalar::<f32>().unwrap());
+        // Second-order: the penalty's gradient with respect to every weight it depends on,
+        // against finite differences of the penalty itself.
+        let vars: Vec<(String, candle_core::Var)> = ["conv1.weight", "conv2.weight", "fc.weight"]
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    p.get(&format!("discriminator.{n}")).unwrap().var.clone(),
+                )
+            })
+            .collect();
+        let vars: Vec<(&str, &candle_core::Var)> = vars.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        let r = crate::gradcheck(f, &vars, 1e-3, 1e-3, 1e-2).unwrap();
+        assert!(r.passed() && r.checked == 32 + 128 + 16, "{r}");
     }
 
     #[test]

@@ -131,7 +131,8 @@ fn effnet_dropout() -> f32 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GanModel {
-    /// `dcgan` (the non-saturating GAN loss) or `wgan` (Wasserstein, with weight clipping).
+    /// `dcgan` (the non-saturating GAN loss), `wgan` (Wasserstein, with weight clipping) or
+    /// `wgan-gp` (Wasserstein with a gradient penalty; the critic without batch norm).
     #[serde(default)]
     pub loss: GanObjective,
     /// Width of the latent vector.
@@ -143,7 +144,10 @@ pub struct GanModel {
     /// `wgan`: the critic's weights are clipped to `[−clip, clip]` (default 0.01).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clip: Option<f32>,
-    /// Critic updates per generator update (default 1 for `dcgan`, 5 for `wgan`).
+    /// `wgan-gp`: the gradient penalty's weight λ (default 10, the paper's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gp: Option<f32>,
+    /// Critic updates per generator update (default 1 for `dcgan`, 5 for `wgan` and `wgan-gp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub critic_steps: Option<u64>,
     /// Batch norm in the discriminator's second layer (DCGAN's; default true).
@@ -158,6 +162,8 @@ pub enum GanObjective {
     #[default]
     Dcgan,
     Wgan,
+    #[serde(rename = "wgan-gp")]
+    WganGp,
 }
 
 impl GanModel {
@@ -170,7 +176,7 @@ impl GanModel {
     pub fn critic_steps(&self) -> u64 {
         self.critic_steps.unwrap_or(match self.loss {
             GanObjective::Dcgan => 1,
-            GanObjective::Wgan => 5,
+            GanObjective::Wgan | GanObjective::WganGp => 5,
         })
     }
 
@@ -179,6 +185,9 @@ impl GanModel {
         match self.loss {
             GanObjective::Dcgan => trident_nn::gan::GanLoss::Standard,
             GanObjective::Wgan => trident_nn::gan::GanLoss::Wasserstein { clip: self.clip() },
+            GanObjective::WganGp => trident_nn::gan::GanLoss::WassersteinGp {
+                lambda: self.gp.unwrap_or(10.0),
+            },
         }
     }
 }

@@ -518,11 +518,31 @@ impl RunConfig {
                     }
                 }
             }
-            ModelConfig::Gan(g) if g.loss == trident_zoo::card::GanObjective::Dcgan && g.clip.is_some() => {
-                return Err(unused(
-                    "model.clip",
-                    "only loss = \"wgan\" clips the critic's weights",
-                ))
+            ModelConfig::Gan(g) => {
+                use trident_zoo::card::GanObjective;
+                if g.loss != GanObjective::Wgan && g.clip.is_some() {
+                    return Err(unused(
+                        "model.clip",
+                        "only loss = \"wgan\" clips the critic's weights",
+                    ));
+                }
+                if g.loss != GanObjective::WganGp && g.gp.is_some() {
+                    return Err(unused(
+                        "model.gp",
+                        "only loss = \"wgan-gp\" penalises the critic's gradient",
+                    ));
+                }
+                if g.loss == GanObjective::WganGp {
+                    anyhow::ensure!(
+                        !g.critic_batch_norm,
+                        "model.loss = \"wgan-gp\" needs model.critic_batch_norm = false: batch norm ties each image's score to the rest of its batch, so the per-image gradient the penalty constrains is not the critic's (the paper's critic has none)"
+                    );
+                    anyhow::ensure!(
+                        g.gp.is_none_or(|l| l.is_finite() && l > 0.0),
+                        "model.gp = {}: the penalty's weight must be a positive number (the paper's is 10)",
+                        g.gp.unwrap_or_default()
+                    );
+                }
             }
             ModelConfig::Forecaster(f) if f.net != ForecastNet::Mlp && f.activation.is_some() => {
                 return Err(unused(

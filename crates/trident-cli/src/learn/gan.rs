@@ -120,8 +120,12 @@ impl AdversarialStep for GanStep<'_> {
         let fake = self.gan.generator.forward(&z, ctx)?.detach();
         let d = &self.gan.discriminator;
         let (sr, sf) = (d.forward(&real, ctx)?, d.forward(&fake, ctx)?);
+        let mut loss = self.gan.loss.critic(&sr, &sf)?;
+        if let trident_nn::gan::GanLoss::WassersteinGp { lambda } = self.gan.loss {
+            loss = (loss + trident_nn::gan::gradient_penalty(d, &real, &fake, lambda, ctx.seed)?)?;
+        }
         Ok(CriticLoss {
-            loss: self.gan.loss.critic(&sr, &sf)?,
+            loss,
             real: sr.mean_all()?.to_scalar::<f32>()? as f64,
             fake: sf.mean_all()?.to_scalar::<f32>()? as f64,
             examples: n,
