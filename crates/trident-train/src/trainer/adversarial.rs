@@ -78,6 +78,52 @@ fn finite(what: &str, v: f64, epoch: u64, batch: u64) -> Result<(), TrainError> 
     )))
 }
 
+/// One batch of [`Trainer::fit_adversarial`]: the critic's update on `batch`, then, every
+/// `critic_steps`-th batch of the run, the generator's; the epoch's sums in `state`.
+/// Returns the critic's loss and learning rate. `at` (epoch, batch) names where a loss
+/// that is not finite appeared.
+fn adversarial_batch<S: AdversarialStep>(
+    step: &S,
+    batch: &S::Batch,
+    state: &mut crate::checkpoint::TrainerState,
+    [critic, generator]: [&mut Updater; 2],
+    seed: u64,
+    (epoch, i): (u64, u64),
+) -> Result<(f64, f64), TrainError> {
+    let (params, n_critic, t) = (step.params(), step.critic_steps().max(1), state.micro_step);
+    // The critic.
+    params.begin_step();
+    let out = step.critic_loss(batch, &Ctx::train(seed, 2 * t))?;
+    let d_loss = out.loss.to_scalar::<f32>()? as f64;
+    finite("critic's", d_loss, epoch, i)?;
+    let grads = out.loss.backward()?;
+    critic.gather(params, &grads)?;
+    drop(grads);
+    let lr = critic.update(None, state.optimizer_step)?;
+    step.after_critic_update()?;
+    state.optimizer_step += 1;
+    let sums = &mut state.epoch_sums;
+    sums.0 += d_loss;
+    sums.1 += 1;
+    sums.3 += out.examples as u64;
+    state.extra_sums[REAL_SCORE] += out.real;
+    state.extra_sums[FAKE_SCORE] += out.fake;
+    // The generator, every `n_critic` batches of the run.
+    if (t + 1).is_multiple_of(n_critic) {
+        params.begin_step();
+        let loss = step.generator_loss(out.examples, &Ctx::train(seed, 2 * t + 1))?;
+        let g_loss = loss.to_scalar::<f32>()? as f64;
+        finite("generator's", g_loss, epoch, i)?;
+        let grads = loss.backward()?;
+        generator.gather(params, &grads)?;
+        drop(grads);
+        generator.update(None, (t + 1) / n_critic - 1)?;
+        state.extra_sums[GENERATOR_LOSS] += g_loss;
+        state.extra_sums[GENERATOR_STEPS] += 1.0;
+    }
+    Ok((d_loss, lr))
+}
+
 impl Trainer {
     /// Trains `step`'s generator and critic on the real examples of `train`; after each
     /// epoch `judge` reports on the generator. With `resume`, continues from
@@ -157,37 +203,14 @@ impl Trainer {
                 let batch = loader
                     .next()
                     .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
-                let t = state.micro_step;
-                // The critic.
-                params.begin_step();
-                let out = step.critic_loss(&batch, &Ctx::train(c.seed, 2 * t))?;
-                let d_loss = out.loss.to_scalar::<f32>()? as f64;
-                finite("critic's", d_loss, epoch, i)?;
-                let grads = out.loss.backward()?;
-                critic.gather(params, &grads)?;
-                drop(grads);
-                let lr = critic.update(None, state.optimizer_step)?;
-                step.after_critic_update()?;
-                state.optimizer_step += 1;
-                let sums = &mut state.epoch_sums;
-                sums.0 += d_loss;
-                sums.1 += 1;
-                sums.3 += out.examples as u64;
-                state.extra_sums[REAL_SCORE] += out.real;
-                state.extra_sums[FAKE_SCORE] += out.fake;
-                // The generator, every `n_critic` batches of the run.
-                if (t + 1).is_multiple_of(n_critic) {
-                    params.begin_step();
-                    let loss = step.generator_loss(out.examples, &Ctx::train(c.seed, 2 * t + 1))?;
-                    let g_loss = loss.to_scalar::<f32>()? as f64;
-                    finite("generator's", g_loss, epoch, i)?;
-                    let grads = loss.backward()?;
-                    generator.gather(params, &grads)?;
-                    drop(grads);
-                    generator.update(None, (t + 1) / n_critic - 1)?;
-                    state.extra_sums[GENERATOR_LOSS] += g_loss;
-                    state.extra_sums[GENERATOR_STEPS] += 1.0;
-                }
+                let (d_loss, lr) = adversarial_batch(
+                    step,
+                    &batch,
+                    &mut state,
+                    [&mut critic, &mut generator],
+                    c.seed,
+                    (epoch, i),
+                )?;
                 state.micro_step += 1;
                 i += 1;
                 state.batch_in_epoch = i;
