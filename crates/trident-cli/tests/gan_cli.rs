@@ -208,6 +208,33 @@ fn a_wgan_gp_penalises_the_critic_and_resumes_exactly() {
     ok(&trident(&["train", "--config", p, "--stop-after-steps", "13"], d));
     ok(&trident(&["train", "--config", p, "--resume"], d));
     assert_same_checkpoints(&d.join("whole"), &d.join("parts"));
+    // Profiled: steps 4..5 (the fifth has the generator's update), the penalty's kernels
+    // under the critic's layers, both networks' backward passes.
+    let prof = config(d, "prof", &model("wgan-gp"), train, "");
+    ok(&trident(
+        &[
+            "train",
+            "--config",
+            prof.to_str().unwrap(),
+            "--profile-steps",
+            "4..5",
+        ],
+        d,
+    ));
+    let steps = std::fs::read_to_string(d.join("prof/profile/steps.csv")).unwrap();
+    let rows: Vec<&str> = steps.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{steps}");
+    let layers = std::fs::read_to_string(d.join("prof/profile/layers.csv")).unwrap();
+    for want in [
+        "discriminator.input_gradient,conv-transpose2d,fwd",
+        "discriminator.input_gradient,conv-transpose2d,bwd",
+        "discriminator.conv2,conv2d,bwd",
+        "generator.up2,conv-transpose2d,bwd",
+    ] {
+        assert!(layers.contains(want), "{want} missing: {layers}");
+    }
+    // The same weights as the run without the profiler.
+    assert_same_checkpoints(&d.join("whole"), &d.join("prof"));
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! critic after every batch of real examples, the generator after every
 //! [`AdversarialStep::critic_steps`]-th. The loop composes the same parts as
 //! [`Trainer::fit`]: [`Checkpoints`] (both optimizers' states in one checkpoint, written
-//! atomically, resumed bit for bit), [`RunLog`], [`StopRequest`] and [`EarlyStopping`] on
+//! atomically, resumed bit for bit), [`RunLog`], [`StepProfiler`] (a profiled step is one
+//! critic update and, when it falls there, the generator's), [`StopRequest`] and [`EarlyStopping`] on
 //! the figure an [`EpochJudge`] gives each epoch (lower is better, e.g. a Fréchet distance).
 //!
 //! Step `t` (the batch count of the run) draws the critic's random numbers from seed
@@ -11,9 +12,10 @@
 //! uninterrupted one would.
 
 use super::{
-    io_err, Checkpoints, EarlyStopping, EpochRecord, FitSummary, Monitor, RunLog, StopRequest, TrainError,
-    Trainer, Updater,
+    io_err, Checkpoints, EarlyStopping, EpochRecord, FitSummary, Monitor, RunLog, StepProfiler, StopRequest,
+    TrainError, Trainer, Updater,
 };
+use crate::profile::Phase;
 use candle_core::Tensor;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -87,6 +89,7 @@ fn adversarial_batch<S: AdversarialStep>(
     batch: &S::Batch,
     state: &mut crate::checkpoint::TrainerState,
     [critic, generator]: [&mut Updater; 2],
+    profiler: &mut StepProfiler<'_>,
     seed: u64,
     (epoch, i): (u64, u64),
 ) -> Result<(f64, f64), TrainError> {
@@ -96,11 +99,14 @@ fn adversarial_batch<S: AdversarialStep>(
     let out = step.critic_loss(batch, &Ctx::train(seed, 2 * t))?;
     let d_loss = out.loss.to_scalar::<f32>()? as f64;
     finite("critic's", d_loss, epoch, i)?;
+    profiler.mark(Phase::Forward);
     let grads = out.loss.backward()?;
     critic.gather(params, &grads)?;
     drop(grads);
+    profiler.mark(Phase::Backward);
     let lr = critic.update(None, state.optimizer_step)?;
     step.after_critic_update()?;
+    profiler.mark(Phase::Optimizer);
     state.optimizer_step += 1;
     let sums = &mut state.epoch_sums;
     sums.0 += d_loss;
@@ -114,10 +120,13 @@ fn adversarial_batch<S: AdversarialStep>(
         let loss = step.generator_loss(out.examples, &Ctx::train(seed, 2 * t + 1))?;
         let g_loss = loss.to_scalar::<f32>()? as f64;
         finite("generator's", g_loss, epoch, i)?;
+        profiler.mark(Phase::Forward);
         let grads = loss.backward()?;
         generator.gather(params, &grads)?;
         drop(grads);
+        profiler.mark(Phase::Backward);
         generator.update(None, (t + 1) / n_critic - 1)?;
+        profiler.mark(Phase::Optimizer);
         state.extra_sums[GENERATOR_LOSS] += g_loss;
         state.extra_sums[GENERATOR_STEPS] += 1.0;
     }
@@ -188,6 +197,7 @@ impl Trainer {
         };
         let (mut interrupted, mut early_stopped) = (false, false);
         let params = step.params();
+        let mut profiler = StepProfiler::new(self.profile.as_ref());
         'epochs: while state.epoch < c.epochs {
             let epoch = state.epoch;
             let bar = log.progress_bar(per_epoch, epoch);
@@ -200,14 +210,17 @@ impl Trainer {
             let mut loader = train.epoch_from(epoch, state.batch_in_epoch as usize);
             let mut i = state.batch_in_epoch;
             while i < per_epoch {
+                profiler.begin_step(state.optimizer_step + 1);
                 let batch = loader
                     .next()
                     .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
+                profiler.mark(Phase::Data);
                 let (d_loss, lr) = adversarial_batch(
                     step,
                     &batch,
                     &mut state,
                     [&mut critic, &mut generator],
+                    &mut profiler,
                     c.seed,
                     (epoch, i),
                 )?;
@@ -235,11 +248,13 @@ impl Trainer {
                 let periodic = c.checkpoint_every > 0 && n.is_multiple_of(c.checkpoint_every);
                 if (stop_now || periodic) && i < per_epoch {
                     checkpoints.save_last(params, &state, &[&generator, &critic])?;
-                    if stop_now {
-                        bar.abandon_with_message("interrupted: checkpoint written");
-                        interrupted = true;
-                        break 'epochs;
-                    }
+                }
+                profiler.mark(Phase::Other);
+                profiler.end_step(n);
+                if stop_now && i < per_epoch {
+                    bar.abandon_with_message("interrupted: checkpoint written");
+                    interrupted = true;
+                    break 'epochs;
                 }
             }
             bar.finish_and_clear();
@@ -297,7 +312,7 @@ impl Trainer {
             interrupted,
             early_stopped,
             state,
-            profile: None,
+            profile: profiler.finish(self.progress)?,
         })
     }
 
@@ -312,10 +327,6 @@ impl Trainer {
             (
                 c.grad_accum != 1,
                 "train.grad_accum: a GAN updates after every batch; leave it at 1",
-            ),
-            (
-                self.profile.is_some(),
-                "--profile covers classifier and reconstruction steps, not a GAN's two updates",
             ),
             (
                 c.precision != super::Precision::F32,
