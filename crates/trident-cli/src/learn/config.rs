@@ -837,3 +837,30 @@ lr = 5e-5
         assert!(e.contains("text model"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod shipped_examples {
+    /// Every run configuration under `examples/` parses and passes validation as shipped
+    /// (a key renamed or a rule added must not leave an example that fails at start-up).
+    #[test]
+    fn every_example_configuration_is_accepted() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut dirs = vec![root];
+        let mut checked = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "toml")
+                    && path.file_name().unwrap() != "Cargo.toml"
+                {
+                    super::RunConfig::read(&path).unwrap_or_else(|e| panic!("{e:#}"));
+                    checked.push(path);
+                }
+            }
+        }
+        assert!(checked.len() >= 30, "{checked:?}");
+        assert!(checked.iter().any(|p| p.ends_with("gan/fashion-wgan-gp.toml")));
+    }
+}
