@@ -598,6 +598,15 @@ impl RunConfig {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        self.validate_distill()?;
+        self.validate_data()?;
+        self.validate_series()?;
+        self.refuse_unused()?;
+        self.validate_pairings()
+    }
+
+    /// `[distill]`: the loss, and the keys only one mode reads.
+    fn validate_distill(&self) -> anyhow::Result<()> {
         if let Some(d) = &self.distill {
             d.loss.validate().map_err(anyhow::Error::msg)?;
             anyhow::ensure!(
@@ -624,6 +633,11 @@ impl RunConfig {
                 "distill.top_k is only used with distill.mode = \"cached\" (the mode is online)"
             );
         }
+        Ok(())
+    }
+
+    /// The loader's batch size, and each data kind's own keys with the model kinds it takes.
+    fn validate_data(&self) -> anyhow::Result<()> {
         let l = &self.loader;
         anyhow::ensure!(l.batch_size > 0, "loader.batch_size must be at least 1");
         match &self.data {
@@ -720,8 +734,12 @@ impl RunConfig {
             }
             DataConfig::Series { .. } => {} // validate_series
         }
-        self.validate_series()?;
-        self.refuse_unused()?;
+        Ok(())
+    }
+
+    /// Which model kinds go with which data, and the sections (`[gan]`, `[anomaly]`,
+    /// `[distill]`) that only some model kinds read.
+    fn validate_pairings(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
             !matches!(self.model, ModelConfig::Forecaster(_))
                 || matches!(self.data, DataConfig::Series { .. }),
