@@ -1432,8 +1432,8 @@ fn axpy_strided(y: &mut [f32], a: f32, x: &[f32], stride: usize) {
             *y += a * x;
         }
     } else {
-        for (j, y) in y.iter_mut().enumerate() {
-            *y += a * x[j * stride];
+        for (y, x) in y.iter_mut().zip(x.iter().step_by(stride)) {
+            *y += a * x;
         }
     }
 }
@@ -1444,7 +1444,7 @@ fn dot_strided(g: &[f32], x: &[f32], stride: usize) -> f32 {
     if stride == 1 {
         g.iter().zip(x).map(|(g, x)| g * x).sum()
     } else {
-        g.iter().enumerate().map(|(j, g)| g * x[j * stride]).sum()
+        g.iter().zip(x.iter().step_by(stride)).map(|(g, x)| g * x).sum()
     }
 }
 
@@ -1456,8 +1456,8 @@ fn scatter_strided(x: &mut [f32], a: f32, g: &[f32], stride: usize) {
             *x += a * g;
         }
     } else {
-        for (j, g) in g.iter().enumerate() {
-            x[j * stride] += a * g;
+        for (x, g) in x.iter_mut().step_by(stride).zip(g) {
+            *x += a * g;
         }
     }
 }
@@ -1519,44 +1519,41 @@ impl CustomOp2 for Depthwise {
         let wv = view!(weight, w_guard, "depthwise_conv2d backward");
         let gv = view!(grad, g_guard, "depthwise_conv2d backward");
         let need_dx = x.track_op();
-        // One task per channel: its weight gradient over the batch, and its input planes'
-        // gradients (disjoint slices of dx).
-        let per_channel: Vec<(Vec<f32>, Vec<f32>)> = (0..c)
-            .into_par_iter()
-            .map(|ch| {
-                let wp = &wv[ch * kk..(ch + 1) * kk];
-                let mut dw = vec![0f32; kk];
-                let mut dx = vec![0f32; if need_dx { b * h * w } else { 0 }];
-                let st = self.stride;
-                for n in 0..b {
-                    let plane = n * c + ch;
-                    let xp = &xv[plane * h * w..(plane + 1) * h * w];
-                    let g = &gv[plane * oh * ow..(plane + 1) * oh * ow];
-                    if need_dx {
-                        let d = &mut dx[n * h * w..(n + 1) * h * w];
-                        self.runs(h, w, |o, i, m, tap| {
-                            dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st);
-                            scatter_strided(&mut d[i..], wp[tap], &g[o..o + m], st);
-                        });
-                    } else {
-                        self.runs(h, w, |o, i, m, tap| {
-                            dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st)
-                        });
-                    }
-                }
-                (dw, dx)
-            })
-            .collect();
-        let mut dw = vec![0f32; c * kk];
-        let mut dx = vec![0f32; if need_dx { b * c * h * w } else { 0 }];
-        for (ch, (dwc, dxc)) in per_channel.into_iter().enumerate() {
-            dw[ch * kk..(ch + 1) * kk].copy_from_slice(&dwc);
-            if need_dx {
-                for n in 0..b {
-                    let plane = n * c + ch;
-                    dx[plane * h * w..(plane + 1) * h * w].copy_from_slice(&dxc[n * h * w..(n + 1) * h * w]);
-                }
+        // One task per plane (image n, channel ch): its input gradient, written in place
+        // (planes are disjoint slices of dx), and its part of the channel's weight gradient,
+        // summed over the images afterwards in a fixed order.
+        let st = self.stride;
+        let plane = |p: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
+            let ch = p % c;
+            let wp = &wv[ch * kk..(ch + 1) * kk];
+            let xp = &xv[p * h * w..(p + 1) * h * w];
+            let g = &gv[p * oh * ow..(p + 1) * oh * ow];
+            match d {
+                Some(d) => self.runs(h, w, |o, i, m, tap| {
+                    dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st);
+                    scatter_strided(&mut d[i..], wp[tap], &g[o..o + m], st);
+                }),
+                None => self.runs(h, w, |o, i, m, tap| {
+                    dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st)
+                }),
             }
+        };
+        let mut dx = vec![0f32; if need_dx { b * c * h * w } else { 0 }];
+        let mut parts = vec![0f32; b * c * kk];
+        if need_dx {
+            dx.par_chunks_mut(h * w)
+                .zip(parts.par_chunks_mut(kk))
+                .enumerate()
+                .for_each(|(p, (d, dw))| plane(p, Some(d), dw));
+        } else {
+            parts
+                .par_chunks_mut(kk)
+                .enumerate()
+                .for_each(|(p, dw)| plane(p, None, dw));
+        }
+        let mut dw = vec![0f32; c * kk];
+        for part in parts.chunks_exact(c * kk) {
+            dw.iter_mut().zip(part).for_each(|(a, b)| *a += b);
         }
         let dev = x.device();
         Ok((

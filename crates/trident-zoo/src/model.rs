@@ -600,7 +600,10 @@ fn pretrained_bert_weights(
         // principal directions of its word embeddings.
         let k = config.hidden_size;
         if k > d[1] {
-            bail!("model.hidden = {k} is wider than the pretrained {}; only narrower students are supported", d[1]);
+            bail!(
+                "model.hidden = {k} is wider than the pretrained {}; only narrower students are supported",
+                d[1]
+            );
         }
         let (mean, basis) = trident_nn::pca::basis(l.tensor(word).expect("present"), k)?;
         for name in [
