@@ -1424,6 +1424,90 @@ impl Depthwise {
     }
 }
 
+impl Depthwise {
+    /// Stride 1 in a wide frame: the plane `xp` (`h × w`) copied into a zero-padded one
+    /// (`(h + t + b) × wp`, `wp = w + l + r`), and every output row computed `wp` wide
+    /// (the last `k − 1` columns of each row are junk). Then each kernel tap is one long
+    /// contiguous run over the whole plane — `out[q] += w_tap · xpad[q + ky·wp + kx]` — not
+    /// one short run per output row: EfficientNet's 7×7 to 56×56 planes gave runs of 7–56
+    /// pixels, too short for the per-call overhead (4–5 GFLOP/s).
+    fn padded(&self, xp: &[f32], h: usize, w: usize) -> (Vec<f32>, usize) {
+        let [t, l, b, r] = self.pads;
+        let wp = w + l + r;
+        let mut pad = vec![0f32; (h + t + b) * wp];
+        for (iy, row) in xp.chunks_exact(w).enumerate() {
+            pad[(iy + t) * wp + l..(iy + t) * wp + l + w].copy_from_slice(row);
+        }
+        (pad, wp)
+    }
+
+    /// The wide frame's run length and each tap's offset into the padded plane.
+    fn wide_taps(
+        &self,
+        oh: usize,
+        ow: usize,
+        wp: usize,
+    ) -> (usize, impl Iterator<Item = (usize, usize)> + '_) {
+        let k = self.k;
+        (
+            (oh - 1) * wp + ow,
+            (0..k * k).map(move |tap| (tap, (tap / k) * wp + tap % k)),
+        )
+    }
+
+    /// The forward pass of one plane at stride 1 (see [`Self::padded`]).
+    fn forward_wide(
+        &self,
+        xp: &[f32],
+        wp_: &[f32],
+        (h, w, oh, ow): (usize, usize, usize, usize),
+        y: &mut [f32],
+    ) {
+        let (pad, wp) = self.padded(xp, h, w);
+        let mut wide = vec![0f32; oh * wp];
+        let (len, taps) = self.wide_taps(oh, ow, wp);
+        for (tap, off) in taps {
+            axpy_strided(&mut wide[..len], wp_[tap], &pad[off..off + len], 1);
+        }
+        for (row, out) in wide.chunks(wp).zip(y.chunks_exact_mut(ow)) {
+            out.copy_from_slice(&row[..ow]);
+        }
+    }
+
+    /// The backward pass of one plane at stride 1: its weight gradient added into `dw`
+    /// and, with `d`, its input gradient written there.
+    fn backward_wide(
+        &self,
+        (xp, wp_, g): (&[f32], &[f32], &[f32]),
+        (h, w, oh, ow): (usize, usize, usize, usize),
+        d: Option<&mut [f32]>,
+        dw: &mut [f32],
+    ) {
+        let (pad, wp) = self.padded(xp, h, w);
+        // The output gradient in the wide frame, its junk columns zero.
+        let mut gw = vec![0f32; oh * wp];
+        for (row, src) in gw.chunks_mut(wp).zip(g.chunks_exact(ow)) {
+            row[..ow].copy_from_slice(src);
+        }
+        let (len, taps) = self.wide_taps(oh, ow, wp);
+        let taps: Vec<(usize, usize)> = taps.collect();
+        for &(tap, off) in &taps {
+            dw[tap] += dot_strided(&gw[..len], &pad[off..off + len], 1);
+        }
+        if let Some(d) = d {
+            let [t, l, _, _] = self.pads;
+            let mut dpad = pad;
+            dpad.fill(0.0);
+            for &(tap, off) in &taps {
+                scatter_strided(&mut dpad[off..off + len], wp_[tap], &gw[..len], 1);
+            }
+            for (iy, out) in d.chunks_exact_mut(w).enumerate() {
+                out.copy_from_slice(&dpad[(iy + t) * wp + l..(iy + t) * wp + l + w]);
+            }
+        }
+    }
+}
+
 /// `y[j] += a · x[j · stride]` for `j < y.len()`, the stride-1 case as a plain zip.
 #[inline]
 fn axpy_strided(y: &mut [f32], a: f32, x: &[f32], stride: usize) {
@@ -1438,11 +1522,27 @@ fn axpy_strided(y: &mut [f32], a: f32, x: &[f32], stride: usize) {
     }
 }
 
-/// `Σ_j g[j] · x[j · stride]`.
+/// `Σ_j g[j] · x[j · stride]`. At stride 1 in sixteen independent partial sums: one
+/// running sum is a chain of dependent adds the compiler may not reorder (4 cycles each),
+/// sixteen vectorise.
 #[inline]
 fn dot_strided(g: &[f32], x: &[f32], stride: usize) -> f32 {
     if stride == 1 {
-        g.iter().zip(x).map(|(g, x)| g * x).sum()
+        let x = &x[..g.len()];
+        let mut acc = [0f32; 16];
+        let (gc, xc) = (g.chunks_exact(16), x.chunks_exact(16));
+        let tail: f32 = gc
+            .remainder()
+            .iter()
+            .zip(xc.remainder())
+            .map(|(g, x)| g * x)
+            .sum();
+        for (g, x) in gc.zip(xc) {
+            for j in 0..16 {
+                acc[j] += g[j] * x[j];
+            }
+        }
+        acc.iter().sum::<f32>() + tail
     } else {
         g.iter().zip(x.iter().step_by(stride)).map(|(g, x)| g * x).sum()
     }
@@ -1490,6 +1590,9 @@ impl CustomOp2 for Depthwise {
                 &wt[ch * kk..(ch + 1) * kk],
             );
             let st = self.stride;
+            if st == 1 {
+                return self.forward_wide(xp, wp, (h, w, oh, ow), y);
+            }
             self.runs(h, w, |o, i, n, tap| {
                 axpy_strided(&mut y[o..o + n], wp[tap], &xp[i..], st)
             });
@@ -1528,6 +1631,9 @@ impl CustomOp2 for Depthwise {
             let wp = &wv[ch * kk..(ch + 1) * kk];
             let xp = &xv[p * h * w..(p + 1) * h * w];
             let g = &gv[p * oh * ow..(p + 1) * oh * ow];
+            if st == 1 {
+                return self.backward_wide((xp, wp, g), (h, w, oh, ow), d, dw);
+            }
             match d {
                 Some(d) => self.runs(h, w, |o, i, m, tap| {
                     dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st);
