@@ -617,6 +617,21 @@ fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> anyhow::Result<S
     ))
 }
 
+/// Columns `[from, to)` of `x`.
+fn slice(w: &mut Writer, x: &str, from: i64, to: i64) -> String {
+    let (starts, ends, axes) = (w.g.ints(&[from]), w.g.ints(&[to]), w.g.ints(&[1]));
+    w.g.op("Slice", &[x, &starts, &ends, &axes], &[])
+}
+
+/// The mean of each row of `x`, `[batch, 1]`.
+fn window_mean(w: &mut Writer, x: &str) -> String {
+    w.g.op(
+        "ReduceMean",
+        &[x],
+        &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(1))],
+    )
+}
+
 /// A forecaster (MLP, LSTM or GRU) with its series transform in the graph: `values` FP32 `[batch,
 /// window]` (raw values, oldest first) in — and `position` INT64 `[batch, 1]` (the first
 /// forecast value's row in the series) where it reads calendar features — `forecast` FP32
@@ -633,26 +648,37 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
     } else {
         x.clone()
     };
-    let centre = match s.normalize {
-        SeriesNormalize::Window | SeriesNormalize::Season => w.g.op(
-            "ReduceMean",
-            &[&t],
-            &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(1))],
-        ),
-        SeriesNormalize::Global => w.g.float_scalar(s.mean as f32),
-    };
-    // What the outputs are relative to: the centre, or (season) the values one season
-    // before each forecast position, the window's [window − season, window − season + horizon).
-    let offset = match s.normalize {
-        SeriesNormalize::Season => {
-            let from = window - s.season as i64;
-            let (starts, ends, axes) = (w.g.ints(&[from]), w.g.ints(&[from + horizon]), w.g.ints(&[1]));
-            w.g.op("Slice", &[&t, &starts, &ends, &axes], &[])
+    let m = s.season as i64;
+    // What the model reads (the values, or with season-trend their changes over a season),
+    // what that is relative to (the training or window mean, or the last change), and what
+    // the outputs are relative to: that centre, or the values one season before each
+    // forecast position, the window's [window − season, window − season + horizon), plus
+    // (season-trend) the last change.
+    let (steps, centre, offset) = match s.normalize {
+        SeriesNormalize::Global => {
+            let mean = w.g.float_scalar(s.mean as f32);
+            (t.clone(), mean.clone(), mean)
         }
-        _ => centre.clone(),
+        SeriesNormalize::Window => {
+            let mean = window_mean(&mut w, &t);
+            (t.clone(), mean.clone(), mean)
+        }
+        SeriesNormalize::Season => {
+            let mean = window_mean(&mut w, &t);
+            let before = slice(&mut w, &t, window - m, window - m + horizon);
+            (t.clone(), mean, before)
+        }
+        SeriesNormalize::SeasonTrend => {
+            let (now, then) = (slice(&mut w, &t, m, window), slice(&mut w, &t, 0, window - m));
+            let changes = w.g.op("Sub", &[&now, &then], &[]);
+            let change = slice(&mut w, &changes, window - m - 1, window - m);
+            let before = slice(&mut w, &t, window - m, window - m + horizon);
+            let offset = w.g.op("Add", &[&before, &change], &[]);
+            (changes, change, offset)
+        }
     };
     let std = w.g.float_scalar(s.std as f32);
-    let centred = w.g.op("Sub", &[&t, &centre], &[]);
+    let centred = w.g.op("Sub", &[&steps, &centre], &[]);
     let mut h = w.g.op("Div", &[&centred, &std], &[]);
     let calendar = (!s.calendar.is_empty()).then(|| calendar_features(&mut w, &s.calendar));
     if let (Some(feats), ForecastNet::Mlp) = (&calendar, f.net) {
@@ -672,7 +698,7 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
         }
         ForecastNet::Lstm | ForecastNet::Gru => {
             let cal = calendar.as_deref().map(|c| (c, s.calendar.as_slice()));
-            h = recurrent_forecast(&mut w, &h, f, s.window, cal)?
+            h = recurrent_forecast(&mut w, &h, f, s.steps(), cal)?
         }
     }
     let scaled = w.g.op("Mul", &[&h, &std], &[]);

@@ -511,21 +511,24 @@ fn efficientnet_lite0_grey_upsampled_and_rgb() {
 fn forecasters_raw_values_in_and_out() {
     use trident_zoo::card::{ForecastNet, ForecasterModel, SeriesNormalize};
     let (window, horizon) = (6, 3);
-    for (net, calendar) in [
-        (ForecastNet::Mlp, vec![]),
-        (ForecastNet::Mlp, vec![4, 7]),
-        (ForecastNet::Lstm, vec![]),
-        (ForecastNet::Lstm, vec![4]),
-        (ForecastNet::Gru, vec![]),
-        (ForecastNet::Gru, vec![4, 7]),
+    use SeriesNormalize::{Season, SeasonTrend, Window};
+    for (net, calendar, normalize) in [
+        (ForecastNet::Mlp, vec![], Window),
+        (ForecastNet::Mlp, vec![4, 7], Window),
+        (ForecastNet::Mlp, vec![], Season),
+        (ForecastNet::Mlp, vec![4], SeasonTrend),
+        (ForecastNet::Lstm, vec![], Window),
+        (ForecastNet::Lstm, vec![4], SeasonTrend),
+        (ForecastNet::Gru, vec![], Window),
+        (ForecastNet::Gru, vec![4, 7], Window),
     ] {
-        let name = format!("{net:?} calendar {calendar:?}");
+        let name = format!("{net:?} calendar {calendar:?} {normalize:?}");
         let spec = trident_zoo::SeriesSpec {
             column: "v".into(),
             window,
             horizon,
             log: true,
-            normalize: SeriesNormalize::Window,
+            normalize,
             season: 3,
             mean: 2.0,
             std: 0.7,

@@ -87,6 +87,18 @@ fn line_chart(path: &Path, y_label: &str, lines: &[(&str, Vec<(f64, f64)>)]) -> 
     )
 }
 
+/// Line and group colours in order: distinct for up to seven series (a forecast plot has
+/// the actual values, the model and up to three baselines).
+const PALETTE: [RGBColor; 7] = [
+    BLUE,
+    RED,
+    GREEN,
+    MAGENTA,
+    RGBColor(255, 140, 0),
+    RGBColor(0, 170, 170),
+    RGBColor(90, 90, 90),
+];
+
 /// Lines of (x, y) points, e.g. a series and forecasts of its end.
 pub fn xy_chart(
     path: &Path,
@@ -143,7 +155,7 @@ fn chart(
             .y_desc(y_label)
             .draw()
             .map_err(|e| draw_err(path, e))?;
-        let colors = [BLUE, RED, GREEN, MAGENTA];
+        let colors = PALETTE;
         for (i, (name, s)) in lines.iter().enumerate().filter(|(_, (_, s))| !s.is_empty()) {
             let color = colors[i % colors.len()];
             chart
@@ -281,7 +293,7 @@ pub fn score_histogram(path: &Path, title: &str, groups: &[(&str, &[f32])]) -> R
             .y_desc("share of the group")
             .draw()
             .map_err(|e| draw_err(path, e))?;
-        let colors = [BLUE, RED, GREEN, MAGENTA];
+        let colors = PALETTE;
         for (g, ((name, _), h)) in groups.iter().zip(&shares).enumerate() {
             let color = colors[g % colors.len()];
             chart

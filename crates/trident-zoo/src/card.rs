@@ -445,12 +445,20 @@ pub struct SeriesSpec {
     /// `window`: each window (and its targets) minus the window's mean, so the level
     /// travels with the data; `global`: minus the training part's mean; `season`: the
     /// window minus its mean, each target relative to the value one season before it (the
-    /// model learns corrections to the seasonal-naive forecast).
+    /// model learns corrections to the seasonal-naive forecast); `season-trend`: as
+    /// `season`, plus the window's last seasonal change (`t[n−1] − t[n−1−season]`) on every
+    /// target — the forecast of the seasonally and then once differenced series held at
+    /// zero (the differences of the airline model, SARIMA(0,1,1)(0,1,1)), so the model
+    /// learns corrections to "last season, grown as much as the latest season-on-season
+    /// change". The model then reads the window's changes over a season relative to the
+    /// last one (`window − season` values: what the airline model's differences see), and
+    /// `std` is the training part's standard deviation of those changes.
     pub normalize: SeriesNormalize,
-    /// The season length (`season` normalisation).
+    /// The season length (`season` and `season-trend` normalisation).
     #[serde(default = "one")]
     pub season: usize,
-    /// The training part's mean and standard deviation (after the log).
+    /// The training part's mean and standard deviation (after the log; with `season-trend`
+    /// the standard deviation of its changes over a season).
     pub mean: f64,
     pub std: f64,
     /// Calendar features: for each period `P`, the sine and cosine of the first forecast
@@ -468,12 +476,23 @@ pub enum SeriesNormalize {
     Window,
     Global,
     Season,
+    #[serde(rename = "season-trend")]
+    SeasonTrend,
 }
 
 impl SeriesSpec {
-    /// Width of the model's input: the window, then two calendar features per period.
+    /// Values per window the model reads: the window's, or with `season-trend` its changes
+    /// over a season (`window − season`).
+    pub fn steps(&self) -> usize {
+        match self.normalize {
+            SeriesNormalize::SeasonTrend => self.window - self.season,
+            _ => self.window,
+        }
+    }
+
+    /// Width of the model's input: the steps, then two calendar features per period.
     pub fn inputs(&self) -> usize {
-        self.window + 2 * self.calendar.len()
+        self.steps() + 2 * self.calendar.len()
     }
 
     /// The calendar features of a forecast whose first value is row `position` of the
@@ -487,20 +506,24 @@ impl SeriesSpec {
     /// its output is relative to (in the transformed scale).
     pub fn encode(&self, window: &[f64], position: usize) -> (Vec<f32>, Vec<f64>) {
         let t: Vec<f64> = window.iter().map(|&v| self.forward(v)).collect();
-        let centre = match self.normalize {
-            SeriesNormalize::Window | SeriesNormalize::Season => {
-                t.iter().sum::<f64>() / t.len().max(1) as f64
+        let (n, m) = (t.len(), self.season);
+        // The values the model reads, and what they (and, but for `season` and
+        // `season-trend`, the targets) are relative to.
+        let (steps, centre) = match self.normalize {
+            SeriesNormalize::Global => (t.clone(), self.mean),
+            SeriesNormalize::SeasonTrend => {
+                let changes: Vec<f64> = (m..n).map(|i| t[i] - t[i - m]).collect();
+                let last = changes[changes.len() - 1];
+                (changes, last)
             }
-            SeriesNormalize::Global => self.mean,
+            _ => (t.clone(), t.iter().sum::<f64>() / n.max(1) as f64),
         };
         let offsets = match self.normalize {
-            SeriesNormalize::Season => {
-                let from = t.len() - self.season;
-                (0..self.horizon).map(|k| t[from + k]).collect()
-            }
+            SeriesNormalize::Season => (0..self.horizon).map(|k| t[n - m + k]).collect(),
+            SeriesNormalize::SeasonTrend => (0..self.horizon).map(|k| t[n - m + k] + centre).collect(),
             _ => vec![centre; self.horizon],
         };
-        let mut input: Vec<f32> = t.iter().map(|v| ((v - centre) / self.std) as f32).collect();
+        let mut input: Vec<f32> = steps.iter().map(|v| ((v - centre) / self.std) as f32).collect();
         input.extend(self.calendar_features(position));
         (input, offsets)
     }
@@ -541,4 +564,45 @@ impl SeriesSpec {
 
 fn one_channel() -> usize {
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(normalize: SeriesNormalize) -> SeriesSpec {
+        SeriesSpec {
+            column: "v".into(),
+            window: 5,
+            horizon: 2,
+            log: false,
+            normalize,
+            season: 3,
+            mean: 0.0,
+            std: 2.0,
+            calendar: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn season_trend_targets_are_relative_to_last_season_plus_its_latest_change() {
+        let window = [1.0, 4.0, 2.0, 3.0, 7.0];
+        let (x, offsets) = spec(SeriesNormalize::SeasonTrend).encode(&window, 5);
+        // The changes over a season (3): 3 − 1, 7 − 4; relative to the last (3), over std 2.
+        assert_eq!(x, vec![-0.5, 0.0]);
+        // One season before each of the next two values: 2.0 and 3.0; plus the last
+        // value's change over a season, 3.
+        assert_eq!(offsets, vec![5.0, 6.0]);
+        let (x, season) = spec(SeriesNormalize::Season).encode(&window, 5);
+        assert_eq!(season, vec![2.0, 3.0]);
+        // `season` reads the window minus its mean (3.4).
+        let want: Vec<f32> = window.iter().map(|v| ((v - 3.4) / 2.0) as f32).collect();
+        assert_eq!(x, want);
+        // Outputs of 0 are the offsets themselves; targets round-trip.
+        let s = spec(SeriesNormalize::SeasonTrend);
+        assert_eq!(s.decode(&[0.0, 0.5], &offsets), vec![5.0, 7.0]);
+        assert_eq!(s.encode_targets(&[5.0, 7.0], &offsets), vec![0.0, 0.5]);
+        let toml: SeriesNormalize = serde_json::from_str("\"season-trend\"").unwrap();
+        assert_eq!(toml, SeriesNormalize::SeasonTrend);
+    }
 }

@@ -718,7 +718,7 @@ fn forecaster(
                 f.hidden.len(),
                 s.horizon,
                 f.dropout,
-                s.window,
+                s.steps(),
                 &s.calendar,
             )?
         }

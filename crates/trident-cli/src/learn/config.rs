@@ -332,8 +332,11 @@ pub enum DataConfig {
         log: bool,
         /// `window` (each window minus its own mean), `global` (minus the training mean) or
         /// `season` (the window minus its mean; each target relative to the value one
-        /// `season` before it: the model corrects the seasonal-naive forecast); all divide
-        /// by the training part's standard deviation.
+        /// `season` before it: the model corrects the seasonal-naive forecast) or
+        /// `season-trend` (as `season`, plus the window's last change over a season on every
+        /// target: the model corrects "last season, grown as much as the latest
+        /// season-on-season change", the airline model's differences held at zero); all
+        /// divide by the training part's standard deviation.
         #[serde(default)]
         normalize: trident_zoo::card::SeriesNormalize,
         /// Values held out at the end, forecast by the backtest.
@@ -580,11 +583,24 @@ impl RunConfig {
             "data.window, data.horizon, data.step, data.test and data.season must be at least 1"
         );
         anyhow::ensure!(stride.is_none_or(|s| s > 0), "data.stride must be at least 1");
-        if *normalize == trident_zoo::card::SeriesNormalize::Season {
+        use trident_zoo::card::SeriesNormalize;
+        if *normalize == SeriesNormalize::Season {
             anyhow::ensure!(
                 season <= window && horizon <= season,
                 "data.normalize = \"season\" forecasts relative to the values one season before: \
                      it needs data.horizon ({horizon}) <= data.season ({season}) <= data.window ({window})"
+            );
+        }
+        if *normalize == SeriesNormalize::SeasonTrend {
+            anyhow::ensure!(
+                season < window && horizon <= season,
+                "data.normalize = \"season-trend\" forecasts relative to the values one season before \
+                     plus the window's last change over a season: it needs data.horizon ({horizon}) <= \
+                     data.season ({season}) < data.window ({window})"
+            );
+            anyhow::ensure!(
+                !matches!(self.model, ModelConfig::Autoencoder(_)),
+                "data.normalize = \"season-trend\" is a forecaster's: an autoencoder reconstructs the window itself"
             );
         }
         anyhow::ensure!(

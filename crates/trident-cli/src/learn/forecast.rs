@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use std::path::Path;
 use trident_data::series::{naive, seasonal_naive, ForecastMetrics};
+use trident_zoo::card::SeriesNormalize;
 use trident_zoo::SeriesSpec;
 
 /// Raw values of the next `horizon` after a raw window, the first of them at the given row
@@ -80,7 +81,8 @@ pub struct Backtest {
     pub stride: usize,
     pub horizon: usize,
     pub season: usize,
-    /// The model, then the naive and seasonal-naive forecasts from the same origins.
+    /// The model, then the naive and seasonal-naive forecasts from the same origins (and,
+    /// with `season-trend` normalisation, that normalisation's own forecast).
     pub forecasts: Vec<Scored>,
     #[serde(skip)]
     pub actual: Vec<f64>,
@@ -111,17 +113,32 @@ pub fn backtest(
 ) -> anyhow::Result<Backtest> {
     let n = values.len();
     let origins: Vec<usize> = (test_start..n).step_by(stride.max(1)).collect();
-    let mut runs: [(String, Vec<f64>); 3] = [
+    let mut runs: Vec<(String, Vec<f64>)> = vec![
         ("model".into(), Vec::new()),
         ("naive".into(), Vec::new()),
         (format!("seasonal naive (m = {season})"), Vec::new()),
     ];
+    // With `season-trend` the model's outputs are corrections to a forecast of its own:
+    // that forecast alone (every output 0) is printed too, so what the network adds shows.
+    let trend = spec.normalize == SeriesNormalize::SeasonTrend;
+    let offsets_only = |window: &[f64], position: usize| {
+        let (_, offsets) = spec.encode(window, position);
+        Ok(spec.decode(&vec![0.0; offsets.len()], &offsets))
+    };
+    if trend {
+        runs.push(("season + last change".into(), Vec::new()));
+    }
     for &o in &origins {
         let lead = stride.min(n - o);
         let history = &values[..o];
         runs[0].1.extend(forecast(o, history, lead)?);
         runs[1].1.extend(naive(history, lead));
         runs[2].1.extend(seasonal_naive(history, lead, season));
+        if trend {
+            runs[3]
+                .1
+                .extend(forecast_ahead(&offsets_only, spec, history, lead)?);
+        }
     }
     let actual = values[test_start..].to_vec();
     let train = &values[..test_start];

@@ -11,6 +11,7 @@ use trident_data::table::{Encoder, Missing, Table, TableSpec};
 use trident_data::text::{ScoreBins, TextClassification, TextFormat, TextSpec};
 use trident_data::{DataError, DataLoader, Dataset, LoaderConfig};
 use trident_nn::bert::TextBatch;
+use trident_zoo::card::SeriesNormalize;
 pub use trident_zoo::model::Net;
 pub use trident_zoo::{image_collate, Batch, InputSpec, Model, ModelCard};
 
@@ -682,7 +683,14 @@ pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) ->
                 .map(|&x| if *log { x.ln() } else { x })
                 .collect();
             let mean = t.iter().sum::<f64>() / t.len() as f64;
-            let var = t.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / t.len() as f64;
+            // What the model reads is scaled by the spread of what it reads: the values, or
+            // (season-trend) their changes over a season.
+            let spread: Vec<f64> = match normalize {
+                SeriesNormalize::SeasonTrend => (*season..t.len()).map(|i| t[i] - t[i - season]).collect(),
+                _ => t.clone(),
+            };
+            let centre = spread.iter().sum::<f64>() / spread.len().max(1) as f64;
+            let var = spread.iter().map(|x| (x - centre).powi(2)).sum::<f64>() / spread.len().max(1) as f64;
             trident_zoo::SeriesSpec {
                 column: series.column.clone(),
                 window: w,
