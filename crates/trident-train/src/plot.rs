@@ -169,8 +169,14 @@ fn chart(
                     .map_err(|e| draw_err(path, e))?;
             }
         }
+        let corner = legend_corner(
+            lines.iter().flat_map(|(_, s)| s.iter().copied()),
+            (x_min, x_max),
+            (y_min - pad, y_max + pad),
+        );
         chart
             .configure_series_labels()
+            .position(corner)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()
@@ -178,6 +184,36 @@ fn chart(
         root.present().map_err(|e| draw_err(path, e))?;
     }
     publish(&tmp, path)
+}
+
+/// The corner of the plot where the legend hides the fewest points: each corner's box is
+/// the outer 40 % of the width and 35 % of the height (a rising series leaves the upper
+/// left free, a falling loss curve the upper right); ties go in the order upper right,
+/// upper left, lower right, lower left.
+fn legend_corner(
+    points: impl Iterator<Item = (f64, f64)>,
+    (x0, x1): (f64, f64),
+    (y0, y1): (f64, f64),
+) -> SeriesLabelPosition {
+    let (w, h) = ((x1 - x0).max(f64::MIN_POSITIVE), (y1 - y0).max(f64::MIN_POSITIVE));
+    // Upper right, upper left, lower right, lower left.
+    let mut hidden = [0usize; 4];
+    for (x, y) in points {
+        let (fx, fy) = ((x - x0) / w, (y - y0) / h);
+        let (left, right, low, high) = (fx < 0.4, fx > 0.6, fy < 0.35, fy > 0.65);
+        for (i, inside) in [right && high, left && high, right && low, left && low]
+            .into_iter()
+            .enumerate()
+        {
+            hidden[i] += inside as usize;
+        }
+    }
+    match (0..4).min_by_key(|&i| hidden[i]) {
+        Some(1) => SeriesLabelPosition::UpperLeft,
+        Some(2) => SeriesLabelPosition::LowerRight,
+        Some(3) => SeriesLabelPosition::LowerLeft,
+        _ => SeriesLabelPosition::UpperRight,
+    }
 }
 
 /// A confusion matrix as a heat map with counts, rows = truth, columns = prediction.
@@ -367,4 +403,21 @@ pub fn image_grid(
         root.present().map_err(|e| draw_err(path, e))?;
     }
     publish(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_legend_goes_where_the_lines_are_not() {
+        let pos = |pts: Vec<(f64, f64)>| legend_corner(pts.into_iter(), (0.0, 10.0), (0.0, 10.0));
+        let rising: Vec<(f64, f64)> = (0..=10).map(|i| (i as f64, i as f64)).collect();
+        let falling: Vec<(f64, f64)> = (0..=10).map(|i| (i as f64, 10.0 - i as f64)).collect();
+        assert!(matches!(pos(rising), SeriesLabelPosition::UpperLeft));
+        assert!(matches!(pos(falling), SeriesLabelPosition::UpperRight));
+        // A line along the top leaves the lower corners; the right one first.
+        let top: Vec<(f64, f64)> = (0..=10).map(|i| (i as f64, 9.5)).collect();
+        assert!(matches!(pos(top), SeriesLabelPosition::LowerRight));
+    }
 }
