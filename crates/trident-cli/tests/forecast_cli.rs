@@ -335,13 +335,10 @@ fn series_configurations_that_cannot_work_are_refused_by_name() {
     let e = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
     assert!(e.contains("data.horizon (5) <= data.season (3)"), "{e}");
     let cfg = config(d, "a2", "normalize = \"season-trend\"", "hidden = [4]");
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    let window = text
-        .lines()
-        .find(|l| l.starts_with("window"))
+    let text = std::fs::read_to_string(&cfg)
         .unwrap()
-        .to_string();
-    std::fs::write(&cfg, text.replace(&window, "window = 10")).unwrap();
+        .replace("window = 20", "window = 10");
+    std::fs::write(&cfg, text).unwrap();
     let e = failed(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
     assert!(e.contains("data.season (10) < data.window (10)"), "{e}");
     // A value below zero where the log is asked for.

@@ -568,11 +568,7 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
     let diff = w.g.op("Sub", &[&y, &x], &[]);
     let sq = w.g.op("Mul", &[&diff, &diff], &[]);
     let flat = w.g.op("Flatten", &[&sq], &[("axis", Attr::Int(1))]);
-    let err = w.g.op(
-        "ReduceMean",
-        &[&flat],
-        &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(1))],
-    );
+    let err = row_mean(&mut w, &flat);
     let in_dims: Vec<Dim> = std::iter::once(BATCH)
         .chain(io.dims.iter().map(|&d| Dim::Fixed(d)))
         .collect();
@@ -624,7 +620,7 @@ fn slice(w: &mut Writer, x: &str, from: i64, to: i64) -> String {
 }
 
 /// The mean of each row of `x`, `[batch, 1]`.
-fn window_mean(w: &mut Writer, x: &str) -> String {
+fn row_mean(w: &mut Writer, x: &str) -> String {
     w.g.op(
         "ReduceMean",
         &[x],
@@ -660,11 +656,11 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
             (t.clone(), mean.clone(), mean)
         }
         SeriesNormalize::Window => {
-            let mean = window_mean(&mut w, &t);
+            let mean = row_mean(&mut w, &t);
             (t.clone(), mean.clone(), mean)
         }
         SeriesNormalize::Season => {
-            let mean = window_mean(&mut w, &t);
+            let mean = row_mean(&mut w, &t);
             let before = slice(&mut w, &t, window - m, window - m + horizon);
             (t.clone(), mean, before)
         }

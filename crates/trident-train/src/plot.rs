@@ -155,9 +155,8 @@ fn chart(
             .y_desc(y_label)
             .draw()
             .map_err(|e| draw_err(path, e))?;
-        let colors = PALETTE;
         for (i, (name, s)) in lines.iter().enumerate().filter(|(_, (_, s))| !s.is_empty()) {
-            let color = colors[i % colors.len()];
+            let color = PALETTE[i % PALETTE.len()];
             chart
                 .draw_series(LineSeries::new(s.iter().copied(), color.stroke_width(2)))
                 .map_err(|e| draw_err(path, e))?
@@ -329,9 +328,8 @@ pub fn score_histogram(path: &Path, title: &str, groups: &[(&str, &[f32])]) -> R
             .y_desc("share of the group")
             .draw()
             .map_err(|e| draw_err(path, e))?;
-        let colors = PALETTE;
         for (g, ((name, _), h)) in groups.iter().zip(&shares).enumerate() {
-            let color = colors[g % colors.len()];
+            let color = PALETTE[g % PALETTE.len()];
             chart
                 .draw_series(h.iter().enumerate().map(|(i, &v)| {
                     let x0 = (lo + width * i as f32) as f64;

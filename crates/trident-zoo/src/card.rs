@@ -480,6 +480,18 @@ pub enum SeriesNormalize {
     SeasonTrend,
 }
 
+impl SeriesNormalize {
+    /// The values a model reads from a window's (transformed) values `t`: the values
+    /// themselves, or with `season-trend` their changes over a season, `t[i] − t[i − season]`.
+    /// Training scales the model's inputs by the spread of these over the training part.
+    pub fn read(self, t: &[f64], season: usize) -> Vec<f64> {
+        match self {
+            SeriesNormalize::SeasonTrend => (season..t.len()).map(|i| t[i] - t[i - season]).collect(),
+            _ => t.to_vec(),
+        }
+    }
+}
+
 impl SeriesSpec {
     /// Values per window the model reads: the window's, or with `season-trend` its changes
     /// over a season (`window − season`).
@@ -507,16 +519,13 @@ impl SeriesSpec {
     pub fn encode(&self, window: &[f64], position: usize) -> (Vec<f32>, Vec<f64>) {
         let t: Vec<f64> = window.iter().map(|&v| self.forward(v)).collect();
         let (n, m) = (t.len(), self.season);
-        // The values the model reads, and what they (and, but for `season` and
-        // `season-trend`, the targets) are relative to.
-        let (steps, centre) = match self.normalize {
-            SeriesNormalize::Global => (t.clone(), self.mean),
-            SeriesNormalize::SeasonTrend => {
-                let changes: Vec<f64> = (m..n).map(|i| t[i] - t[i - m]).collect();
-                let last = changes[changes.len() - 1];
-                (changes, last)
-            }
-            _ => (t.clone(), t.iter().sum::<f64>() / n.max(1) as f64),
+        let steps = self.normalize.read(&t, m);
+        // What the inputs (and, but for `season` and `season-trend`, the targets) are
+        // relative to: the training or window mean, or the last change over a season.
+        let centre = match self.normalize {
+            SeriesNormalize::Global => self.mean,
+            SeriesNormalize::SeasonTrend => steps[steps.len() - 1],
+            _ => t.iter().sum::<f64>() / n.max(1) as f64,
         };
         let offsets = match self.normalize {
             SeriesNormalize::Season => (0..self.horizon).map(|k| t[n - m + k]).collect(),

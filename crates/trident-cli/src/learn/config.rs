@@ -584,24 +584,25 @@ impl RunConfig {
         );
         anyhow::ensure!(stride.is_none_or(|s| s > 0), "data.stride must be at least 1");
         use trident_zoo::card::SeriesNormalize;
-        if *normalize == SeriesNormalize::Season {
-            anyhow::ensure!(
+        match normalize {
+            SeriesNormalize::Season => anyhow::ensure!(
                 season <= window && horizon <= season,
                 "data.normalize = \"season\" forecasts relative to the values one season before: \
                      it needs data.horizon ({horizon}) <= data.season ({season}) <= data.window ({window})"
-            );
-        }
-        if *normalize == SeriesNormalize::SeasonTrend {
-            anyhow::ensure!(
-                season < window && horizon <= season,
-                "data.normalize = \"season-trend\" forecasts relative to the values one season before \
+            ),
+            SeriesNormalize::SeasonTrend => {
+                anyhow::ensure!(
+                    season < window && horizon <= season,
+                    "data.normalize = \"season-trend\" forecasts relative to the values one season before \
                      plus the window's last change over a season: it needs data.horizon ({horizon}) <= \
                      data.season ({season}) < data.window ({window})"
-            );
-            anyhow::ensure!(
-                !matches!(self.model, ModelConfig::Autoencoder(_)),
-                "data.normalize = \"season-trend\" is a forecaster's: an autoencoder reconstructs the window itself"
-            );
+                );
+                anyhow::ensure!(
+                    !matches!(self.model, ModelConfig::Autoencoder(_)),
+                    "data.normalize = \"season-trend\" is a forecaster's: an autoencoder reconstructs the window itself"
+                );
+            }
+            SeriesNormalize::Window | SeriesNormalize::Global => {}
         }
         anyhow::ensure!(
             matches!(

@@ -11,7 +11,6 @@ use trident_data::table::{Encoder, Missing, Table, TableSpec};
 use trident_data::text::{ScoreBins, TextClassification, TextFormat, TextSpec};
 use trident_data::{DataError, DataLoader, Dataset, LoaderConfig};
 use trident_nn::bert::TextBatch;
-use trident_zoo::card::SeriesNormalize;
 pub use trident_zoo::model::Net;
 pub use trident_zoo::{image_collate, Batch, InputSpec, Model, ModelCard};
 
@@ -683,12 +682,8 @@ pub fn series_splits(c: &RunConfig, fitted: Option<&trident_zoo::SeriesSpec>) ->
                 .map(|&x| if *log { x.ln() } else { x })
                 .collect();
             let mean = t.iter().sum::<f64>() / t.len() as f64;
-            // What the model reads is scaled by the spread of what it reads: the values, or
-            // (season-trend) their changes over a season.
-            let spread: Vec<f64> = match normalize {
-                SeriesNormalize::SeasonTrend => (*season..t.len()).map(|i| t[i] - t[i - season]).collect(),
-                _ => t.clone(),
-            };
+            // The model's inputs are scaled by the spread of what it reads.
+            let spread = normalize.read(&t, *season);
             let centre = spread.iter().sum::<f64>() / spread.len().max(1) as f64;
             let var = spread.iter().map(|x| (x - centre).powi(2)).sum::<f64>() / spread.len().max(1) as f64;
             trident_zoo::SeriesSpec {
