@@ -202,8 +202,15 @@ impl Bert {
 
     /// The last hidden state.
     pub fn forward(&self, b: &TextBatch, ctx: &Ctx) -> Result<Tensor> {
+        self.forward_first(b, ctx, None)
+    }
+
+    /// The last hidden state's first `keep` positions (all when `None`), the last layer
+    /// computing no others ([`Encoder::forward_first`]).
+    pub fn forward_first(&self, b: &TextBatch, ctx: &Ctx, keep: Option<usize>) -> Result<Tensor> {
         let x = self.embed(b, ctx)?;
-        self.encoder.forward(&x, Some(&mask_bias(&b.mask)?), ctx)
+        self.encoder
+            .forward_first(&x, Some(&mask_bias(&b.mask)?), ctx, keep)
     }
 
     /// One vector per sequence.
@@ -237,9 +244,15 @@ impl BertClassifier {
         })
     }
 
-    /// Logits `[batch, classes]`.
+    /// Logits `[batch, classes]`. With `[CLS]` pooling the last layer computes that
+    /// position only: the head reads no other, and the logits and every gradient are those
+    /// of the whole computation (`transformer` tests).
     pub fn forward(&self, b: &TextBatch, ctx: &Ctx) -> Result<Tensor> {
-        let h = self.bert.forward(b, ctx)?;
+        let keep = match self.pooling {
+            Pooling::Cls => Some(1),
+            Pooling::Mean => None,
+        };
+        let h = self.bert.forward_first(b, ctx, keep)?;
         self.head(&h, b, ctx)
     }
 

@@ -185,12 +185,54 @@ pub enum Norm {
     Pre,
 }
 
+/// The first `keep` positions of each sequence of `seq`: the only rows a model's last layer
+/// needs to compute when the model reads no others (a classifier pooling the `[CLS]`
+/// token). The sublayers computing them draw dropout as for the whole `[batch, seq, …]`
+/// tensor, so their rows equal those of the whole computation, masks included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Firsts {
+    /// Positions kept per sequence.
+    pub keep: usize,
+    /// Sequence length.
+    pub seq: usize,
+}
+
+impl Firsts {
+    /// Row `r` of the kept rows as a row of the whole `[batch · seq]` tensor.
+    fn full_row(self, r: usize) -> usize {
+        (r / self.keep) * self.seq + r % self.keep
+    }
+
+    /// The first `width` columns of the kept rows of `x` (rows `ld` apart, `batch · seq`
+    /// of them), as a `[batch · keep, width]` matrix.
+    fn gather(self, x: &[f32], ld: usize, width: usize, batch: usize) -> Vec<f32> {
+        let mut out = scratch::take(batch * self.keep * width);
+        for_rows(&mut out, width, |r, o| {
+            let f = self.full_row(r) * ld;
+            o.copy_from_slice(&x[f..f + width])
+        });
+        out
+    }
+
+    /// Adds `src` (`[batch · keep, d]`) into the kept rows of `dst` (`[batch · seq, d]`).
+    fn add_into(self, dst: &mut [f32], src: &[f32], d: usize) {
+        for (r, v) in src.chunks(d).enumerate() {
+            let f = self.full_row(r) * d;
+            dst[f..f + d].iter_mut().zip(v).for_each(|(a, b)| *a += b);
+        }
+    }
+}
+
 /// The self-attention sublayer on `x` `[batch, seq, hidden]`: the Q/K/V projections (one
 /// GEMM on their stacked weights), multi-head attention as
 /// [`crate::dense::attention_packed`] (`bias`, `heads` and `attention_dropout` as there),
 /// the output projection, then `hidden_dropout`, the residual add and `norm` placed as
 /// `placement` says. One op; its backward pass writes all ten parameter gradients
 /// into their sinks.
+///
+/// With `queries`, only the first that many positions of each sequence are computed
+/// (`[batch, queries, hidden]`, every key still attended to): their queries, attention,
+/// output projection and norm; the keys and values of every position.
 #[allow(clippy::too_many_arguments)]
 pub fn self_attention(
     x: &Tensor,
@@ -202,6 +244,7 @@ pub fn self_attention(
     heads: usize,
     attention_dropout: Option<(f32, u64)>,
     hidden_dropout: Option<(f32, u64)>,
+    queries: Option<usize>,
 ) -> Result<Tensor> {
     let (b, s, hidden) = x.dims3()?;
     for l in qkv.iter().chain([&out]) {
@@ -230,15 +273,18 @@ pub fn self_attention(
         out: out.clone(),
         packed_w,
         packed_b,
-        attention: Attention::new(b, s, hidden, bias, heads, attention_dropout)?,
+        attention: Attention::new(b, s, hidden, bias, heads, attention_dropout)?.first_queries(s, queries)?,
         batch: b,
     };
-    Sublayer::apply(x, inner, norm, placement, hidden_dropout)
+    let positions = inner.firsts(b * s);
+    Sublayer::apply(x, inner, norm, placement, hidden_dropout, positions)
 }
 
 /// The feed-forward sublayer on `x` `[..., hidden]`: `gelu(x · w1ᵀ + b1) · w2ᵀ + b2`, then
 /// `hidden_dropout`, the residual add and `norm` placed as `placement` says. One op; its
-/// backward pass writes all six parameter gradients into their sinks.
+/// backward pass writes all six parameter gradients into their sinks. `positions`: `x`
+/// holds only these rows of a longer sequence (after a [`self_attention`] with `queries`),
+/// and dropout is drawn as for the whole sequence.
 pub fn feed_forward(
     x: &Tensor,
     inter: &SinkLinear,
@@ -246,6 +292,7 @@ pub fn feed_forward(
     norm: &SinkNorm,
     placement: Norm,
     hidden_dropout: Option<(f32, u64)>,
+    positions: Option<Firsts>,
 ) -> Result<Tensor> {
     let (n1, k1) = inter.dims("feed-forward")?;
     let (n2, k2) = out.dims("feed-forward")?;
@@ -260,7 +307,7 @@ pub fn feed_forward(
         inter: inter.clone(),
         out: out.clone(),
     };
-    Sublayer::apply(x, inner, norm, placement, hidden_dropout)
+    Sublayer::apply(x, inner, norm, placement, hidden_dropout, positions)
 }
 
 /// The function inside a sublayer, on `[rows, hidden]` slices.
@@ -291,7 +338,21 @@ macro_rules! view_opt {
 }
 
 impl Inner {
-    /// The output `[m, d]` for input `x` `[m, d]`, and what the backward pass needs: for
+    /// The rows this function computes of an input of `m` rows, when not all: an attention
+    /// asked for its first queries only.
+    fn firsts(&self, m: usize) -> Option<Firsts> {
+        match self {
+            Inner::Attention { attention, batch, .. } => {
+                let seq = m / (*batch).max(1);
+                let keep = attention.rows(seq);
+                (keep < seq).then_some(Firsts { keep, seq })
+            }
+            Inner::FeedForward { .. } => None,
+        }
+    }
+
+    /// The output `[m, d]` for input `x` `[m, d]` (`[batch · keep, d]` for an attention
+    /// asked for its [`Firsts`]), and what the backward pass needs: for
     /// attention the projection `[m, 3d]` and the attention output `[m, d]`; for the
     /// feed-forward network GELU's derivative at the pre-activation and the activation
     /// (`[m, inter]` each). With `bf16` the products run in bf16 and the saved tensors are
@@ -312,16 +373,21 @@ impl Inner {
                 let bqkv = view_opt!(packed_b, g2, "self-attention bias");
                 let wo = view!(out.weight, g3, "self-attention weight");
                 let bo = view_opt!(out.bias, g4, "self-attention bias");
-                let qkv = Act::keep(affine(xo, m, d, wqkv, 3 * d, bqkv, bf16), bf16);
-                let qkv_f32 = qkv.f32("op.fwd");
                 let seq = m / batch;
+                let projected = match self.firsts(m) {
+                    None => affine(xo, m, d, wqkv, 3 * d, bqkv, bf16),
+                    Some(f) => project_firsts(f, x, m, d, wqkv, bqkv, *batch, bf16),
+                };
+                let qkv = Act::keep(projected, bf16);
+                let qkv_f32 = qkv.f32("op.fwd");
                 let merged = {
                     let _core = attention.core_span(*batch, seq, d, false);
                     attention.forward_slices(&qkv_f32, *batch, seq, 3 * d)
                 };
                 recycle(qkv_f32);
                 let merged = Act::keep(merged, bf16);
-                let y = affine(merged.operand(d), m, d, wo, d, bo, bf16);
+                let rows = self.firsts(m).map_or(m, |f| batch * f.keep);
+                let y = affine(merged.operand(d), rows, d, wo, d, bo, bf16);
                 Ok((y, [qkv, merged]))
             }
             Inner::FeedForward { inter, out } => {
@@ -372,12 +438,15 @@ impl Inner {
                 let [qkv_v, merged] = saved;
                 let wqkv = view!(packed_w, g1, "self-attention weight");
                 let wo = view!(out.weight, g2, "self-attention weight");
+                let firsts = self.firsts(m);
+                // Rows of the output (and of `g`).
+                let rows = firsts.map_or(m, |f| batch * f.keep);
                 // Output projection.
-                let dbo = out.bias.is_some().then(|| column_sums(g, m, d));
-                out.write_grads(go, merged.operand(d), m, d, d, dbo.as_deref(), bf16);
-                let mut dmerged = scratch::take(m * d);
+                let dbo = out.bias.is_some().then(|| column_sums(g, rows, d));
+                out.write_grads(go, merged.operand(d), rows, d, d, dbo.as_deref(), bf16);
+                let mut dmerged = scratch::take(rows * d);
                 let wo = Operand::F32(Mat::new(wo, d));
-                bf16::matmul(bf16, m, d, d, go, wo, 0.0, &mut dmerged);
+                bf16::matmul(bf16, rows, d, d, go, wo, 0.0, &mut dmerged);
                 // Attention, then the three projections: each weight gradient from its
                 // column block of dqkv, read in place with row stride 3 · hidden.
                 let qkv_f32 = qkv_v.f32("op.bwd");
@@ -389,6 +458,11 @@ impl Inner {
                 recycle(qkv_f32);
                 scratch::give(dmerged);
                 let dbqkv = packed_b.is_some().then(|| column_sums(&dqkv, m, 3 * d));
+                if let Some(f) = firsts {
+                    let dx = backward_firsts(f, qkv, x, m, d, wqkv, &dqkv, dbqkv.as_deref(), *batch, bf16);
+                    scratch::give(dqkv);
+                    return Ok(dx);
+                }
                 for (i, l) in qkv.iter().enumerate() {
                     let block = Operand::F32(Mat {
                         data: &dqkv[i * d..],
@@ -444,6 +518,123 @@ impl Inner {
     }
 }
 
+/// The packed `[m, 3d]` projection of an attention asked for its [`Firsts`]: keys and values
+/// of every row, queries of the kept rows only (the other rows' query columns are 0 and
+/// never read). Two products instead of one: a third of the projection's work for the rows
+/// not kept is saved.
+#[allow(clippy::too_many_arguments)]
+fn project_firsts(
+    f: Firsts,
+    x: &[f32],
+    m: usize,
+    d: usize,
+    wqkv: &[f32],
+    bqkv: Option<&[f32]>,
+    batch: usize,
+    bf16: bool,
+) -> Vec<f32> {
+    let xq = f.gather(x, d, d, batch);
+    let rows = batch * f.keep;
+    let q = affine(
+        Operand::F32(Mat::new(&xq, d)),
+        rows,
+        d,
+        &wqkv[..d * d],
+        d,
+        bqkv.map(|b| &b[..d]),
+        bf16,
+    );
+    let kv = affine(
+        Operand::F32(Mat::new(x, d)),
+        m,
+        d,
+        &wqkv[d * d..],
+        2 * d,
+        bqkv.map(|b| &b[d..]),
+        bf16,
+    );
+    let mut packed = scratch::take(m * 3 * d);
+    for_rows(&mut packed, 3 * d, |r, o| {
+        let (i, p) = (r / f.seq, r % f.seq);
+        if p < f.keep {
+            let at = (i * f.keep + p) * d;
+            o[..d].copy_from_slice(&q[at..at + d]);
+        } else {
+            o[..d].fill(0.0);
+        }
+        o[d..].copy_from_slice(&kv[r * 2 * d..(r + 1) * 2 * d]);
+    });
+    scratch::give(xq);
+    scratch::give(q);
+    scratch::give(kv);
+    packed
+}
+
+/// The projections' backward pass for an attention asked for its [`Firsts`]: the query
+/// weight's gradient from the kept rows only, the key and value weights' from every row,
+/// and the input gradient `[m, d]` as the sum of the two parts. `dqkv` is the packed
+/// gradient (`[m, 3d]`, query columns 0 outside the kept rows).
+#[allow(clippy::too_many_arguments)]
+fn backward_firsts(
+    f: Firsts,
+    qkv: &[SinkLinear; 3],
+    x: &[f32],
+    m: usize,
+    d: usize,
+    wqkv: &[f32],
+    dqkv: &[f32],
+    dbqkv: Option<&[f32]>,
+    batch: usize,
+    bf16: bool,
+) -> Vec<f32> {
+    let rows = batch * f.keep;
+    let xq = f.gather(x, d, d, batch);
+    let dq = f.gather(dqkv, 3 * d, d, batch);
+    let (xqo, dqo) = (Operand::F32(Mat::new(&xq, d)), Operand::F32(Mat::new(&dq, d)));
+    qkv[0].write_grads(dqo, xqo, rows, d, d, dbqkv.map(|v| &v[..d]), bf16);
+    for (i, l) in qkv.iter().enumerate().skip(1) {
+        let block = Operand::F32(Mat {
+            data: &dqkv[i * d..],
+            ld: 3 * d,
+            trans: false,
+        });
+        let db = dbqkv.map(|v| &v[i * d..(i + 1) * d]);
+        l.write_grads(block, Operand::F32(Mat::new(x, d)), m, d, d, db, bf16);
+    }
+    let mut dx = vec![0f32; m * d];
+    let dkv = Operand::F32(Mat {
+        data: &dqkv[d..],
+        ld: 3 * d,
+        trans: false,
+    });
+    bf16::matmul(
+        bf16,
+        m,
+        d,
+        2 * d,
+        dkv,
+        Operand::F32(Mat::new(&wqkv[d * d..], d)),
+        0.0,
+        &mut dx,
+    );
+    let mut dxq = scratch::take(rows * d);
+    bf16::matmul(
+        bf16,
+        rows,
+        d,
+        d,
+        dqo,
+        Operand::F32(Mat::new(&wqkv[..d * d], d)),
+        0.0,
+        &mut dxq,
+    );
+    f.add_into(&mut dx, &dxq, d);
+    scratch::give(dxq);
+    scratch::give(xq);
+    scratch::give(dq);
+    dx
+}
+
 /// A sublayer as one candle op.
 struct Sublayer {
     inner: Inner,
@@ -454,6 +645,9 @@ struct Sublayer {
     bf16: bool,
     /// The model layer this sublayer ran for (profiling), kept for its backward pass.
     layer: Option<std::sync::Arc<str>>,
+    /// The output rows are these positions of longer sequences (dropout is drawn as for
+    /// the whole sequences).
+    positions: Option<Firsts>,
     /// The inner function's saved tensors, and the layer norm's input: the residual sum
     /// (post-norm) or the sublayer input (pre-norm, whose normalised value is saved as
     /// the inner function's input in `normed`).
@@ -484,10 +678,12 @@ impl Sublayer {
         norm: &SinkNorm,
         placement: Norm,
         dropout: Option<(f32, u64)>,
+        positions: Option<Firsts>,
     ) -> Result<Tensor> {
         let d = x.dim(candle_core::D::Minus1)?;
         norm.check(d)?;
         let op = Sublayer {
+            positions,
             inner,
             norm: norm.clone(),
             placement,
@@ -499,8 +695,17 @@ impl Sublayer {
         x.contiguous()?.apply_op2(&norm.gamma, op)
     }
 
-    /// `y = dropout(y) + x` in place.
-    fn drop_and_add(&self, y: &mut [f32], x: &[f32]) {
+    /// The dropout multiplier of element `i` of the output (rows of `d`), drawn at its
+    /// place in the whole sequences.
+    fn drop_scale(&self, mask: &DropMask, i: usize, d: usize) -> f32 {
+        match self.positions {
+            None => mask.scale(i),
+            Some(f) => mask.scale(f.full_row(i / d) * d + i % d),
+        }
+    }
+
+    /// `y = dropout(y) + x` in place (rows of `d`).
+    fn drop_and_add(&self, y: &mut [f32], x: &[f32], d: usize) {
         y.par_chunks_mut(BLOCK)
             .zip(x.par_chunks(BLOCK))
             .enumerate()
@@ -511,13 +716,13 @@ impl Sublayer {
                     y.iter_mut()
                         .zip(x)
                         .enumerate()
-                        .for_each(|(j, (y, x))| *y = *y * mask.scale(base + j) + x)
+                        .for_each(|(j, (y, x))| *y = *y * self.drop_scale(mask, base + j, d) + x)
                 }
             });
     }
 
-    /// `v` times the dropout mask (a copy), or `v` itself without dropout.
-    fn dropped<'a>(&self, v: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+    /// `v` times the dropout mask (a copy), or `v` itself without dropout (rows of `d`).
+    fn dropped<'a>(&self, v: &'a [f32], d: usize) -> std::borrow::Cow<'a, [f32]> {
         match &self.dropout {
             None => std::borrow::Cow::Borrowed(v),
             Some(mask) => {
@@ -527,10 +732,27 @@ impl Sublayer {
                     o.iter_mut()
                         .zip(&v[base..])
                         .enumerate()
-                        .for_each(|(j, (o, v))| *o = v * mask.scale(base + j))
+                        .for_each(|(j, (o, v))| *o = v * self.drop_scale(mask, base + j, d))
                 });
                 std::borrow::Cow::Owned(out)
             }
+        }
+    }
+
+    /// Adds the residual path's gradient `g` (the output's rows) into `dx` (the input's `m`
+    /// rows of `d`).
+    fn add_residual_grad(&self, dx: &mut [f32], g: &[f32], m: usize, d: usize) {
+        match self.inner.firsts(m) {
+            None => dx.iter_mut().zip(g).for_each(|(a, b)| *a += b),
+            Some(f) => f.add_into(dx, g, d),
+        }
+    }
+
+    /// The residual stream's rows this sublayer adds to: all of `x`, or its kept rows.
+    fn residual<'a>(&self, x: &'a [f32], m: usize, d: usize) -> Cow<'a, [f32]> {
+        match self.inner.firsts(m) {
+            None => Cow::Borrowed(x),
+            Some(f) => Cow::Owned(f.gather(x, d, d, m / f.seq)),
         }
     }
 }
@@ -545,7 +767,14 @@ impl Sublayer {
         let m = (dims.iter().product::<usize>() / d) as u64;
         let d = d as u64;
         match &self.inner {
-            Inner::Attention { .. } => ("attention-block", 2 * m * d * 4 * d),
+            Inner::Attention { .. } => {
+                // Keys and values of every row; queries and output of the rows computed.
+                let kept = self
+                    .inner
+                    .firsts(m as usize)
+                    .map_or(m, |f| m / f.seq as u64 * f.keep as u64);
+                ("attention-block", 2 * m * d * 2 * d + 2 * kept * d * 2 * d)
+            }
             Inner::FeedForward { inter, .. } => {
                 let i = inter.weight.dims().first().copied().unwrap_or(0) as u64;
                 ("feed-forward-block", 4 * m * d * i)
@@ -579,7 +808,9 @@ impl CustomOp2 for Sublayer {
         let (out, saved) = match self.placement {
             Norm::Post => {
                 let (mut sum, inner) = self.inner.forward(x, m, d, self.bf16)?;
-                self.drop_and_add(&mut sum, x);
+                let residual = self.residual(x, m, d);
+                self.drop_and_add(&mut sum, &residual, d);
+                recycle(residual);
                 let mut out = sum.clone();
                 for_rows(&mut out, d, |_, o| normalize_row(o, gamma, beta, eps));
                 (out, Saved { inner, kept: sum })
@@ -591,12 +822,18 @@ impl CustomOp2 for Sublayer {
                     normalize_row(o, gamma, beta, eps)
                 });
                 let (mut out, inner) = self.inner.forward(&normed, m, d, self.bf16)?;
-                self.drop_and_add(&mut out, x);
+                let residual = self.residual(x, m, d);
+                self.drop_and_add(&mut out, &residual, d);
+                recycle(residual);
                 (out, Saved { inner, kept: normed })
             }
         };
         *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(saved);
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        let shape = match self.inner.firsts(m) {
+            None => l1.shape().clone(),
+            Some(f) => Shape::from((m / f.seq, f.keep, d)),
+        };
+        Ok((CpuStorage::F32(out), shape))
     }
 
     fn bwd(
@@ -625,19 +862,19 @@ impl CustomOp2 for Sublayer {
                 // directly and, through the dropout mask, into the inner function.
                 let (dsum, dg, db) = layer_norm_grads(&saved.kept, gs, gamma, d, self.norm.eps);
                 self.norm.write_grads(&dg, &db);
-                let mut dx = self
-                    .inner
-                    .backward(xs, m, d, &saved.inner, &self.dropped(&dsum), self.bf16)?;
-                dx.iter_mut().zip(&dsum).for_each(|(a, b)| *a += b);
+                let mut dx =
+                    self.inner
+                        .backward(xs, m, d, &saved.inner, &self.dropped(&dsum, d), self.bf16)?;
+                self.add_residual_grad(&mut dx, &dsum, m, d);
                 dx
             }
             Norm::Pre => {
                 let dnormed =
                     self.inner
-                        .backward(&saved.kept, m, d, &saved.inner, &self.dropped(gs), self.bf16)?;
+                        .backward(&saved.kept, m, d, &saved.inner, &self.dropped(gs, d), self.bf16)?;
                 let (mut dx, dg, db) = layer_norm_grads(xs, &dnormed, gamma, d, self.norm.eps);
                 self.norm.write_grads(&dg, &db);
-                dx.iter_mut().zip(gs).for_each(|(a, b)| *a += b);
+                self.add_residual_grad(&mut dx, gs, m, d);
                 dx
             }
         };

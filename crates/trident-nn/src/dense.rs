@@ -274,16 +274,33 @@ pub fn attention_packed(
     heads: usize,
     dropout: Option<(f32, u64)>,
 ) -> Result<Tensor> {
+    attention_packed_first(qkv, bias, heads, dropout, None)
+}
+
+/// [`attention_packed`] for the first `queries` positions of each sequence only (all when
+/// `None`): `[batch, queries, width]`, every key still attended to. The rows left out would
+/// be discarded by a model that reads only its first positions (a classifier pooling the
+/// `[CLS]` token), and the rows kept are those [`attention_packed`] gives, with the same
+/// attention dropout.
+pub fn attention_packed_first(
+    qkv: &Tensor,
+    bias: Option<&Tensor>,
+    heads: usize,
+    dropout: Option<(f32, u64)>,
+    queries: Option<usize>,
+) -> Result<Tensor> {
     let (b, s, width3) = qkv.dims3()?;
     if !width3.is_multiple_of(3) {
         bail!("attention: the packed q/k/v width {width3} is not a multiple of 3")
     }
-    let op = Attention::new(b, s, width3 / 3, bias, heads, dropout)?;
+    let op = Attention::new(b, s, width3 / 3, bias, heads, dropout)?.first_queries(s, queries)?;
     qkv.contiguous()?.apply_op1(op)
 }
 
 pub(crate) struct Attention {
     heads: usize,
+    /// Only the first this many positions of each sequence ask (queries); all when `None`.
+    queries: Option<usize>,
     /// `[batch · seq]` additive key bias.
     bias: Option<Vec<f32>>,
     dropout: Option<DropMask>,
@@ -339,10 +356,28 @@ impl Attention {
         let dropout = DropMask::from_option("attention", dropout)?;
         Ok(Attention {
             heads,
+            queries: None,
             bias,
             dropout,
             layer: crate::trace::current_layer(),
         })
+    }
+
+    /// The same attention computed for the first `queries` positions of each sequence of `s`
+    /// only (all when `None`).
+    pub(crate) fn first_queries(mut self, s: usize, queries: Option<usize>) -> Result<Self> {
+        if let Some(q) = queries {
+            if q == 0 || q > s {
+                bail!("attention: {q} query positions asked of sequences of {s}")
+            }
+        }
+        self.queries = queries.filter(|&q| q < s);
+        Ok(self)
+    }
+
+    /// The positions of a sequence of `s` that ask: its first [`Self::first_queries`].
+    pub(crate) fn rows(&self, s: usize) -> usize {
+        self.queries.map_or(s, |q| q.min(s))
     }
 
     /// The keys of sequence `i` (of `s`) that can receive attention: all but a suffix
@@ -362,7 +397,7 @@ impl Attention {
 
     /// (query, key) pairs the products cover over a batch of `b` sequences of `s`.
     pub(crate) fn live_pairs(&self, b: usize, s: usize) -> usize {
-        (0..b).map(|i| s * self.live_keys(i, s)).sum()
+        (0..b).map(|i| self.rows(s) * self.live_keys(i, s)).sum()
     }
 
     /// The profiler span of the core over `b` sequences of `s` and `width` columns, with
@@ -378,21 +413,21 @@ impl Attention {
     }
 
     /// Writes the (pre-dropout) probabilities of sequence `i`, head `h` over its first `k`
-    /// keys into `p` (`[s, k]`).
+    /// keys into `p` (`[rows, k]`, the asking positions).
     fn probabilities(&self, x: &Seq, i: usize, h: usize, k: usize, p: &mut [f32]) {
-        let s = x.s;
+        let (s, rows) = (x.s, self.rows(x.s));
         let scale = 1.0 / (x.d as f32).sqrt();
         blas::gemm_serial(
-            s,
+            rows,
             k,
             x.d,
             scale,
             x.head(0, h),
             x.head(1, h).t(),
             0.0,
-            &mut p[..s * k],
+            &mut p[..rows * k],
         );
-        for r in p[..s * k].chunks_mut(k) {
+        for r in p[..rows * k].chunks_mut(k) {
             if let Some(bias) = &self.bias {
                 r.iter_mut()
                     .zip(&bias[i * s..i * s + k])
@@ -403,13 +438,13 @@ impl Attention {
     }
 
     /// The dropout multiplier of each probability of (i, h) over the first `k` keys
-    /// (`[s, k]`, drawn as for the full `[s, s]` matrix); false without dropout.
+    /// (`[rows, k]`, drawn as for the full `[s, s]` matrix); false without dropout.
     fn dropout_scale(&self, i: usize, h: usize, s: usize, k: usize, out: &mut [f32]) -> bool {
         let Some(m) = &self.dropout else {
             return false;
         };
         let base = (i * self.heads + h) * s * s;
-        for (r, o) in out[..s * k].chunks_mut(k).enumerate() {
+        for (r, o) in out[..self.rows(s) * k].chunks_mut(k).enumerate() {
             o.iter_mut()
                 .enumerate()
                 .for_each(|(c, v)| *v = m.scale(base + r * s + c));
@@ -419,11 +454,13 @@ impl Attention {
 }
 
 impl Attention {
-    /// The output `[b, s, width]` for packed `qkv` (`[b, s, 3 · width]`).
+    /// The output `[b, rows, width]` for packed `qkv` (`[b, s, 3 · width]`), `rows` the
+    /// asking positions ([`Self::rows`]).
     pub(crate) fn forward_slices(&self, qkv: &[f32], b: usize, s: usize, width3: usize) -> Vec<f32> {
         let width = width3 / 3;
         let d = width / self.heads;
-        let (n3, n) = (s * width3, s * width);
+        let q = self.rows(s);
+        let (n3, n) = (s * width3, q * width);
         // Every head writes its columns of every row.
         let mut out = crate::scratch::take(b * n);
         out.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, o)| {
@@ -434,15 +471,15 @@ impl Attention {
                 width,
             };
             let k = self.live_keys(i, s);
-            let mut p = vec![0f32; s * k];
-            let mut mask = vec![0f32; s * k];
+            let mut p = vec![0f32; q * k];
+            let mut mask = vec![0f32; q * k];
             for h in 0..self.heads {
                 self.probabilities(&x, i, h, k, &mut p);
                 if self.dropout_scale(i, h, s, k, &mut mask) {
                     p.iter_mut().zip(&mask).for_each(|(p, m)| *p *= m);
                 }
                 blas::gemm_serial_ld(
-                    s,
+                    q,
                     d,
                     k,
                     1.0,
@@ -457,7 +494,8 @@ impl Attention {
         out
     }
 
-    /// The gradient of packed `qkv` from the output gradient `gs` (`[b, s, width]`).
+    /// The gradient of packed `qkv` from the output gradient `gs` (`[b, rows, width]`);
+    /// positions that did not ask get a zero query gradient.
     pub(crate) fn backward_slices(
         &self,
         xs: &[f32],
@@ -469,7 +507,8 @@ impl Attention {
         let width = width3 / 3;
         let d = width / self.heads;
         let scale = 1.0 / (d as f32).sqrt();
-        let (n3, n) = (s * width3, s * width);
+        let q = self.rows(s);
+        let (n3, n) = (s * width3, q * width);
         // Every head writes its q, k and v columns of every row.
         let mut dqkv = crate::scratch::take(b * n3);
         dqkv.par_chunks_mut(n3.max(1)).enumerate().for_each(|(i, dx)| {
@@ -481,13 +520,19 @@ impl Attention {
             };
             let g = &gs[i * n..(i + 1) * n];
             let k = self.live_keys(i, s);
-            let mut p = vec![0f32; s * k];
-            let mut pd = vec![0f32; s * k];
-            let mut dp = vec![0f32; s * k];
-            let mut mask = vec![0f32; s * k];
-            // Keys left out received no attention: their dK and dV rows are 0.
-            for row in dx.chunks_mut(width3).skip(k) {
-                row[width..].fill(0.0);
+            let mut p = vec![0f32; q * k];
+            let mut pd = vec![0f32; q * k];
+            let mut dp = vec![0f32; q * k];
+            let mut mask = vec![0f32; q * k];
+            // Keys left out received no attention: their dK and dV rows are 0; positions
+            // that did not ask have no query gradient.
+            for (r, row) in dx.chunks_mut(width3).enumerate() {
+                if r >= k {
+                    row[width..].fill(0.0);
+                }
+                if r >= q {
+                    row[..width].fill(0.0);
+                }
             }
             for h in 0..self.heads {
                 let col = h * d;
@@ -510,7 +555,7 @@ impl Attention {
                 blas::gemm_serial_ld(
                     k,
                     d,
-                    s,
+                    q,
                     1.0,
                     Mat::new(used, k).t(),
                     g_h,
@@ -519,7 +564,7 @@ impl Attention {
                     width3,
                 );
                 // dP_used = dO · Vᵀ, then through dropout.
-                blas::gemm_serial(s, k, d, 1.0, g_h, x.head(2, h).t(), 0.0, &mut dp);
+                blas::gemm_serial(q, k, d, 1.0, g_h, x.head(2, h).t(), 0.0, &mut dp);
                 if dropped {
                     dp.iter_mut().zip(&mask).for_each(|(g, m)| *g *= m);
                 }
@@ -532,7 +577,7 @@ impl Attention {
                 }
                 // dQ = dS · K, dK = dSᵀ · Q
                 blas::gemm_serial_ld(
-                    s,
+                    q,
                     d,
                     k,
                     1.0,
@@ -545,7 +590,7 @@ impl Attention {
                 blas::gemm_serial_ld(
                     k,
                     d,
-                    s,
+                    q,
                     1.0,
                     Mat::new(&dp, k).t(),
                     x.head(0, h),
@@ -569,7 +614,7 @@ impl CustomOp1 for Attention {
         let (b, s, width3) = l.shape().dims3()?;
         let qkv = f32_slice(st, l, "attention")?;
         let out = self.forward_slices(qkv, b, s, width3);
-        Ok((CpuStorage::F32(out), Shape::from((b, s, width3 / 3))))
+        Ok((CpuStorage::F32(out), Shape::from((b, self.rows(s), width3 / 3))))
     }
 
     fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

@@ -2,7 +2,7 @@
 //! follow Hugging Face's BERT (`attention.self.query`, `attention.output.LayerNorm`, …), so
 //! BERT-family checkpoints load by name.
 
-use crate::blocks::{self, Norm};
+use crate::blocks::{self, Firsts, Norm};
 use crate::dense;
 use crate::layers::{Activation, Ctx, Dropout, LayerNorm, Linear};
 use crate::params::ParamBuilder;
@@ -79,7 +79,13 @@ impl EncoderLayer {
         })
     }
 
-    fn self_attention(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
+    fn self_attention(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        ctx: &Ctx,
+        queries: Option<usize>,
+    ) -> Result<Tensor> {
         // One projection to [q | k | v]: one GEMM, and one gradient edge into x instead of
         // three (each edge costs candle's backward a zero-filled tensor and an add).
         let w = Tensor::cat(&[&self.query.weight, &self.key.weight, &self.value.weight], 0)?;
@@ -89,13 +95,20 @@ impl EncoderLayer {
             _ => candle_core::bail!("attention: query, key and value must all have a bias or none"),
         };
         let qkv = dense::linear(x, &w, bias_qkv.as_ref())?;
-        let merged = dense::attention_packed(&qkv, bias, self.heads, self.attn_drop.active(ctx))?;
+        let merged =
+            dense::attention_packed_first(&qkv, bias, self.heads, self.attn_drop.active(ctx), queries)?;
         self.attn_out.forward(&merged)
     }
 
     /// The layer as the two fused sublayers of [`crate::blocks`], when training and every
     /// parameter of the layer is trainable (then each has a gradient sink).
-    fn fused(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Option<Tensor>> {
+    fn fused(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        ctx: &Ctx,
+        firsts: Option<Firsts>,
+    ) -> Result<Option<Tensor>> {
         let (Some(q), Some(k), Some(v), Some(o), Some(inter), Some(out), Some(attn_norm), Some(out_norm)) = (
             self.query.sinks(),
             self.key.sinks(),
@@ -120,34 +133,79 @@ impl EncoderLayer {
             self.heads,
             self.attn_drop.active(ctx),
             hidden_drop,
+            firsts.map(|f| f.keep),
         )?;
-        blocks::feed_forward(&x, &inter, &out, &out_norm, placement, hidden_drop).map(Some)
+        blocks::feed_forward(&x, &inter, &out, &out_norm, placement, hidden_drop, firsts).map(Some)
     }
 
     /// Applies the layer to `[batch, seq, hidden]`; `bias` is the additive attention mask.
     pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
+        self.forward_first(x, bias, ctx, None)
+    }
+
+    /// [`Self::forward`] for the first `keep` positions of each sequence only (all when
+    /// `None`): `[batch, keep, hidden]`, equal to those rows of the whole output. Every
+    /// position's keys and values are still computed; the queries, attention, projections,
+    /// feed-forward network and norms of the other positions are not.
+    pub fn forward_first(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        ctx: &Ctx,
+        keep: Option<usize>,
+    ) -> Result<Tensor> {
+        let seq = x.dim(1)?;
+        let firsts = match keep {
+            Some(k) if k == 0 || k > seq => {
+                candle_core::bail!("encoder layer: {k} positions asked of sequences of {seq}")
+            }
+            Some(k) if k < seq => Some(Firsts { keep: k, seq }),
+            _ => None,
+        };
         if ctx.train {
-            if let Some(y) = self.fused(x, bias, ctx)? {
+            if let Some(y) = self.fused(x, bias, ctx, firsts)? {
                 return Ok(y);
             }
         }
-        self.composed(x, bias, ctx)
+        match firsts {
+            // The separate ops draw the residual dropout over the tensor they see: the
+            // whole layer runs, then its first rows are taken, so a dropout mask is the
+            // one the whole output has.
+            Some(f) if self.hidden_drop.active(ctx).is_some() => {
+                self.composed(x, bias, ctx, None)?.narrow(1, 0, f.keep)
+            }
+            _ => self.composed(x, bias, ctx, firsts),
+        }
     }
 
-    /// The layer as separate ops (evaluation, or frozen parameters).
-    fn composed(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
+    /// The layer as separate ops (evaluation, or frozen parameters), for the first
+    /// positions only with `firsts` (the residual dropout must then be off).
+    fn composed(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        ctx: &Ctx,
+        firsts: Option<Firsts>,
+    ) -> Result<Tensor> {
         let gelu = Activation::Gelu;
+        let queries = firsts.map(|f| f.keep);
+        let kept = match firsts {
+            Some(f) => x.narrow(1, 0, f.keep)?,
+            None => x.clone(),
+        };
         if self.pre_norm {
-            let a = self.self_attention(&self.attn_norm.forward(x)?, bias, ctx)?;
-            let x = (x + self.hidden_drop.forward(&a, ctx)?)?;
+            let a = self.self_attention(&self.attn_norm.forward(x)?, bias, ctx, queries)?;
+            let x = (kept + self.hidden_drop.forward(&a, ctx)?)?;
             let f = self
                 .out
                 .forward(&gelu.forward(&self.inter.forward(&self.out_norm.forward(&x)?)?)?)?;
             x + self.hidden_drop.forward(&f, ctx)?
         } else {
             // Dropout and residual adds fused into the layer norms that follow them.
-            let a = self.self_attention(x, bias, ctx)?;
-            let x = self.attn_norm.forward_residual(&a, x, &self.hidden_drop, ctx)?;
+            let a = self.self_attention(x, bias, ctx, queries)?;
+            let x = self
+                .attn_norm
+                .forward_residual(&a, &kept, &self.hidden_drop, ctx)?;
             let f = self.out.forward(&gelu.forward(&self.inter.forward(&x)?)?)?;
             self.out_norm.forward_residual(&f, &x, &self.hidden_drop, ctx)
         }
@@ -183,12 +241,31 @@ impl Encoder {
 
     /// Runs every layer.
     pub fn forward(&self, x: &Tensor, bias: Option<&Tensor>, ctx: &Ctx) -> Result<Tensor> {
+        self.forward_first(x, bias, ctx, None)
+    }
+
+    /// Runs every layer, the last for the first `keep` positions of each sequence only
+    /// (all when `None`; see [`EncoderLayer::forward_first`]): `[batch, keep, hidden]`,
+    /// equal to those rows of [`Self::forward`]'s output, for a model that reads no other
+    /// rows (a classifier pooling the `[CLS]` token).
+    pub fn forward_first(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        ctx: &Ctx,
+        keep: Option<usize>,
+    ) -> Result<Tensor> {
         let mut h = x.clone();
+        let last = self.layers.len().saturating_sub(1);
         for (i, l) in self.layers.iter().enumerate() {
             let _layer = crate::trace::layer(|| format!("encoder.{i}"));
-            h = l.forward(&h, bias, ctx)?;
+            h = l.forward_first(&h, bias, ctx, if i == last { keep } else { None })?;
         }
-        Ok(h)
+        match keep {
+            // No layer: the input's first rows.
+            Some(k) if self.layers.is_empty() => h.narrow(1, 0, k),
+            _ => Ok(h),
+        }
     }
 }
 
@@ -218,6 +295,87 @@ mod tests {
             worst <= 1e-4 * scale,
             "{what}: max difference {worst} (scale {scale})"
         );
+    }
+
+    /// A layer computed for the first positions only (fused in training, composed in
+    /// evaluation and with frozen parameters) equals those rows of the whole layer: output,
+    /// input gradient and every parameter's gradient of a loss that reads only them, with
+    /// both dropouts on (the masks are those of the whole layer) and a padded sequence, in
+    /// both norm placements.
+    #[test]
+    fn first_positions_equal_those_rows_of_the_whole_layer() {
+        for (pre_norm, keep) in [(false, 1), (true, 1), (false, 3), (true, 5)] {
+            let params = Params::new();
+            let c = EncoderConfig {
+                hidden: 64,
+                heads: 4,
+                intermediate: 256,
+                layers: 1,
+                attention_dropout: 0.2,
+                hidden_dropout: 0.3,
+                eps: 1e-12,
+                pre_norm,
+                init_std: 0.1,
+            };
+            let layer = EncoderLayer::new(&params.builder(7, None).pp("layer"), &c).unwrap();
+            for p in params.all().iter().filter(|p| p.name.contains("LayerNorm")) {
+                let n = p.var.elem_count();
+                let v: Vec<f32> = (0..n).map(|i| 0.5 + (i as f32 * 0.61).cos()).collect();
+                p.var.set(&Tensor::from_vec(v, n, &Device::Cpu).unwrap()).unwrap();
+            }
+            let dev = Device::Cpu;
+            let (b, s) = (4, 48);
+            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, s, 64), &dev).unwrap()).unwrap();
+            let mask: Vec<f32> = (0..b * s)
+                .map(|i| if i >= (b - 1) * s + 30 { 0.0 } else { 1.0 })
+                .collect();
+            let bias = mask_bias(&Tensor::from_vec(mask, (b, s), &dev).unwrap()).unwrap();
+            let probe = Tensor::randn(0f32, 1.0, (b, keep, 64), &dev).unwrap();
+            let name = format!("{} keep {keep}", if pre_norm { "pre-norm" } else { "post-norm" });
+            let grads_of = |y: &Tensor, fused: bool| {
+                let grads = (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+                let dx = values(grads.get(x.as_tensor()).unwrap());
+                let g: Vec<Vec<f32>> = params
+                    .trainable()
+                    .iter()
+                    .map(|p| {
+                        if fused {
+                            let mut g = vec![f32::NAN; p.var.elem_count()];
+                            assert!(params.gradient_into(&grads, p, &mut g, false).unwrap());
+                            g
+                        } else {
+                            values(grads.get(p.var.as_tensor()).unwrap())
+                        }
+                    })
+                    .collect();
+                (dx, g)
+            };
+            for ctx in [Ctx::train(13, 2), Ctx::eval()] {
+                let whole = layer
+                    .composed(x.as_tensor(), Some(&bias), &ctx, None)
+                    .unwrap()
+                    .narrow(1, 0, keep)
+                    .unwrap();
+                let (want_dx, want_g) = grads_of(&whole, false);
+                // Training: the fused sublayers; evaluation: the separate ops, pruned.
+                params.begin_step();
+                let first = layer
+                    .forward_first(x.as_tensor(), Some(&bias), &ctx, Some(keep))
+                    .unwrap();
+                assert_eq!(first.dims(), &[b, keep, 64], "{name}");
+                assert_close(&format!("{name} output"), &values(&first), &values(&whole));
+                let (dx, g) = grads_of(&first, ctx.train);
+                assert_close(&format!("{name} input gradient"), &dx, &want_dx);
+                for ((p, w), g) in params.trainable().iter().zip(&want_g).zip(&g) {
+                    // The key bias's gradient is 0 up to rounding (a softmax does not see
+                    // a shift shared by every key): compared at the input gradient's scale.
+                    let floor = if p.name.ends_with("key.bias") { 1e-2 } else { 0.0 };
+                    let w: Vec<f32> = w.iter().map(|v| v + floor).collect();
+                    let g: Vec<f32> = g.iter().map(|v| v + floor).collect();
+                    assert_close(&format!("{name} {}", p.name), &g, &w);
+                }
+            }
+        }
     }
 
     /// The fused sublayers (training, with sinks) against the same layer as separate ops:
@@ -259,7 +417,7 @@ mod tests {
             let ctx = Ctx::train(11, 3);
             let name = if pre_norm { "pre-norm" } else { "post-norm" };
 
-            let y = layer.composed(x.as_tensor(), Some(&bias), &ctx).unwrap();
+            let y = layer.composed(x.as_tensor(), Some(&bias), &ctx, None).unwrap();
             let grads = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
             let want_y = values(&y);
             let want_dx = values(grads.get(x.as_tensor()).unwrap());

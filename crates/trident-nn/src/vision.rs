@@ -111,7 +111,10 @@ impl Vit {
             let cls = self.cls.broadcast_as((b, 1, self.config.hidden))?;
             Tensor::cat(&[&cls, &p], 1)?.broadcast_add(&self.pos)?
         };
-        let h = self.encoder.forward(&self.drop.forward(&h, ctx)?, None, ctx)?;
+        // The head reads the class token only: the last layer computes no other position.
+        let h = self
+            .encoder
+            .forward_first(&self.drop.forward(&h, ctx)?, None, ctx, Some(1))?;
         let _layer = crate::trace::layer(|| "head".into());
         let h = self.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?)?;
         self.head.forward(&h)
