@@ -1766,6 +1766,25 @@ impl ReluMaxPool {
     }
 }
 
+/// Whether `v` holds a NaN (one pass the compiler vectorises; no early exit).
+fn has_nan(v: &[f32]) -> bool {
+    v.iter().fold(false, |acc, x| acc | x.is_nan())
+}
+
+/// `relu(max)` of every 2 × 2 window of a `h × w` plane without NaN, into `out`
+/// (`[h / 2, w / 2]`): branch-free over each row pair, so the compiler vectorises it.
+fn relu_pool2_plane(plane: &[f32], h: usize, w: usize, out: &mut [f32]) {
+    let ow = w / 2;
+    for (oy, o) in out.chunks_exact_mut(ow.max(1)).take(h / 2).enumerate() {
+        let top = plane[2 * oy * w..][..2 * ow].chunks_exact(2);
+        let bottom = plane[(2 * oy + 1) * w..][..2 * ow].chunks_exact(2);
+        for (o, (a, b)) in o.iter_mut().zip(top.zip(bottom)) {
+            let m = a[0].max(a[1]).max(b[0].max(b[1]));
+            *o = if m > 0.0 { m } else { 0.0 };
+        }
+    }
+}
+
 impl CustomOp1 for ReluMaxPool {
     fn name(&self) -> &'static str {
         "trident-relu-max-pool"
@@ -1782,6 +1801,9 @@ impl CustomOp1 for ReluMaxPool {
         out.par_chunks_mut(oh * ow)
             .zip(x.par_chunks(h * w))
             .for_each(|(o, plane)| {
+                if self.k == 2 && !has_nan(plane) {
+                    return relu_pool2_plane(plane, h, w, o);
+                }
                 self.windows(plane, h, w, |oy, ox, _, m| {
                     o[oy * ow + ox] = if m > 0.0 || m.is_nan() { m } else { 0.0 };
                 })
@@ -2262,6 +2284,44 @@ mod tests {
         .unwrap_err()
         .to_string()
         .contains("does not fit"));
+    }
+
+    /// 2 × 2 windows of planes without NaN take a vectorised path; a plane holding a NaN
+    /// takes the general one, and NaN wins its window (as in PyTorch). Ties and −0.
+    #[test]
+    fn relu_max_pool_propagates_nan_and_handles_ties() {
+        let x = Tensor::from_vec(
+            vec![
+                3.0,
+                3.0,
+                -1.0,
+                -2.0,
+                1.0,
+                3.0,
+                -5.0,
+                -0.0, // no NaN
+                f32::NAN,
+                1.0,
+                2.0,
+                0.5,
+                0.0,
+                0.0,
+                4.0,
+                f32::NAN, // NaN in both windows
+            ],
+            (1, 2, 2, 4),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let y = relu_max_pool2d(&x, 2)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(&y[..2], &[3.0, 0.0]);
+        assert!(y[2].is_nan() && y[3].is_nan(), "{y:?}");
+        assert!(y[1].is_sign_positive(), "relu of -0 is +0");
     }
 
     #[test]
