@@ -132,10 +132,16 @@ fn bert(w: &mut Writer, c: &trident_nn::bert::BertConfig, pooling: Pooling) -> a
         }
     };
 
-    // Post-norm encoder layers.
+    // Post-norm encoder layers. With [CLS] pooling the last layer continues from its
+    // attention on position 0 only, as `Encoder::forward_first` computes it: the head
+    // reads no other row.
+    let last = c.num_hidden_layers.checked_sub(1);
     for l in 0..c.num_hidden_layers {
         let p = format!("bert.encoder.layer.{l}");
-        let a = w.self_attention(&x, &p, h, c.num_attention_heads, Some((&bias, &index)))?;
+        let mut a = w.self_attention(&x, &p, h, c.num_attention_heads, Some((&bias, &index)))?;
+        if pooling == Pooling::Cls && Some(l) == last {
+            (a, x) = (first_position(w, &a), first_position(w, &x));
+        }
         let (a, ab) = w.linear_split(&a, &format!("{p}.attention.output.dense"))?;
         x = w.add_norm(&a, &ab, &x, &format!("{p}.attention.output.LayerNorm"), eps)?;
         let (f, fb) = w.linear_split(&x, &format!("{p}.intermediate.dense"))?;
@@ -216,11 +222,15 @@ fn vit(w: &mut Writer, c: &trident_nn::vision::VitConfig, spec: &InputSpec) -> a
     let pos = w.param("pos_embed")?;
     let mut x = w.g.op("Add", &[&seq, &pos], &[]);
 
-    // Pre-norm encoder layers: x + attn(LN(x)), then x + ffn(LN(x)).
+    // Pre-norm encoder layers: x + attn(LN(x)), then x + ffn(LN(x)); the last continues
+    // from its attention on the class token only (the head reads no other row).
     for l in 0..c.layers {
         let pre = format!("encoder.layer.{l}");
         let n = w.layer_norm(&x, &format!("{pre}.attention.output.LayerNorm"), eps)?;
-        let a = w.self_attention(&n, &pre, h, c.heads, None)?;
+        let mut a = w.self_attention(&n, &pre, h, c.heads, None)?;
+        if l + 1 == c.layers {
+            (a, x) = (first_position(w, &a), first_position(w, &x));
+        }
         let a = w.linear(&a, &format!("{pre}.attention.output.dense"))?;
         x = w.g.op("Add", &[&x, &a], &[]);
         let n = w.layer_norm(&x, &format!("{pre}.output.LayerNorm"), eps)?;
@@ -613,7 +623,12 @@ fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> anyhow::Result<S
     ))
 }
 
-/// Columns `[from, to)` of `x`.
+/// `x[:, 0:1]`: the first position of `[batch, seq, hidden]`, kept as a sequence of one.
+fn first_position(w: &mut Writer, x: &str) -> String {
+    slice(w, x, 0, 1)
+}
+
+/// Columns `[from, to)` of `x` (positions, for `[batch, seq, …]`).
 fn slice(w: &mut Writer, x: &str, from: i64, to: i64) -> String {
     let (starts, ends, axes) = (w.g.ints(&[from]), w.g.ints(&[to]), w.g.ints(&[1]));
     w.g.op("Slice", &[x, &starts, &ends, &axes], &[])
