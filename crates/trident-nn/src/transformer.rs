@@ -297,6 +297,42 @@ mod tests {
         );
     }
 
+    /// A one-layer encoder (hidden 64, 4 heads, both dropouts on) with non-trivial layer
+    /// norms, an input `[4, seq, 64]` and the mask bias of a batch whose last sequence is
+    /// padded after `tokens`.
+    fn layer_fixture(
+        pre_norm: bool,
+        seed: u64,
+        seq: usize,
+        tokens: usize,
+    ) -> (Params, EncoderLayer, Var, Tensor) {
+        let params = Params::new();
+        let c = EncoderConfig {
+            hidden: 64,
+            heads: 4,
+            intermediate: 256,
+            layers: 1,
+            attention_dropout: 0.2,
+            hidden_dropout: 0.3,
+            eps: 1e-12,
+            pre_norm,
+            init_std: 0.1,
+        };
+        let layer = EncoderLayer::new(&params.builder(seed, None).pp("layer"), &c).unwrap();
+        for p in params.all().iter().filter(|p| p.name.contains("LayerNorm")) {
+            let n = p.var.elem_count();
+            let v: Vec<f32> = (0..n).map(|i| 0.5 + (i as f32 * 0.37).sin()).collect();
+            p.var.set(&Tensor::from_vec(v, n, &Device::Cpu).unwrap()).unwrap();
+        }
+        let (dev, b) = (Device::Cpu, 4);
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, seq, 64), &dev).unwrap()).unwrap();
+        let mask: Vec<f32> = (0..b * seq)
+            .map(|i| if i >= (b - 1) * seq + tokens { 0.0 } else { 1.0 })
+            .collect();
+        let bias = mask_bias(&Tensor::from_vec(mask, (b, seq), &dev).unwrap()).unwrap();
+        (params, layer, x, bias)
+    }
+
     /// A layer computed for the first positions only (fused in training, composed in
     /// evaluation and with frozen parameters) equals those rows of the whole layer: output,
     /// input gradient and every parameter's gradient of a loss that reads only them, with
@@ -305,32 +341,8 @@ mod tests {
     #[test]
     fn first_positions_equal_those_rows_of_the_whole_layer() {
         for (pre_norm, keep) in [(false, 1), (true, 1), (false, 3), (true, 5)] {
-            let params = Params::new();
-            let c = EncoderConfig {
-                hidden: 64,
-                heads: 4,
-                intermediate: 256,
-                layers: 1,
-                attention_dropout: 0.2,
-                hidden_dropout: 0.3,
-                eps: 1e-12,
-                pre_norm,
-                init_std: 0.1,
-            };
-            let layer = EncoderLayer::new(&params.builder(7, None).pp("layer"), &c).unwrap();
-            for p in params.all().iter().filter(|p| p.name.contains("LayerNorm")) {
-                let n = p.var.elem_count();
-                let v: Vec<f32> = (0..n).map(|i| 0.5 + (i as f32 * 0.61).cos()).collect();
-                p.var.set(&Tensor::from_vec(v, n, &Device::Cpu).unwrap()).unwrap();
-            }
-            let dev = Device::Cpu;
-            let (b, s) = (4, 48);
-            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, s, 64), &dev).unwrap()).unwrap();
-            let mask: Vec<f32> = (0..b * s)
-                .map(|i| if i >= (b - 1) * s + 30 { 0.0 } else { 1.0 })
-                .collect();
-            let bias = mask_bias(&Tensor::from_vec(mask, (b, s), &dev).unwrap()).unwrap();
-            let probe = Tensor::randn(0f32, 1.0, (b, keep, 64), &dev).unwrap();
+            let (params, layer, x, bias) = layer_fixture(pre_norm, 7, 48, 30);
+            let probe = Tensor::randn(0f32, 1.0, (4, keep, 64), &Device::Cpu).unwrap();
             let name = format!("{} keep {keep}", if pre_norm { "pre-norm" } else { "post-norm" });
             let grads_of = |y: &Tensor, fused: bool| {
                 let grads = (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
@@ -362,7 +374,7 @@ mod tests {
                 let first = layer
                     .forward_first(x.as_tensor(), Some(&bias), &ctx, Some(keep))
                     .unwrap();
-                assert_eq!(first.dims(), &[b, keep, 64], "{name}");
+                assert_eq!(first.dims(), &[4, keep, 64], "{name}");
                 assert_close(&format!("{name} output"), &values(&first), &values(&whole));
                 let (dx, g) = grads_of(&first, ctx.train);
                 assert_close(&format!("{name} input gradient"), &dx, &want_dx);
@@ -386,34 +398,9 @@ mod tests {
     #[test]
     fn fused_sublayers_equal_the_composed_layer() {
         for pre_norm in [false, true] {
-            let params = Params::new();
-            let c = EncoderConfig {
-                hidden: 64,
-                heads: 4,
-                intermediate: 256,
-                layers: 1,
-                attention_dropout: 0.2,
-                hidden_dropout: 0.3,
-                eps: 1e-12,
-                pre_norm,
-                init_std: 0.1,
-            };
-            let layer = EncoderLayer::new(&params.builder(5, None).pp("layer"), &c).unwrap();
-            // Non-trivial layer-norm parameters.
-            for p in params.all().iter().filter(|p| p.name.contains("LayerNorm")) {
-                let n = p.var.elem_count();
-                let v: Vec<f32> = (0..n).map(|i| 0.5 + (i as f32 * 0.37).sin()).collect();
-                p.var.set(&Tensor::from_vec(v, n, &Device::Cpu).unwrap()).unwrap();
-            }
-            let dev = Device::Cpu;
-            let (b, s) = (4, 64);
-            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, s, 64), &dev).unwrap()).unwrap();
             // The last sequence is padded after 40 tokens.
-            let mask: Vec<f32> = (0..b * s)
-                .map(|i| if i >= (b - 1) * s + 40 { 0.0 } else { 1.0 })
-                .collect();
-            let bias = mask_bias(&Tensor::from_vec(mask, (b, s), &dev).unwrap()).unwrap();
-            let probe = Tensor::randn(0f32, 1.0, (b, s, 64), &dev).unwrap();
+            let (params, layer, x, bias) = layer_fixture(pre_norm, 5, 64, 40);
+            let probe = Tensor::randn(0f32, 1.0, (4, 64, 64), &Device::Cpu).unwrap();
             let ctx = Ctx::train(11, 3);
             let name = if pre_norm { "pre-norm" } else { "post-norm" };
 
