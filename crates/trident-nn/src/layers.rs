@@ -303,21 +303,43 @@ impl BatchNorm2d {
 
     /// Normalises `x`.
     pub fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
-        let c = x.dim(1)?;
         if ctx.train {
-            let n = (x.elem_count() / c) as f64;
             let (y, mean, var) = ops::batch_norm_train(x, &self.weight, &self.bias, self.eps as f32)?;
-            let m = self.momentum;
-            let mean = Tensor::from_vec(mean, c, x.device())?;
-            let unbiased = (Tensor::from_vec(var, c, x.device())? * (n / (n - 1.0).max(1.0)))?;
-            self.running_mean
-                .set(&((self.running_mean.as_tensor() * (1.0 - m))? + (mean * m)?)?)?;
-            self.running_var
-                .set(&((self.running_var.as_tensor() * (1.0 - m))? + (unbiased * m)?)?)?;
+            self.update_running(x, mean, var)?;
             return Ok(y);
         }
-        // The running statistics folded into a scale and a shift per channel, applied in
-        // one pass (gradients still reach the weight and bias through the folding).
+        self.evaluate(x)
+    }
+
+    /// `relu_max_pool2d(self.forward(x), k)`; in training one op
+    /// ([`ops::batch_norm_relu_pool_train`]), the same values and gradients.
+    pub fn forward_relu_pool(&self, x: &Tensor, ctx: &Ctx, k: usize) -> Result<Tensor> {
+        if ctx.train {
+            let (y, mean, var) =
+                ops::batch_norm_relu_pool_train(x, &self.weight, &self.bias, self.eps as f32, k)?;
+            self.update_running(x, mean, var)?;
+            return Ok(y);
+        }
+        ops::relu_max_pool2d(&self.evaluate(x)?, k)
+    }
+
+    /// Moves the running statistics towards a batch's mean and biased variance.
+    fn update_running(&self, x: &Tensor, mean: Vec<f32>, var: Vec<f32>) -> Result<()> {
+        let c = x.dim(1)?;
+        let n = (x.elem_count() / c) as f64;
+        let m = self.momentum;
+        let mean = Tensor::from_vec(mean, c, x.device())?;
+        let unbiased = (Tensor::from_vec(var, c, x.device())? * (n / (n - 1.0).max(1.0)))?;
+        self.running_mean
+            .set(&((self.running_mean.as_tensor() * (1.0 - m))? + (mean * m)?)?)?;
+        self.running_var
+            .set(&((self.running_var.as_tensor() * (1.0 - m))? + (unbiased * m)?)?)
+    }
+
+    /// Evaluation mode: the running statistics folded into a scale and a shift per
+    /// channel, applied in one pass (gradients still reach the weight and bias through
+    /// the folding).
+    fn evaluate(&self, x: &Tensor) -> Result<Tensor> {
         let scale = (&self.weight / (self.running_var.as_tensor() + self.eps)?.sqrt()?)?;
         let shift = (&self.bias - (self.running_mean.as_tensor() * &scale)?)?;
         ops::channel_affine(x, &scale, &shift)

@@ -785,14 +785,7 @@ impl CustomOp3 for BatchNorm {
                 self.mean.len()
             )
         }
-        let (mean, var) = (&self.mean, &self.var);
-        let (scale, shift): (Vec<f32>, Vec<f32>) = (0..c)
-            .map(|ch| {
-                let rstd = 1.0 / (var[ch] + self.eps).sqrt();
-                (g[ch] * rstd, bt[ch] - mean[ch] * g[ch] * rstd)
-            })
-            .unzip();
-        let out = affine_planes(x, c, hw, &scale, &shift);
+        let out = self.normalize(x, g, bt, c, hw);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -806,13 +799,42 @@ impl CustomOp3 for BatchNorm {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
         let (b, c, h, w) = x.dims4()?;
-        let hw = h * w;
         // Borrowed from their storage: no copies of the two largest tensors.
         let (x, grad) = (x.contiguous()?, grad.contiguous()?);
         let (x_guard, g_guard);
         let xs = view!(x, x_guard, "batch_norm backward");
         let gs = view!(grad, g_guard, "batch_norm backward");
-        let gamma_v = gamma.to_vec1::<f32>()?;
+        let (dx, dgamma, dbeta) = self.gradients(xs, gs, &gamma.to_vec1::<f32>()?, (b, c, h * w));
+        let dev = x.device();
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), dev)?),
+            Some(Tensor::from_vec(dgamma, c, dev)?),
+            Some(Tensor::from_vec(dbeta, c, dev)?),
+        ))
+    }
+}
+
+impl BatchNorm {
+    /// The normalised `[b, c, hw]` input `x`, scaled by `g` and shifted by `bt` per channel.
+    fn normalize(&self, x: &[f32], g: &[f32], bt: &[f32], c: usize, hw: usize) -> Vec<f32> {
+        let (mean, var) = (&self.mean, &self.var);
+        let (scale, shift): (Vec<f32>, Vec<f32>) = (0..c)
+            .map(|ch| {
+                let rstd = 1.0 / (var[ch] + self.eps).sqrt();
+                (g[ch] * rstd, bt[ch] - mean[ch] * g[ch] * rstd)
+            })
+            .unzip();
+        affine_planes(x, c, hw, &scale, &shift)
+    }
+
+    /// The gradients of the input, scale and shift from the output's `gs`.
+    fn gradients(
+        &self,
+        xs: &[f32],
+        gs: &[f32],
+        gamma_v: &[f32],
+        (b, c, hw): (usize, usize, usize),
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let (mean, var) = (&self.mean, &self.var);
         let n = (b * hw) as f32;
         // Per channel: sum(g) and sum(g * xhat).
@@ -834,6 +856,99 @@ impl CustomOp3 for BatchNorm {
         });
         let dgamma: Vec<f32> = sums.iter().map(|s| s.1).collect();
         let dbeta: Vec<f32> = sums.iter().map(|s| s.0).collect();
+        (dx, dgamma, dbeta)
+    }
+}
+
+/// [`batch_norm_train`] followed by [`relu_max_pool2d`] with window `k`, as one op: the
+/// normalised tensor (as large as the input) lives inside it, so candle's backward pass
+/// neither keeps it nor zero-fills and adds a gradient of its size. The backward pass
+/// normalises `x` again (one pass) to find each window's maximum.
+pub fn batch_norm_relu_pool_train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+    k: usize,
+) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
+    let x = x.contiguous()?;
+    let (b, c, h, w) = x.dims4()?;
+    if k == 0 || h < k || w < k {
+        bail!("relu_max_pool2d: window {k} does not fit input {h}x{w}")
+    }
+    let (mean, var) = with_f32(&x, |v| channel_stats(v, b, c, h * w))?;
+    let layer = crate::trace::current_layer();
+    let op = BatchNormReluPool {
+        norm: BatchNorm {
+            eps,
+            mean: mean.clone(),
+            var: var.clone(),
+            layer: layer.clone(),
+        },
+        pool: ReluMaxPool { k, layer },
+    };
+    let y = x.apply_op3(gamma, beta, op)?;
+    Ok((y, mean, var))
+}
+
+struct BatchNormReluPool {
+    norm: BatchNorm,
+    pool: ReluMaxPool,
+}
+
+impl CustomOp3 for BatchNormReluPool {
+    fn name(&self) -> &'static str {
+        "trident-batch-norm-relu-pool"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let x = f32_slice(s1, l1, "batch_norm")?;
+        let g = f32_slice(s2, l2, "batch_norm gamma")?;
+        let bt = f32_slice(s3, l3, "batch_norm beta")?;
+        let &[b, c, h, w] = l1.dims() else {
+            bail!("batch_norm: expected [b, c, h, w], got {:?}", l1.dims())
+        };
+        if self.norm.mean.len() != c || g.len() != c || bt.len() != c {
+            bail!(
+                "batch_norm: statistics for {} channels, input has {c}",
+                self.norm.mean.len()
+            )
+        }
+        let y = self.norm.normalize(x, g, bt, c, h * w);
+        let out = self.pool.forward_slices(&y, (b, c, h, w));
+        let k = self.pool.k;
+        Ok((CpuStorage::F32(out), Shape::from((b, c, h / k, w / k))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span_in(&self.norm.layer, self.name(), "op.bwd", 0);
+        let (b, c, h, w) = x.dims4()?;
+        let grad = grad.contiguous()?;
+        let (x_guard, g_guard);
+        let xs = view!(x, x_guard, "batch_norm backward");
+        let gs = view!(grad, g_guard, "batch_norm backward");
+        let gamma_v = gamma.to_vec1::<f32>()?;
+        let y = self
+            .norm
+            .normalize(xs, &gamma_v, &beta.to_vec1::<f32>()?, c, h * w);
+        let dy = self.pool.backward_slices(&y, gs, (b, c, h, w));
+        let (dx, dgamma, dbeta) = self.norm.gradients(xs, &dy, &gamma_v, (b, c, h * w));
         let dev = x.device();
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), dev)?),
@@ -1816,6 +1931,25 @@ impl CustomOp1 for ReluMaxPool {
         let &[b, c, h, w] = l.dims() else {
             bail!("relu_max_pool2d: expected [b, c, h, w], got {:?}", l.dims())
         };
+        let out = self.forward_slices(x, (b, c, h, w));
+        Ok((CpuStorage::F32(out), Shape::from((b, c, h / self.k, w / self.k))))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let dims = arg.dims4()?;
+        let (arg, grad) = (arg.contiguous()?, grad.contiguous()?);
+        let (x_guard, g_guard);
+        let x = view!(arg, x_guard, "relu_max_pool2d backward");
+        let g = view!(grad, g_guard, "relu_max_pool2d backward");
+        let dx = self.backward_slices(x, g, dims);
+        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+    }
+}
+
+impl ReluMaxPool {
+    /// The pooled `[b, c, h / k, w / k]` values of `x` (`[b, c, h, w]`).
+    fn forward_slices(&self, x: &[f32], (b, c, h, w): (usize, usize, usize, usize)) -> Vec<f32> {
         let (oh, ow) = (h / self.k, w / self.k);
         let mut out = vec![0f32; b * c * oh * ow];
         out.par_chunks_mut(oh * ow)
@@ -1828,17 +1962,12 @@ impl CustomOp1 for ReluMaxPool {
                     o[oy * ow + ox] = if m > 0.0 || m.is_nan() { m } else { 0.0 };
                 })
             });
-        Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))))
+        out
     }
 
-    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
-        let (b, c, h, w) = arg.dims4()?;
+    /// The input gradient (`[b, c, h, w]`) from the output gradient `g`.
+    fn backward_slices(&self, x: &[f32], g: &[f32], (b, c, h, w): (usize, usize, usize, usize)) -> Vec<f32> {
         let (oh, ow) = (h / self.k, w / self.k);
-        let (arg, grad) = (arg.contiguous()?, grad.contiguous()?);
-        let (x_guard, g_guard);
-        let x = view!(arg, x_guard, "relu_max_pool2d backward");
-        let g = view!(grad, g_guard, "relu_max_pool2d backward");
         let mut dx = vec![0f32; b * c * h * w];
         dx.par_chunks_mut(h * w)
             .zip(x.par_chunks(h * w).zip(g.par_chunks(oh * ow)))
@@ -1849,7 +1978,7 @@ impl CustomOp1 for ReluMaxPool {
                     }
                 })
             });
-        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+        dx
     }
 }
 
@@ -2304,6 +2433,34 @@ mod tests {
         .unwrap_err()
         .to_string()
         .contains("does not fit"));
+    }
+
+    /// Batch norm and ReLU + max pooling as one op give the two ops' values and the
+    /// gradients of the input, scale and shift, and the same batch statistics; 2 × 2 and
+    /// 3 × 3 windows, odd sides.
+    #[test]
+    fn batch_norm_relu_pool_equals_the_two_ops() {
+        let dev = Device::Cpu;
+        for (dims, k) in [([3, 4, 7, 9], 2), ([2, 5, 8, 6], 3)] {
+            let x = Var::randn(0.3f32, 1.0, &dims, &dev).unwrap();
+            let g = Var::randn(1f32, 0.3, dims[1], &dev).unwrap();
+            let b = Var::randn(0f32, 0.3, dims[1], &dev).unwrap();
+            let (oh, ow) = (dims[2] / k, dims[3] / k);
+            let probe = Tensor::randn(0f32, 1.0, (dims[0], dims[1], oh, ow), &dev).unwrap();
+            let (two, m2, v2) = batch_norm_train(&x, &g, &b, 1e-5).unwrap();
+            let two = relu_max_pool2d(&two, k).unwrap();
+            let (one, m1, v1) = batch_norm_relu_pool_train(&x, &g, &b, 1e-5, k).unwrap();
+            assert_eq!((m1, v1), (m2, v2));
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(&one), flat(&two), "{dims:?} k = {k}");
+            let g1 = one.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let g2 = two.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
+            for (name, v) in [("x", &x), ("gamma", &g), ("beta", &b)] {
+                let (a, b) = (flat(g1.get(v).unwrap()), flat(g2.get(v).unwrap()));
+                close(&a, &b, 1e-5);
+                assert!(a.iter().any(|&v| v != 0.0), "{name}: a gradient reaches it");
+            }
+        }
     }
 
     /// 2 × 2 windows of planes without NaN take a vectorised path; a plane holding a NaN

@@ -1,7 +1,7 @@
 //! Image models trained from scratch: a ViT (patch embedding + pre-norm encoder) and a
 //! small CNN.
 
-use crate::layers::{relu_max_pool2d, BatchNorm2d, Conv2d, Ctx, Dropout, LayerNorm, Linear};
+use crate::layers::{BatchNorm2d, Conv2d, Ctx, Dropout, LayerNorm, Linear};
 use crate::params::{Init, ParamBuilder};
 use crate::transformer::{Encoder, EncoderConfig};
 use candle_core::{Result, Tensor};
@@ -163,11 +163,11 @@ impl Cnn {
         use crate::trace::layer;
         let h = {
             let _layer = layer(|| "conv1".into());
-            relu_max_pool2d(&self.bn1.forward(&self.conv1.forward(x)?, ctx)?, 2)?
+            self.bn1.forward_relu_pool(&self.conv1.forward(x)?, ctx, 2)?
         };
         let h = {
             let _layer = layer(|| "conv2".into());
-            relu_max_pool2d(&self.bn2.forward(&self.conv2.forward(&h)?, ctx)?, 2)?
+            self.bn2.forward_relu_pool(&self.conv2.forward(&h)?, ctx, 2)?
         };
         let h = {
             let _layer = layer(|| "fc1".into());
@@ -182,8 +182,8 @@ impl Cnn {
     /// logits, in evaluation mode: the feature space that judges generated images.
     pub fn features_and_logits(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         let ctx = Ctx::eval();
-        let h = relu_max_pool2d(&self.bn1.forward(&self.conv1.forward(x)?, &ctx)?, 2)?;
-        let h = relu_max_pool2d(&self.bn2.forward(&self.conv2.forward(&h)?, &ctx)?, 2)?;
+        let h = self.bn1.forward_relu_pool(&self.conv1.forward(x)?, &ctx, 2)?;
+        let h = self.bn2.forward_relu_pool(&self.conv2.forward(&h)?, &ctx, 2)?;
         let f = self.fc1.forward(&h.flatten_from(1)?)?.relu()?;
         let logits = self.fc2.forward(&f)?;
         Ok((f, logits))
