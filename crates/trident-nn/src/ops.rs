@@ -2499,6 +2499,29 @@ mod tests {
         assert_eq!(&y[..2], &[3.0, 0.0]);
         assert!(y[2].is_nan() && y[3].is_nan(), "{y:?}");
         assert!(y[1].is_sign_positive(), "relu of -0 is +0");
+        // Backward: a tie sends the gradient to the first maximum in window order; a
+        // window whose maximum is not positive sends none; a NaN wins its window.
+        let x = Var::from_tensor(&x).unwrap();
+        let probe = Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], (1, 2, 1, 2), &Device::Cpu).unwrap();
+        let loss = relu_max_pool2d(x.as_tensor(), 2)
+            .unwrap()
+            .mul(&probe)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let grads = loss.backward().unwrap();
+        let got = grads
+            .get(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let want = [
+            1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, //
+            3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 4.0,
+        ];
+        assert_eq!(got, want);
     }
 
     #[test]
