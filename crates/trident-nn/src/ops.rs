@@ -1920,6 +1920,90 @@ fn relu_pool2_plane(plane: &[f32], h: usize, w: usize, out: &mut [f32]) {
     }
 }
 
+/// Whether [`relu_pool2_grad_avx`] can run here.
+fn avx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The gradient of ReLU + 2 × 2 max pooling for one `h × w` plane without NaN, with AVX:
+/// each output gradient goes to its window's first maximum (window order) where that
+/// maximum is positive. Every element of `d` is written (odd last rows and columns with
+/// 0). Four windows at a time, computed in the rows' own interleaved layout (no
+/// shuffles but a swap of neighbouring lanes); the last group of a row pair overlaps the
+/// one before it rather than falling back to scalar code (each window's values are a
+/// function of its own inputs, so writing it twice is harmless). `w` must be at least 8.
+///
+/// # Safety
+/// The CPU must have AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn relu_pool2_grad_avx(plane: &[f32], g: &[f32], h: usize, w: usize, d: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let ow = w / 2;
+    assert!(ow >= 4 && plane.len() >= h * w && d.len() >= h * w && g.len() >= (h / 2) * ow);
+    // 1 in the even lanes (a window's first column), 0 in the odd ones, as masks.
+    let even = _mm256_castsi256_ps(_mm256_setr_epi32(-1, 0, -1, 0, -1, 0, -1, 0));
+    let zero = _mm256_setzero_ps();
+    for oy in 0..h / 2 {
+        let (top, bottom) = (2 * oy * w, (2 * oy + 1) * w);
+        let mut ox = 0;
+        loop {
+            let ox0 = ox.min(ow - 4);
+            // SAFETY: columns 2·ox0 .. 2·ox0 + 8 ≤ 2·ow ≤ w of rows 2·oy and 2·oy + 1 < h,
+            // and windows ox0 .. ox0 + 4 ≤ ow of output row oy (asserted sizes above).
+            let t = _mm256_loadu_ps(plane.as_ptr().add(top + 2 * ox0));
+            let b = _mm256_loadu_ps(plane.as_ptr().add(bottom + 2 * ox0));
+            let gq = _mm_loadu_ps(g.as_ptr().add(oy * ow + ox0));
+            // Each window's gradient in both lanes of its pair.
+            let gv = _mm256_set_m128(_mm_unpackhi_ps(gq, gq), _mm_unpacklo_ps(gq, gq));
+            // The window maximum in both lanes: the column maxima, then the pair's.
+            let v = _mm256_max_ps(t, b);
+            let m = _mm256_max_ps(v, _mm256_permute_ps::<0b10_11_00_01>(v));
+            let gv = _mm256_and_ps(gv, _mm256_cmp_ps::<_CMP_GT_OQ>(m, zero));
+            let et = _mm256_cmp_ps::<_CMP_EQ_OQ>(t, m);
+            let eb = _mm256_cmp_ps::<_CMP_EQ_OQ>(b, m);
+            // The partner lane's equality: the even lane's in the odd one and back.
+            let et_pair = _mm256_permute_ps::<0b10_11_00_01>(et);
+            let eb_pair = _mm256_permute_ps::<0b10_11_00_01>(eb);
+            // Top: the even lane if equal; the odd one if equal and the even one is not.
+            let top_sel = _mm256_or_ps(
+                _mm256_and_ps(et, even),
+                _mm256_andnot_ps(even, _mm256_andnot_ps(et_pair, et)),
+            );
+            // Bottom: only when no top lane is equal, then as for the top row.
+            let any_top = _mm256_or_ps(et, et_pair);
+            let bottom_sel = _mm256_or_ps(
+                _mm256_and_ps(eb, even),
+                _mm256_andnot_ps(even, _mm256_andnot_ps(eb_pair, eb)),
+            );
+            let bottom_sel = _mm256_andnot_ps(any_top, bottom_sel);
+            _mm256_storeu_ps(d.as_mut_ptr().add(top + 2 * ox0), _mm256_and_ps(top_sel, gv));
+            _mm256_storeu_ps(
+                d.as_mut_ptr().add(bottom + 2 * ox0),
+                _mm256_and_ps(bottom_sel, gv),
+            );
+            if ox0 + 4 >= ow {
+                break;
+            }
+            ox += 4;
+        }
+        if w % 2 == 1 {
+            d[top + w - 1] = 0.0;
+            d[bottom + w - 1] = 0.0;
+        }
+    }
+    if h % 2 == 1 {
+        d[(h - 1) * w..h * w].fill(0.0);
+    }
+}
+
 impl CustomOp1 for ReluMaxPool {
     fn name(&self) -> &'static str {
         "trident-relu-max-pool"
@@ -1969,9 +2053,16 @@ impl ReluMaxPool {
     fn backward_slices(&self, x: &[f32], g: &[f32], (b, c, h, w): (usize, usize, usize, usize)) -> Vec<f32> {
         let (oh, ow) = (h / self.k, w / self.k);
         let mut dx = vec![0f32; b * c * h * w];
+        let avx = self.k == 2 && w >= 8 && avx_available();
         dx.par_chunks_mut(h * w)
             .zip(x.par_chunks(h * w).zip(g.par_chunks(oh * ow)))
             .for_each(|(d, (plane, g))| {
+                #[cfg(target_arch = "x86_64")]
+                if avx && !has_nan(plane) {
+                    // SAFETY: `avx_available` checked the CPU; w ≥ 8; the slices are
+                    // one plane, its gradient and its output gradient.
+                    return unsafe { relu_pool2_grad_avx(plane, g, h, w, d) };
+                }
                 self.windows(plane, h, w, |oy, ox, at, m| {
                     if m > 0.0 || m.is_nan() {
                         d[at] = g[oy * ow + ox];
@@ -2460,6 +2551,42 @@ mod tests {
                 close(&a, &b, 1e-5);
                 assert!(a.iter().any(|&v| v != 0.0), "{name}: a gradient reaches it");
             }
+        }
+    }
+
+    /// The AVX pooling gradient equals the general window-by-window one on planes full of
+    /// ties (small integers, zeros and negatives), odd and even sides, widths from 8 (one
+    /// group of four windows) up, and whose last group overlaps the one before.
+    #[test]
+    fn relu_pool_gradient_with_avx_equals_the_general_path() {
+        if !avx_available() {
+            return;
+        }
+        let pool = ReluMaxPool { k: 2, layer: None };
+        for (h, w) in [(2, 8), (4, 9), (7, 14), (6, 28), (5, 11), (28, 28), (3, 30)] {
+            // Five values from a linear congruential sequence: ties in every direction.
+            let mut state = 12345u32 + (h * w) as u32;
+            let plane: Vec<f32> = (0..h * w)
+                .map(|_| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((state >> 24) % 5) as f32 - 1.0
+                })
+                .collect();
+            let g: Vec<f32> = (0..(h / 2) * (w / 2)).map(|i| 1.0 + i as f32).collect();
+            let mut want = vec![0f32; h * w];
+            pool.windows(&plane, h, w, |oy, ox, at, m| {
+                if m > 0.0 {
+                    want[at] = g[oy * (w / 2) + ox];
+                }
+            });
+            let mut got = vec![f32::NAN; h * w];
+            // SAFETY: avx_available above.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                relu_pool2_grad_avx(&plane, &g, h, w, &mut got)
+            };
+            assert_eq!(got, want, "{h}x{w}");
+            assert!(want.iter().filter(|&&v| v != 0.0).count() > (h / 2) * (w / 2) / 3);
         }
     }
 
