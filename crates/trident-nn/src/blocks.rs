@@ -458,26 +458,8 @@ impl Inner {
                 recycle(qkv_f32);
                 scratch::give(dmerged);
                 let dbqkv = packed_b.is_some().then(|| column_sums(&dqkv, m, 3 * d));
-                if let Some(f) = firsts {
-                    let dx = backward_firsts(f, qkv, x, m, d, wqkv, &dqkv, dbqkv.as_deref(), *batch, bf16);
-                    scratch::give(dqkv);
-                    return Ok(dx);
-                }
-                for (i, l) in qkv.iter().enumerate() {
-                    let block = Operand::F32(Mat {
-                        data: &dqkv[i * d..],
-                        ld: 3 * d,
-                        trans: false,
-                    });
-                    let db = dbqkv.as_ref().map(|v| &v[i * d..(i + 1) * d]);
-                    l.write_grads(block, xo, m, d, d, db, bf16);
-                }
-                let mut dx = vec![0f32; m * d];
-                let (dq, wq) = (
-                    Operand::F32(Mat::new(&dqkv, 3 * d)),
-                    Operand::F32(Mat::new(wqkv, d)),
-                );
-                bf16::matmul(bf16, m, d, 3 * d, dq, wq, 0.0, &mut dx);
+                let dx =
+                    projections_backward(firsts, qkv, x, m, d, wqkv, &dqkv, dbqkv.as_deref(), *batch, bf16);
                 scratch::give(dqkv);
                 Ok(dx)
             }
@@ -570,13 +552,14 @@ fn project_firsts(
     packed
 }
 
-/// The projections' backward pass for an attention asked for its [`Firsts`]: the query
-/// weight's gradient from the kept rows only, the key and value weights' from every row,
-/// and the input gradient `[m, d]` as the sum of the two parts. `dqkv` is the packed
-/// gradient (`[m, 3d]`, query columns 0 outside the kept rows).
+/// The Q/K/V projections' backward pass from the packed gradient `dqkv` (`[m, 3d]`):
+/// each weight's gradient into its sink and the input gradient `[m, d]`. For an attention
+/// asked for its [`Firsts`] the query columns are 0 outside the kept rows, so the query
+/// weight's gradient and its share of the input gradient come from the kept rows only,
+/// the key and value weights' from every row.
 #[allow(clippy::too_many_arguments)]
-fn backward_firsts(
-    f: Firsts,
+fn projections_backward(
+    firsts: Option<Firsts>,
     qkv: &[SinkLinear; 3],
     x: &[f32],
     m: usize,
@@ -587,51 +570,36 @@ fn backward_firsts(
     batch: usize,
     bf16: bool,
 ) -> Vec<f32> {
-    let rows = batch * f.keep;
-    let xq = f.gather(x, d, d, batch);
-    let dq = f.gather(dqkv, 3 * d, d, batch);
-    let (xqo, dqo) = (Operand::F32(Mat::new(&xq, d)), Operand::F32(Mat::new(&dq, d)));
-    qkv[0].write_grads(dqo, xqo, rows, d, d, dbqkv.map(|v| &v[..d]), bf16);
-    for (i, l) in qkv.iter().enumerate().skip(1) {
-        let block = Operand::F32(Mat {
+    // The blocks (0: query, 1: key, 2: value) whose products run over every row.
+    let from = usize::from(firsts.is_some());
+    let block = |i: usize| {
+        Operand::F32(Mat {
             data: &dqkv[i * d..],
             ld: 3 * d,
             trans: false,
-        });
+        })
+    };
+    for (i, l) in qkv.iter().enumerate().skip(from) {
         let db = dbqkv.map(|v| &v[i * d..(i + 1) * d]);
-        l.write_grads(block, Operand::F32(Mat::new(x, d)), m, d, d, db, bf16);
+        l.write_grads(block(i), Operand::F32(Mat::new(x, d)), m, d, d, db, bf16);
     }
     let mut dx = vec![0f32; m * d];
-    let dkv = Operand::F32(Mat {
-        data: &dqkv[d..],
-        ld: 3 * d,
-        trans: false,
-    });
-    bf16::matmul(
-        bf16,
-        m,
-        d,
-        2 * d,
-        dkv,
-        Operand::F32(Mat::new(&wqkv[d * d..], d)),
-        0.0,
-        &mut dx,
-    );
-    let mut dxq = scratch::take(rows * d);
-    bf16::matmul(
-        bf16,
-        rows,
-        d,
-        d,
-        dqo,
-        Operand::F32(Mat::new(&wqkv[..d * d], d)),
-        0.0,
-        &mut dxq,
-    );
-    f.add_into(&mut dx, &dxq, d);
-    scratch::give(dxq);
-    scratch::give(xq);
-    scratch::give(dq);
+    let w = Operand::F32(Mat::new(&wqkv[from * d * d..], d));
+    bf16::matmul(bf16, m, d, (3 - from) * d, block(from), w, 0.0, &mut dx);
+    if let Some(f) = firsts {
+        let rows = batch * f.keep;
+        let xq = f.gather(x, d, d, batch);
+        let dq = f.gather(dqkv, 3 * d, d, batch);
+        let (xqo, dqo) = (Operand::F32(Mat::new(&xq, d)), Operand::F32(Mat::new(&dq, d)));
+        qkv[0].write_grads(dqo, xqo, rows, d, d, dbqkv.map(|v| &v[..d]), bf16);
+        let mut dxq = scratch::take(rows * d);
+        let wq = Operand::F32(Mat::new(&wqkv[..d * d], d));
+        bf16::matmul(bf16, rows, d, d, dqo, wq, 0.0, &mut dxq);
+        f.add_into(&mut dx, &dxq, d);
+        scratch::give(dxq);
+        scratch::give(xq);
+        scratch::give(dq);
+    }
     dx
 }
 
