@@ -660,15 +660,8 @@ pub fn batch_norm_train(
     eps: f32,
 ) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
     let x = x.contiguous()?;
-    let (b, c, h, w) = x.dims4()?;
-    let (mean, var) = with_f32(&x, |v| channel_stats(v, b, c, h * w))?;
-    // The op reuses these statistics forward and backward (x does not change in between).
-    let op = BatchNorm {
-        eps,
-        mean: mean.clone(),
-        var: var.clone(),
-        layer: crate::trace::current_layer(),
-    };
+    let op = BatchNorm::of_batch(&x, eps)?;
+    let (mean, var) = (op.mean.clone(), op.var.clone());
     let y = x.apply_op3(gamma, beta, op)?;
     Ok((y, mean, var))
 }
@@ -772,20 +765,8 @@ impl CustomOp3 for BatchNorm {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let _span = crate::trace::op_span(self.name(), "op.fwd");
-        let x = f32_slice(s1, l1, "batch_norm")?;
-        let g = f32_slice(s2, l2, "batch_norm gamma")?;
-        let bt = f32_slice(s3, l3, "batch_norm beta")?;
-        let &[b, c, h, w] = l1.dims() else {
-            bail!("batch_norm: expected [b, c, h, w], got {:?}", l1.dims())
-        };
-        let hw = h * w;
-        if self.mean.len() != c || x.len() != b * c * hw {
-            bail!(
-                "batch_norm: statistics for {} channels, input has {c}",
-                self.mean.len()
-            )
-        }
-        let out = self.normalize(x, g, bt, c, hw);
+        let (x, g, bt, [_, c, h, w]) = self.inputs((s1, l1), (s2, l2), (s3, l3))?;
+        let out = self.normalize(x, g, bt, c, h * w);
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -804,17 +785,63 @@ impl CustomOp3 for BatchNorm {
         let (x_guard, g_guard);
         let xs = view!(x, x_guard, "batch_norm backward");
         let gs = view!(grad, g_guard, "batch_norm backward");
-        let (dx, dgamma, dbeta) = self.gradients(xs, gs, &gamma.to_vec1::<f32>()?, (b, c, h * w));
-        let dev = x.device();
-        Ok((
-            Some(Tensor::from_vec(dx, x.shape(), dev)?),
-            Some(Tensor::from_vec(dgamma, c, dev)?),
-            Some(Tensor::from_vec(dbeta, c, dev)?),
-        ))
+        let grads = self.gradients(xs, gs, &gamma.to_vec1::<f32>()?, (b, c, h * w));
+        gradient_tensors(&x, grads)
     }
 }
 
+/// A batch norm's input, scale and shift gradients as the tensors candle expects.
+#[allow(clippy::type_complexity)]
+fn gradient_tensors(
+    x: &Tensor,
+    (dx, dgamma, dbeta): (Vec<f32>, Vec<f32>, Vec<f32>),
+) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    let (dev, c) = (x.device(), dgamma.len());
+    Ok((
+        Some(Tensor::from_vec(dx, x.shape(), dev)?),
+        Some(Tensor::from_vec(dgamma, c, dev)?),
+        Some(Tensor::from_vec(dbeta, c, dev)?),
+    ))
+}
+
 impl BatchNorm {
+    /// The op for a batch `x` (`[b, c, h, w]`, contiguous): its mean and biased variance
+    /// per channel, reused forward and backward (x does not change in between).
+    fn of_batch(x: &Tensor, eps: f32) -> Result<Self> {
+        let (b, c, h, w) = x.dims4()?;
+        let (mean, var) = with_f32(x, |v| channel_stats(v, b, c, h * w))?;
+        Ok(BatchNorm {
+            eps,
+            mean,
+            var,
+            layer: crate::trace::current_layer(),
+        })
+    }
+
+    /// The input `[b, c, h, w]`, scale and shift of the op, checked against the
+    /// statistics.
+    #[allow(clippy::type_complexity)]
+    fn inputs<'a>(
+        &self,
+        (s1, l1): (&'a CpuStorage, &Layout),
+        (s2, l2): (&'a CpuStorage, &Layout),
+        (s3, l3): (&'a CpuStorage, &Layout),
+    ) -> Result<(&'a [f32], &'a [f32], &'a [f32], [usize; 4])> {
+        let x = f32_slice(s1, l1, "batch_norm")?;
+        let g = f32_slice(s2, l2, "batch_norm gamma")?;
+        let bt = f32_slice(s3, l3, "batch_norm beta")?;
+        let &[b, c, h, w] = l1.dims() else {
+            bail!("batch_norm: expected [b, c, h, w], got {:?}", l1.dims())
+        };
+        if self.mean.len() != c || g.len() != c || bt.len() != c || x.len() != b * c * h * w {
+            bail!(
+                "batch_norm: statistics for {} channels, input has {c}",
+                self.mean.len()
+            )
+        }
+        Ok((x, g, bt, [b, c, h, w]))
+    }
+
     /// The normalised `[b, c, hw]` input `x`, scaled by `g` and shifted by `bt` per channel.
     fn normalize(&self, x: &[f32], g: &[f32], bt: &[f32], c: usize, hw: usize) -> Vec<f32> {
         let (mean, var) = (&self.mean, &self.var);
@@ -872,21 +899,11 @@ pub fn batch_norm_relu_pool_train(
     k: usize,
 ) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
     let x = x.contiguous()?;
-    let (b, c, h, w) = x.dims4()?;
-    if k == 0 || h < k || w < k {
-        bail!("relu_max_pool2d: window {k} does not fit input {h}x{w}")
-    }
-    let (mean, var) = with_f32(&x, |v| channel_stats(v, b, c, h * w))?;
-    let layer = crate::trace::current_layer();
     let op = BatchNormReluPool {
-        norm: BatchNorm {
-            eps,
-            mean: mean.clone(),
-            var: var.clone(),
-            layer: layer.clone(),
-        },
-        pool: ReluMaxPool { k, layer },
+        pool: ReluMaxPool::new(&x, k)?,
+        norm: BatchNorm::of_batch(&x, eps)?,
     };
+    let (mean, var) = (op.norm.mean.clone(), op.norm.var.clone());
     let y = x.apply_op3(gamma, beta, op)?;
     Ok((y, mean, var))
 }
@@ -911,18 +928,7 @@ impl CustomOp3 for BatchNormReluPool {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let _span = crate::trace::op_span(self.name(), "op.fwd");
-        let x = f32_slice(s1, l1, "batch_norm")?;
-        let g = f32_slice(s2, l2, "batch_norm gamma")?;
-        let bt = f32_slice(s3, l3, "batch_norm beta")?;
-        let &[b, c, h, w] = l1.dims() else {
-            bail!("batch_norm: expected [b, c, h, w], got {:?}", l1.dims())
-        };
-        if self.norm.mean.len() != c || g.len() != c || bt.len() != c {
-            bail!(
-                "batch_norm: statistics for {} channels, input has {c}",
-                self.norm.mean.len()
-            )
-        }
+        let (x, g, bt, [b, c, h, w]) = self.norm.inputs((s1, l1), (s2, l2), (s3, l3))?;
         let y = self.norm.normalize(x, g, bt, c, h * w);
         let out = self.pool.forward_slices(&y, (b, c, h, w));
         let k = self.pool.k;
@@ -948,13 +954,7 @@ impl CustomOp3 for BatchNormReluPool {
             .norm
             .normalize(xs, &gamma_v, &beta.to_vec1::<f32>()?, c, h * w);
         let dy = self.pool.backward_slices(&y, gs, (b, c, h, w));
-        let (dx, dgamma, dbeta) = self.norm.gradients(xs, &dy, &gamma_v, (b, c, h * w));
-        let dev = x.device();
-        Ok((
-            Some(Tensor::from_vec(dx, x.shape(), dev)?),
-            Some(Tensor::from_vec(dgamma, c, dev)?),
-            Some(Tensor::from_vec(dbeta, c, dev)?),
-        ))
+        gradient_tensors(x, self.norm.gradients(xs, &dy, &gamma_v, (b, c, h * w)))
     }
 }
 
@@ -1825,14 +1825,8 @@ pub fn same_padding(size: usize, k: usize, stride: usize) -> (usize, usize) {
 /// gradient with an add per op in the backward pass, which dominated the CNN's step, and
 /// its max-pool gradient is wrong (see the test below).
 pub fn relu_max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
-    let (_, _, h, w) = x.dims4()?;
-    if k == 0 || h < k || w < k {
-        bail!("relu_max_pool2d: window {k} does not fit input {h}x{w}")
-    }
-    x.contiguous()?.apply_op1(ReluMaxPool {
-        k,
-        layer: crate::trace::current_layer(),
-    })
+    let op = ReluMaxPool::new(x, k)?;
+    x.contiguous()?.apply_op1(op)
 }
 
 struct ReluMaxPool {
@@ -1855,6 +1849,18 @@ fn first_max4(v: [f32; 4]) -> (usize, f32) {
 }
 
 impl ReluMaxPool {
+    /// The op for windows of `k` over `x` (`[b, c, h, w]`), which must fit.
+    fn new(x: &Tensor, k: usize) -> Result<Self> {
+        let (_, _, h, w) = x.dims4()?;
+        if k == 0 || h < k || w < k {
+            bail!("relu_max_pool2d: window {k} does not fit input {h}x{w}")
+        }
+        Ok(ReluMaxPool {
+            k,
+            layer: crate::trace::current_layer(),
+        })
+    }
+
     /// Calls `f(oy, ox, offset, max)` for every window of a `h × w` plane, with the offset
     /// of the window's first maximum in the plane. 2 × 2 windows (every pooling layer of
     /// the models here) take a path over row pairs without bounds checks per element.
@@ -1930,6 +1936,24 @@ fn avx_available() -> bool {
     {
         false
     }
+}
+
+/// The ReLU + 2 × 2 max pooling gradient of one `h × w` plane by [`relu_pool2_grad_avx`]
+/// where it applies (AVX present, the plane at least 8 wide and free of NaN): false, and
+/// `d` untouched, where it does not.
+fn relu_pool2_grad_fast(plane: &[f32], g: &[f32], h: usize, w: usize, d: &mut [f32]) -> bool {
+    if w < 8 || !avx_available() || has_nan(plane) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: avx_available checked the CPU; w ≥ 8; the slices are one plane, its
+    // output gradient and its gradient.
+    unsafe {
+        relu_pool2_grad_avx(plane, g, h, w, d)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (g, h, d);
+    true
 }
 
 /// The gradient of ReLU + 2 × 2 max pooling for one `h × w` plane without NaN, with AVX:
@@ -2053,15 +2077,11 @@ impl ReluMaxPool {
     fn backward_slices(&self, x: &[f32], g: &[f32], (b, c, h, w): (usize, usize, usize, usize)) -> Vec<f32> {
         let (oh, ow) = (h / self.k, w / self.k);
         let mut dx = vec![0f32; b * c * h * w];
-        let avx = self.k == 2 && w >= 8 && avx_available();
         dx.par_chunks_mut(h * w)
             .zip(x.par_chunks(h * w).zip(g.par_chunks(oh * ow)))
             .for_each(|(d, (plane, g))| {
-                #[cfg(target_arch = "x86_64")]
-                if avx && !has_nan(plane) {
-                    // SAFETY: `avx_available` checked the CPU; w ≥ 8; the slices are
-                    // one plane, its gradient and its output gradient.
-                    return unsafe { relu_pool2_grad_avx(plane, g, h, w, d) };
+                if self.k == 2 && relu_pool2_grad_fast(plane, g, h, w, d) {
+                    return;
                 }
                 self.windows(plane, h, w, |oy, ox, at, m| {
                     if m > 0.0 || m.is_nan() {
