@@ -116,7 +116,7 @@ impl Vit {
             .encoder
             .forward_first(&self.drop.forward(&h, ctx)?, None, ctx, Some(1))?;
         let _layer = crate::trace::layer(|| "head".into());
-        let h = self.norm.forward(&h.narrow(1, 0, 1)?.squeeze(1)?)?;
+        let h = self.norm.forward(&h.squeeze(1)?)?;
         self.head.forward(&h)
     }
 }
