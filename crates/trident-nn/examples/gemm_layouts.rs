@@ -2,6 +2,9 @@
 //! matmul against Trident's `blas::gemm` (OpenBLAS when present, rows split over rayon) for
 //! the forward product and both backward products.
 //!
+//! Then every product shape of a MiniLM encoder layer's training step (1024 tokens, hidden
+//! 384, feed-forward 1536; forward, input gradient, weight gradient) through `blas::gemm`.
+//!
 //! The same three products in bf16 with f32 accumulation (`trident_nn::bf16::gemm`, AMX
 //! where the CPU has it) follow, from f32 operands (rounded while packing) as the
 //! mixed-precision linear layer uses them.
@@ -78,6 +81,7 @@ fn main() -> candle_core::Result<()> {
         "trident gᵀ · x (weight gradient)",
         median_ms(|| blas::gemm(n, k, m, 1.0, Mat::new(&gv, n).t(), Mat::new(&xv, k), 0.0, &mut dw)),
     );
+    minilm_shapes();
     println!("bf16 kernel: {}", bf16::backend());
     let (xo, wo, go) = (
         Operand::F32(Mat::new(&xv, k)),
@@ -97,4 +101,43 @@ fn main() -> candle_core::Result<()> {
         median_ms(|| bf16::gemm(n, k, m, go.t(), xo, 0.0, &mut dw)),
     );
     Ok(())
+}
+
+/// Every f32 product of a MiniLM encoder layer's training step at 1024 tokens, through
+/// `blas::gemm` as the fused sublayers call it: (name, m, n, k, lhs transposed, rhs
+/// transposed).
+fn minilm_shapes() {
+    let shapes = [
+        ("forward q/k/v", 1024, 1152, 384, false, true),
+        ("forward output projection", 1024, 384, 384, false, true),
+        ("forward feed-forward 1", 1024, 1536, 384, false, true),
+        ("forward feed-forward 2", 1024, 384, 1536, false, true),
+        ("input gradient q/k/v", 1024, 384, 1152, false, false),
+        ("input gradient output projection", 1024, 384, 384, false, false),
+        ("input gradient feed-forward 1", 1024, 384, 1536, false, false),
+        ("input gradient feed-forward 2", 1024, 1536, 384, false, false),
+        ("weight gradient one projection", 384, 384, 1024, true, false),
+        ("weight gradient q/k/v", 1152, 384, 1024, true, false),
+        ("weight gradient feed-forward 1", 1536, 384, 1024, true, false),
+        ("weight gradient feed-forward 2", 384, 1536, 1024, true, false),
+    ];
+    println!("MiniLM layer products through blas::gemm:");
+    for (name, m, n, k, ta, tb) in shapes {
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.1).collect();
+        let am = Mat {
+            data: &a,
+            ld: if ta { m } else { k },
+            trans: ta,
+        };
+        let bm = Mat {
+            data: &b,
+            ld: if tb { k } else { n },
+            trans: tb,
+        };
+        let mut c = vec![0f32; m * n];
+        let ms = median_ms(|| blas::gemm(m, n, k, 1.0, am, bm, 0.0, &mut c));
+        let gflops = 2.0 * (m * n * k) as f64 / ms / 1e6;
+        println!("  {name:34} {m:4} x {n:4} x {k:4}  median {ms:6.2} ms  {gflops:6.1} GFLOP/s");
+    }
 }
