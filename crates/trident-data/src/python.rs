@@ -1,7 +1,7 @@
 //! Where pip installed things, found without starting Python: the folders a `python3`
 //! started here would import packages from, and the environments' prefixes. The server
-//! finds ONNX Runtime's library this way, and the dense layers Intel MKL's
-//! (`TRIDENT_BLAS=mkl`).
+//! finds ONNX Runtime's library this way, and the dense layers Intel MKL's (used on Intel
+//! CPUs, or with `TRIDENT_BLAS=mkl`).
 
 use std::path::{Path, PathBuf};
 

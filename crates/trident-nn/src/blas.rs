@@ -18,11 +18,16 @@
 //! rayon's pool instead, so the process has one thread pool (the rest of our kernels and
 //! candle's use rayon) and two pools never spin against each other on few cores.
 //!
-//! `TRIDENT_BLAS=off` forces the `gemm` crate; `TRIDENT_BLAS=/path/libopenblas.so` picks a
-//! library; `TRIDENT_BLAS=mkl` picks Intel MKL's single dynamic library (`libmkl_rt`, e.g.
-//! from PyPI's `mkl` wheel, found where pip installs it), run sequentially for the same
-//! reason. On an Intel Xeon without AMX its products made the MiniLM training step 1.26x
-//! faster than OpenBLAS's SkylakeX kernels (`docs/PERFORMANCE.md`).
+//! Which library: on Intel CPUs Intel MKL's single dynamic library (`libmkl_rt`, e.g. from
+//! PyPI's `mkl` wheel, found in the loader's path or where pip installs it) when it is
+//! there, OpenBLAS otherwise; on other CPUs OpenBLAS. On an Intel Xeon without AMX, MKL's
+//! products made the MiniLM training step 1.26–1.41x faster than OpenBLAS's SkylakeX
+//! kernels; on AMD EPYC Zen 4 the two are level (`docs/PERFORMANCE.md`). MKL runs
+//! sequentially for the same reason as OpenBLAS, and in its conditional-reproducibility
+//! mode (`MKL_CBWR=AUTO` unless the user set it) so that a result does not depend on how a
+//! buffer happens to be aligned: a resumed run repeats the uninterrupted one exactly.
+//! `TRIDENT_BLAS=mkl` or `=openblas` picks one (and nothing else), `=off` the `gemm` crate,
+//! `=/path/libopenblas.so` a library.
 
 use rayon::prelude::*;
 use std::sync::OnceLock;
@@ -51,6 +56,8 @@ const TRANS: i32 = 112;
 /// A CBLAS library loaded at run time: OpenBLAS or Intel MKL.
 struct Cblas {
     sgemm: SgemmFn,
+    /// Intel MKL (else OpenBLAS or a library the user named).
+    mkl: bool,
     description: String,
     // Keeps the library mapped for the life of the process.
     _lib: libloading::Library,
@@ -76,90 +83,161 @@ fn core_type() -> Option<&'static str> {
     None
 }
 
+/// A library to look for.
+#[derive(Debug, PartialEq)]
+enum Library {
+    Mkl,
+    OpenBlas,
+    /// A file the user named.
+    Path(String),
+}
+
+/// The libraries to try, in order, for `TRIDENT_BLAS=choice` (empty: unset) on an Intel CPU
+/// or not.
+fn library_order(choice: &str, intel: bool) -> Vec<Library> {
+    match choice.to_ascii_lowercase().as_str() {
+        "" if intel => vec![Library::Mkl, Library::OpenBlas],
+        "" => vec![Library::OpenBlas],
+        "off" => vec![],
+        "mkl" => vec![Library::Mkl],
+        "openblas" => vec![Library::OpenBlas],
+        _ => vec![Library::Path(choice.to_string())],
+    }
+}
+
+/// Whether the CPU's vendor is Intel (`GenuineIntel`).
+fn intel_cpu() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let r = std::arch::x86_64::__cpuid(0);
+        let vendor: Vec<u8> = [r.ebx, r.edx, r.ecx]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        vendor == b"GenuineIntel"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 fn load() -> Option<Cblas> {
     let choice = std::env::var("TRIDENT_BLAS").unwrap_or_default();
-    if choice.eq_ignore_ascii_case("off") {
-        return None;
-    }
-    let mkl = choice.eq_ignore_ascii_case("mkl");
-    // OpenBLAS: a kernel family the environment chose is kept, but named when this CPU has
-    // a better one: an image that sets OPENBLAS_CORETYPE=Haswell runs half as fast on an
-    // AVX-512 CPU (measured on AMD EPYC Zen 5: 215 against 410 GFLOP/s).
-    let mut note = String::new();
-    match (std::env::var("OPENBLAS_CORETYPE"), core_type()) {
-        _ if mkl => {}
-        (Err(_), Some(core)) => {
-            // Read by OpenBLAS's constructor when the library is loaded below. This runs
-            // once, before any OpenBLAS code exists in the process.
-            std::env::set_var("OPENBLAS_CORETYPE", core);
-        }
-        (Ok(set), Some(best)) if !set.eq_ignore_ascii_case(best) => {
-            note = format!(
-                "; OPENBLAS_CORETYPE={set} is set, this CPU has {best} kernels: unset it to use them"
-            );
-        }
-        _ => {}
-    }
-    let candidates: Vec<String> = if mkl {
-        mkl_candidates()
-    } else if choice.is_empty() {
-        vec![
-            "libopenblas.so.0".into(),
-            "libopenblas.so".into(),
-            "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0".into(),
-            "libopenblas.dylib".into(),
-        ]
-    } else {
-        vec![choice]
+    let intel = intel_cpu();
+    let order = library_order(&choice, intel);
+    // Why this library, for the start-up line.
+    let why = match (choice.is_empty(), intel) {
+        (false, _) => format!("TRIDENT_BLAS={choice}"),
+        (true, true) => "Intel CPU: MKL first, TRIDENT_BLAS=openblas for OpenBLAS".into(),
+        (true, false) => String::new(),
     };
-    for name in candidates {
-        // SAFETY: loading OpenBLAS runs its constructor, which only sets up its kernels and
-        // buffers; the symbols below have the C signatures declared in OpenBLAS's cblas.h.
-        let Ok(lib) = (unsafe { libloading::Library::new(&name) }) else {
-            continue;
+    if order.contains(&Library::OpenBlas) {
+        set_openblas_core_type();
+    }
+    let may_be_mkl = order.iter().any(|l| *l != Library::OpenBlas);
+    if may_be_mkl && std::env::var_os("MKL_CBWR").is_none() {
+        // Read by MKL when it first runs; this runs once, before any MKL code exists in the
+        // process.
+        std::env::set_var("MKL_CBWR", "AUTO");
+    }
+    let mut tried_mkl = false;
+    for library in order {
+        let names = match library {
+            Library::Mkl => {
+                tried_mkl = true;
+                mkl_candidates()
+            }
+            Library::OpenBlas => vec![
+                "libopenblas.so.0".into(),
+                "libopenblas.so".into(),
+                "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0".into(),
+                "libopenblas.dylib".into(),
+            ],
+            Library::Path(p) => vec![p],
         };
-        let sgemm = match unsafe { lib.get::<SgemmFn>(b"cblas_sgemm\0") } {
-            Ok(f) => *f,
-            Err(_) => continue,
-        };
-        // MKL: sequential (`MKL_THREADING_SEQUENTIAL`), set before any other MKL call.
-        if let Ok(set_layer) =
-            unsafe { lib.get::<unsafe extern "C" fn(i32) -> i32>(b"MKL_Set_Threading_Layer\0") }
-        {
-            unsafe { set_layer(1) };
-            return Some(Cblas {
-                sgemm,
-                description: format!("Intel MKL ({name}, sequential)"),
-                _lib: lib,
-            });
+        if let Some(mut found) = names.into_iter().find_map(|name| open(&name)) {
+            let mut notes: Vec<String> = Vec::new();
+            if !why.is_empty() {
+                notes.push(why.clone());
+            }
+            if tried_mkl && !found.mkl {
+                notes.push("Intel MKL not found: `pip install mkl` for faster products on Intel CPUs".into());
+            }
+            if !notes.is_empty() {
+                found.description = format!("{} [{}]", found.description, notes.join("; "));
+            }
+            return Some(found);
         }
-        let core = unsafe {
-            if let Ok(set_threads) = lib.get::<unsafe extern "C" fn(i32)>(b"openblas_set_num_threads\0") {
-                set_threads(1);
-            }
-            match lib.get::<unsafe extern "C" fn() -> *const std::os::raw::c_char>(b"openblas_get_corename\0")
-            {
-                Ok(f) => {
-                    let p = f();
-                    if p.is_null() {
-                        String::from("?")
-                    } else {
-                        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-                    }
-                }
-                Err(_) => String::from("?"),
-            }
-        };
-        return Some(Cblas {
-            sgemm,
-            description: format!("OpenBLAS ({name}, {core} kernels{note})"),
-            _lib: lib,
-        });
     }
     None
 }
 
-/// Where `TRIDENT_BLAS=mkl` looks for `libmkl_rt`: the loader's own search path, then the
+/// Sets `OPENBLAS_CORETYPE` from this CPU's instruction sets unless the environment chose a
+/// family.
+fn set_openblas_core_type() {
+    // A kernel family the environment chose is kept, but named when this CPU has a better
+    // one: an image that sets OPENBLAS_CORETYPE=Haswell runs half as fast on an AVX-512 CPU
+    // (measured on AMD EPYC Zen 5: 215 against 410 GFLOP/s).
+    if let (Err(_), Some(core)) = (std::env::var("OPENBLAS_CORETYPE"), core_type()) {
+        // Read by OpenBLAS's constructor when the library is loaded. This runs once, before
+        // any OpenBLAS code exists in the process.
+        std::env::set_var("OPENBLAS_CORETYPE", core);
+    }
+}
+
+/// A note when `OPENBLAS_CORETYPE` names a worse kernel family than this CPU's own.
+fn core_type_note() -> String {
+    match (std::env::var("OPENBLAS_CORETYPE"), core_type()) {
+        (Ok(set), Some(best)) if !set.eq_ignore_ascii_case(best) => {
+            format!("; OPENBLAS_CORETYPE={set} is set, this CPU has {best} kernels: unset it to use them")
+        }
+        _ => String::new(),
+    }
+}
+
+/// Opens the CBLAS library `name` (MKL or OpenBLAS, told apart by their own symbols) and
+/// sets it to run on the calling thread.
+fn open(name: &str) -> Option<Cblas> {
+    // SAFETY: loading OpenBLAS or MKL runs its constructor, which only sets up its kernels
+    // and buffers; the symbols below have the C signatures of their cblas.h / mkl.h.
+    let lib = unsafe { libloading::Library::new(name) }.ok()?;
+    let sgemm = *unsafe { lib.get::<SgemmFn>(b"cblas_sgemm\0") }.ok()?;
+    // MKL: sequential (`MKL_THREADING_SEQUENTIAL`), set before any other MKL call.
+    if let Ok(set_layer) =
+        unsafe { lib.get::<unsafe extern "C" fn(i32) -> i32>(b"MKL_Set_Threading_Layer\0") }
+    {
+        unsafe { set_layer(1) };
+        return Some(Cblas {
+            sgemm,
+            mkl: true,
+            description: format!("Intel MKL ({name}, sequential)"),
+            _lib: lib,
+        });
+    }
+    let core = unsafe {
+        if let Ok(set_threads) = lib.get::<unsafe extern "C" fn(i32)>(b"openblas_set_num_threads\0") {
+            set_threads(1);
+        }
+        match lib.get::<unsafe extern "C" fn() -> *const std::os::raw::c_char>(b"openblas_get_corename\0") {
+            Ok(f) => {
+                let p = f();
+                if p.is_null() {
+                    String::from("?")
+                } else {
+                    std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+                }
+            }
+            Err(_) => String::from("?"),
+        }
+    };
+    Some(Cblas {
+        sgemm,
+        mkl: false,
+        description: format!("OpenBLAS ({name}, {core} kernels{})", core_type_note()),
+        _lib: lib,
+    })
+}
+
+/// Where MKL's `libmkl_rt` is looked for: the loader's own search path, then the
 /// `lib` folder of each Python environment pip may have installed the `mkl` wheel into.
 fn mkl_candidates() -> Vec<String> {
     let names = ["libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"];
@@ -183,9 +261,7 @@ fn blas() -> Option<&'static Cblas> {
 pub fn backend() -> String {
     match blas() {
         Some(b) => b.description.clone(),
-        None => {
-            "gemm crate (OpenBLAS not found, MKL not found for TRIDENT_BLAS=mkl, or TRIDENT_BLAS=off)".into()
-        }
+        None => "gemm crate (no OpenBLAS or MKL found, or TRIDENT_BLAS=off)".into(),
     }
 }
 
@@ -413,6 +489,23 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn mkl_comes_first_on_intel_cpus_only_unless_the_user_chose() {
+        use Library::*;
+        assert_eq!(library_order("", true), [Mkl, OpenBlas]);
+        assert_eq!(library_order("", false), [OpenBlas]);
+        for intel in [true, false] {
+            assert_eq!(library_order("mkl", intel), [Mkl]);
+            assert_eq!(library_order("MKL", intel), [Mkl]);
+            assert_eq!(library_order("openblas", intel), [OpenBlas]);
+            assert_eq!(library_order("off", intel), []);
+            assert_eq!(
+                library_order("/opt/libblas.so", intel),
+                [Path("/opt/libblas.so".into())]
+            );
+        }
     }
 
     #[test]
