@@ -89,10 +89,12 @@ pub fn run() -> anyhow::Result<()> {
         Command::Distill(args) => learn::train(args, true),
         Command::Eval(args) => {
             quiet_on_closed_stdout();
+            trident_nn::runtime::keep_freed_memory();
             learn::eval(args)
         }
         Command::Predict(args) => {
             quiet_on_closed_stdout();
+            trident_nn::runtime::keep_freed_memory();
             learn::predict(args)
         }
         Command::Export(args) => export::run(args),
