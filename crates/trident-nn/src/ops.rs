@@ -1119,33 +1119,50 @@ impl Conv {
         Ok((b, c, h, w, oh, ow))
     }
 
-    /// Calls `f(row_of_cols, y, x_range, input_row_start)` for every tap `(ch, dy, dx)`
-    /// (row `(ch·k + dy)·k + dx` of the transposed patches `[c·k·k, oh·ow]`) and output
-    /// row `y` whose input row lies inside the image: output columns `x_range` read input
-    /// columns `x·s + dx − p` of input row `input_row_start` (an offset into the image).
-    /// Columns outside `x_range`, and rows skipped, are zero padding.
+    /// Calls `f(row, at, from, len)` for every run of one tap `(ch, dy, dx)` (row `(ch·k +
+    /// dy)·k + dx` of the transposed patches `[c·k·k, oh·ow]`): output positions `at..at +
+    /// len` of that row read the input (`[c, h, w]`) at `from + j·stride`. Positions in no
+    /// run are zero padding. A run is one output row's columns whose inputs lie inside the
+    /// image, or, where whole output rows read whole input rows one after another (stride 1,
+    /// no column padding for this tap, `ow = w`), all of those rows at once: a 1 × 1
+    /// convolution's patches are then one run per channel.
     #[inline]
-    fn taps(
+    fn runs(
         &self,
         c: usize,
         h: usize,
         w: usize,
         oh: usize,
         ow: usize,
-        mut f: impl FnMut(usize, usize, std::ops::Range<usize>, usize),
+        mut f: impl FnMut(usize, usize, usize, usize),
     ) {
         let (k, s, p) = (self.k, self.stride, self.padding);
+        // Output rows whose input row iy = y·s + dy − p lies inside the image, per dy.
+        let ys = |dy: usize| {
+            let lo = p.saturating_sub(dy).div_ceil(s).min(oh);
+            let hi = (h + p).saturating_sub(dy).div_ceil(s).min(oh).max(lo);
+            lo..hi
+        };
         for ch in 0..c {
             for dy in 0..k {
+                let ys = ys(dy);
+                if ys.is_empty() {
+                    continue;
+                }
                 for dx in 0..k {
                     let row = (ch * k + dy) * k + dx;
                     // x·s + dx − p ∈ [0, w)  ⇔  x ∈ [ceil((p − dx)/s), ceil((w + p − dx)/s))
                     let lo = p.saturating_sub(dx).div_ceil(s).min(ow);
                     let hi = (w + p).saturating_sub(dx).div_ceil(s).min(ow).max(lo);
-                    for y in 0..oh {
-                        let iy = (y * s + dy) as isize - p as isize;
-                        if iy >= 0 && (iy as usize) < h {
-                            f(row, y, lo..hi, (ch * h + iy as usize) * w);
+                    if lo == hi {
+                        continue;
+                    }
+                    let input = |y: usize| (ch * h + y * s + dy - p) * w + lo * s + dx - p;
+                    if s == 1 && lo == 0 && hi == ow && ow == w {
+                        f(row, ys.start * ow, input(ys.start), ys.len() * ow);
+                    } else {
+                        for y in ys.clone() {
+                            f(row, y * ow + lo, input(y), hi - lo);
                         }
                     }
                 }
@@ -1153,53 +1170,73 @@ impl Conv {
         }
     }
 
-    /// The patches of image `img` (`[c, h, w]`), transposed: `cols_t` `[c·k·k, oh·ow]`,
-    /// every element written (zero where a tap falls in the padding). Contiguous runs are
-    /// copied as slices at stride 1.
-    fn patches(&self, img: &[f32], dims: (usize, usize, usize, usize, usize), cols_t: &mut [f32]) {
+    /// The patches of image `img` (`[c, h, w]`), transposed, into columns `col0..col0 +
+    /// oh·ow` of `cols_t` (`[c·k·k, ld]`): every element of those columns written (zero where
+    /// a tap falls in the padding). Runs at stride 1 are copied as slices.
+    fn patches(
+        &self,
+        img: &[f32],
+        dims: (usize, usize, usize, usize, usize),
+        cols_t: &mut [f32],
+        (ld, col0): (usize, usize),
+    ) {
         let (c, h, w, oh, ow) = dims;
-        let (s, p, ohw) = (self.stride, self.padding, oh * ow);
-        cols_t.fill(0.0);
-        self.taps(c, h, w, oh, ow, |row, y, xs, start| {
-            let dx = row % self.k;
-            let out = &mut cols_t[row * ohw + y * ow..row * ohw + (y + 1) * ow];
-            if xs.is_empty() {
-                return;
+        let (s, ohw) = (self.stride, oh * ow);
+        if self.padding > 0 {
+            // Without padding every position lies in a run.
+            for row in cols_t.chunks_mut(ld).take(c * self.k * self.k) {
+                row[col0..col0 + ohw].fill(0.0);
             }
-            let first = start + xs.start * s + dx - p;
+        }
+        self.runs(c, h, w, oh, ow, |row, at, from, len| {
+            let out = &mut cols_t[row * ld + col0 + at..][..len];
             if s == 1 {
-                out[xs.clone()].copy_from_slice(&img[first..first + xs.len()]);
+                out.copy_from_slice(&img[from..from + len]);
             } else {
-                for (j, x) in xs.enumerate() {
-                    out[x] = img[first + j * s];
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = img[from + j * s];
                 }
             }
         });
     }
 
-    /// Adds the transposed patch gradients `dcols_t` (`[c·k·k, oh·ow]`) back onto the
-    /// image gradient `d` (`[c, h, w]`): the adjoint of [`Self::patches`].
-    fn fold(&self, dcols_t: &[f32], dims: (usize, usize, usize, usize, usize), d: &mut [f32]) {
+    /// Adds the transposed patch gradients in columns `col0..col0 + oh·ow` of `dcols_t`
+    /// (`[c·k·k, ld]`) back onto the image gradient `d` (`[c, h, w]`): the adjoint of
+    /// [`Self::patches`].
+    fn fold(
+        &self,
+        dcols_t: &[f32],
+        dims: (usize, usize, usize, usize, usize),
+        (ld, col0): (usize, usize),
+        d: &mut [f32],
+    ) {
         let (c, h, w, oh, ow) = dims;
-        let (s, p, ohw) = (self.stride, self.padding, oh * ow);
-        self.taps(c, h, w, oh, ow, |row, y, xs, start| {
-            if xs.is_empty() {
-                return;
-            }
-            let dx = row % self.k;
-            let g = &dcols_t[row * ohw + y * ow..row * ohw + (y + 1) * ow];
-            let first = start + xs.start * s + dx - p;
+        let s = self.stride;
+        self.runs(c, h, w, oh, ow, |row, at, from, len| {
+            let g = &dcols_t[row * ld + col0 + at..][..len];
             if s == 1 {
-                d[first..first + xs.len()]
-                    .iter_mut()
-                    .zip(&g[xs])
-                    .for_each(|(d, g)| *d += g);
+                d[from..from + len].iter_mut().zip(g).for_each(|(d, g)| *d += g);
             } else {
-                for (j, x) in xs.enumerate() {
-                    d[first + j * s] += g[x];
+                for (j, g) in g.iter().enumerate() {
+                    d[from + j * s] += g;
                 }
             }
         });
+    }
+
+    /// Images per matrix product: one for planes of 128 or more outputs; for smaller ones
+    /// enough for about 256 columns (a product only a few dozen columns wide spends much of
+    /// its time packing the weight, once per image), with
+    /// their patches within 1 MiB (so they stay in cache between unfolding and the product)
+    /// and at most an equal share of the batch per thread.
+    fn group(b: usize, ckk: usize, ohw: usize) -> usize {
+        if ohw >= 128 {
+            return 1;
+        }
+        let columns = 256usize.div_ceil(ohw);
+        let in_cache = (1 << 18) / (ckk * ohw).max(1);
+        let share = b.div_ceil(rayon::current_num_threads().max(1));
+        columns.min(in_cache).min(share).max(1)
     }
 
     fn flops(&self, b: usize, o: usize, ckk: usize, ohw: usize) -> u64 {
@@ -1226,15 +1263,44 @@ impl CustomOp2 for Conv {
         let (ckk, ohw) = (c * self.k * self.k, oh * ow);
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", self.flops(b, o, ckk, ohw));
         let mut out = vec![0f32; b * o * ohw];
-        out.par_chunks_mut(o * ohw).enumerate().for_each(|(n, y)| {
-            let mut cols = crate::scratch::take(ohw * ckk);
-            self.patches(
-                &x[n * c * h * w..(n + 1) * c * h * w],
-                (c, h, w, oh, ow),
-                &mut cols,
-            );
-            // y [o, ohw] = W [o, ckk] · cols_t [ckk, ohw]
-            blas::gemm_serial(o, ohw, ckk, 1.0, Mat::new(wt, ckk), Mat::new(&cols, ohw), 0.0, y);
+        let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
+        out.par_chunks_mut(g * o * ohw).enumerate().for_each(|(t, y)| {
+            // Images t·g.. side by side: cols_t [ckk, imgs·ohw].
+            let imgs = y.len() / (o * ohw);
+            let wide = imgs * ohw;
+            let mut cols = crate::scratch::take(ckk * wide);
+            for j in 0..imgs {
+                let n = t * g + j;
+                self.patches(
+                    &x[n * chw..(n + 1) * chw],
+                    (c, h, w, oh, ow),
+                    &mut cols,
+                    (wide, j * ohw),
+                );
+            }
+            if imgs == 1 {
+                // y [o, ohw] = W [o, ckk] · cols_t [ckk, ohw]
+                blas::gemm_serial(o, ohw, ckk, 1.0, Mat::new(wt, ckk), Mat::new(&cols, ohw), 0.0, y);
+            } else {
+                // [o, imgs·ohw], then each image's columns to its place in [imgs, o, ohw].
+                let mut prod = crate::scratch::take(o * wide);
+                blas::gemm_serial(
+                    o,
+                    wide,
+                    ckk,
+                    1.0,
+                    Mat::new(wt, ckk),
+                    Mat::new(&cols, wide),
+                    0.0,
+                    &mut prod,
+                );
+                for (j, yj) in y.chunks_mut(o * ohw).enumerate() {
+                    for (yo, po) in yj.chunks_mut(ohw).zip(prod.chunks(wide)) {
+                        yo.copy_from_slice(&po[j * ohw..(j + 1) * ohw]);
+                    }
+                }
+                crate::scratch::give(prod);
+            }
             crate::scratch::give(cols);
         });
         Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))))
@@ -1262,42 +1328,68 @@ impl CustomOp2 for Conv {
         let need_dx = x.track_op();
         let chw = c * h * w;
         let mut dx = vec![0f32; if need_dx { b * chw } else { 0 }];
-        // One image: adds its weight gradient into `dw` and, with `d`, writes its input
-        // gradient there.
-        let image = |n: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
-            let g = &gv[n * o * ohw..(n + 1) * o * ohw]; // [o, ohw]
-            let mut cols = crate::scratch::take(ohw * ckk);
-            self.patches(&xv[n * chw..(n + 1) * chw], (c, h, w, oh, ow), &mut cols);
-            // dW [o, ckk] += g [o, ohw] · cols_tᵀ
+        // A group of images n0.. (as in the forward pass): adds their weight gradient into
+        // `dw` and, with `d` (their slice of dx), writes their input gradients there.
+        let g = Self::group(b, ckk, ohw);
+        let group = |n0: usize, imgs: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
+            let wide = imgs * ohw;
+            let mut cols = crate::scratch::take(ckk * wide);
+            for j in 0..imgs {
+                let n = n0 + j;
+                self.patches(
+                    &xv[n * chw..(n + 1) * chw],
+                    (c, h, w, oh, ow),
+                    &mut cols,
+                    (wide, j * ohw),
+                );
+            }
+            // The output gradients side by side: gw [o, imgs·ohw].
+            let gn = &gv[n0 * o * ohw..(n0 + imgs) * o * ohw];
+            let mut side = Vec::new();
+            let gw: &[f32] = if imgs == 1 {
+                gn
+            } else {
+                side = crate::scratch::take(o * wide);
+                for (j, gj) in gn.chunks(o * ohw).enumerate() {
+                    for (so, go) in side.chunks_mut(wide).zip(gj.chunks(ohw)) {
+                        so[j * ohw..(j + 1) * ohw].copy_from_slice(go);
+                    }
+                }
+                &side
+            };
+            // dW [o, ckk] += gw [o, wide] · cols_tᵀ
             blas::gemm_serial(
                 o,
                 ckk,
-                ohw,
+                wide,
                 1.0,
-                Mat::new(g, ohw),
-                Mat::new(&cols, ohw).t(),
+                Mat::new(gw, wide),
+                Mat::new(&cols, wide).t(),
                 1.0,
                 dw,
             );
             if let Some(d) = d {
-                // dcols_t [ckk, ohw] = Wᵀ · g, folded into dx
+                // dcols_t [ckk, wide] = Wᵀ · gw, each image's columns folded into its dx
                 blas::gemm_serial(
                     ckk,
-                    ohw,
+                    wide,
                     o,
                     1.0,
                     Mat::new(wv, ckk).t(),
-                    Mat::new(g, ohw),
+                    Mat::new(gw, wide),
                     0.0,
                     &mut cols,
                 );
-                self.fold(&cols, (c, h, w, oh, ow), d);
+                for (j, dj) in d.chunks_mut(chw).enumerate() {
+                    self.fold(&cols, (c, h, w, oh, ow), (wide, j * ohw), dj);
+                }
             }
+            crate::scratch::give(side);
             crate::scratch::give(cols);
         };
-        // Each image with its slice of `dx` (none when the input needs no gradient); per
-        // task, the weight gradient of its images, summed at the end.
-        let dw = per_image_backward(need_dx.then_some((&mut dx[..], chw)), b, o * ckk, image);
+        // Each group with its slice of `dx` (none when the input needs no gradient); per
+        // task, the weight gradient of its groups, summed at the end.
+        let dw = per_group_backward(need_dx.then_some((&mut dx[..], chw)), b, g, o * ckk, group);
         let dev = x.device();
         Ok((
             need_dx
@@ -1308,26 +1400,30 @@ impl CustomOp2 for Conv {
     }
 }
 
-/// The backward pass both convolutions share: `image(n, its slice of dx (when `dx` is
-/// given as the buffer and each image's length), its task's weight gradient)` for each of
-/// the `b` images in parallel; returns the weight gradient (`dw_len` values) summed over
-/// the tasks.
-fn per_image_backward(
+/// The backward pass both convolutions share: `group(n0, imgs, their slice of dx (when
+/// `dx` is given as the buffer and each image's length), its task's weight gradient)` for
+/// the groups of `g` consecutive images (the last may be smaller) of the `b`, in parallel;
+/// returns the weight gradient (`dw_len` values) summed over the tasks.
+fn per_group_backward(
     dx: Option<(&mut [f32], usize)>,
     b: usize,
+    g: usize,
     dw_len: usize,
-    image: impl Fn(usize, Option<&mut [f32]>, &mut [f32]) + Sync + Send,
+    group: impl Fn(usize, usize, Option<&mut [f32]>, &mut [f32]) + Sync + Send,
 ) -> Vec<f32> {
-    let images: Vec<Option<&mut [f32]>> = match dx {
-        Some((dx, per_image)) => dx.chunks_mut(per_image).map(Some).collect(),
-        None => (0..b).map(|_| None).collect(),
+    let groups: Vec<(usize, Option<&mut [f32]>)> = match dx {
+        Some((dx, per_image)) => dx
+            .chunks_mut(g * per_image)
+            .enumerate()
+            .map(|(t, d)| (t * g, Some(d)))
+            .collect(),
+        None => (0..b).step_by(g).map(|n0| (n0, None)).collect(),
     };
     let zero = || vec![0f32; dw_len];
-    images
+    groups
         .into_par_iter()
-        .enumerate()
-        .fold(zero, |mut dw, (n, d)| {
-            image(n, d, &mut dw);
+        .fold(zero, |mut dw, (n0, d)| {
+            group(n0, g.min(b - n0), d, &mut dw);
             dw
         })
         .reduce(zero, |mut a, b| {
@@ -1416,7 +1512,7 @@ impl CustomOp2 for ConvTranspose {
                 0.0,
                 &mut cols,
             );
-            conv.fold(&cols, (o, h, w, ih, iw), y);
+            conv.fold(&cols, (o, h, w, ih, iw), (ihw, 0), y);
             crate::scratch::give(cols);
         });
         Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))))
@@ -1441,9 +1537,14 @@ impl CustomOp2 for ConvTranspose {
         let gv = view!(grad, g_guard, "conv_transpose2d backward");
         let need_dx = x.track_op();
         let mut dx = vec![0f32; if need_dx { b * i * ihw } else { 0 }];
-        let image = |n: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
+        let image = |n: usize, _one: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
             let mut cols = crate::scratch::take(okk * ihw);
-            conv.patches(&gv[n * ohw..(n + 1) * ohw], (o, h, w, ih, iw), &mut cols);
+            conv.patches(
+                &gv[n * ohw..(n + 1) * ohw],
+                (o, h, w, ih, iw),
+                &mut cols,
+                (ihw, 0),
+            );
             let xn = &xv[n * i * ihw..(n + 1) * i * ihw];
             // dW [i, okk] += x_n [i, ihw] · colsᵀ [ihw, okk]
             blas::gemm_serial(
@@ -1462,7 +1563,7 @@ impl CustomOp2 for ConvTranspose {
             }
             crate::scratch::give(cols);
         };
-        let dw = per_image_backward(need_dx.then_some((&mut dx[..], i * ihw)), b, i * okk, image);
+        let dw = per_group_backward(need_dx.then_some((&mut dx[..], i * ihw)), b, 1, i * okk, image);
         let dev = x.device();
         Ok((
             need_dx
@@ -2267,9 +2368,14 @@ mod tests {
     #[test]
     fn conv2d_by_unfolding_matches_candle_values_and_gradients() {
         let dev = &Device::Cpu;
-        for (stride, padding) in [(1, 1), (2, 0), (1, 0), (2, 1), (3, 2)] {
-            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (2, 3, 7, 7), dev).unwrap()).unwrap();
-            let w = Var::from_tensor(&Tensor::randn(0f32, 1.0, (4, 3, 3, 3), dev).unwrap()).unwrap();
+        // Batches of 7 over planes below 128 outputs run in groups of images (the last one
+        // smaller); 12 × 12 planes one image at a time; a 1 × 1 kernel without padding
+        // copies whole planes.
+        let shapes = [(2, 7, 7, 3), (7, 6, 6, 3), (7, 5, 5, 1), (3, 12, 12, 3)];
+        let cases = [(1, 1), (2, 0), (1, 0), (2, 1), (3, 2)];
+        for ((b, h, wd, k), (stride, padding)) in shapes.into_iter().flat_map(|s| cases.map(|c| (s, c))) {
+            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, 3, h, wd), dev).unwrap()).unwrap();
+            let w = Var::from_tensor(&Tensor::randn(0f32, 1.0, (4, 3, k, k), dev).unwrap()).unwrap();
             let probe_shape = x
                 .as_tensor()
                 .conv2d(w.as_tensor(), padding, stride, 1, 1)

@@ -1,0 +1,85 @@
+//! Convolution throughput (`ops::conv2d`, forward and backward) on the shapes Trident's
+//! networks train with: the Fashion CNN's two convolutions, the GAN critic's stride-2 one,
+//! EfficientNet-Lite0's 1 × 1 convolutions at 112 px. Medians of `RUNS` runs (default 31)
+//! after one warm-up; `ONLY=<text>` keeps the shapes whose name contains it.
+//!
+//!     cargo run --release -p trident-nn --example conv_bench
+
+use candle_core::{Device, Tensor, Var};
+use std::time::Instant;
+use trident_nn::ops;
+
+/// (name, input `[b, c, h, w]`, output channels, kernel, stride, padding)
+type Shape = (&'static str, [usize; 4], usize, usize, usize, usize);
+
+fn median_ms(mut f: impl FnMut()) -> f64 {
+    f();
+    let runs: usize = std::env::var("RUNS").map_or(31, |v| v.parse().expect("RUNS: a count"));
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(|a, b| a.total_cmp(b));
+    times[times.len() / 2]
+}
+
+fn main() -> candle_core::Result<()> {
+    trident_nn::runtime::candle_on_one_thread();
+    trident_nn::runtime::keep_freed_memory();
+    println!("GEMM backend: {}", trident_nn::blas::backend());
+    let dev = Device::Cpu;
+    let shapes: [Shape; 7] = [
+        ("CNN conv1", [64, 1, 28, 28], 32, 3, 1, 1),
+        ("CNN conv2", [64, 32, 14, 14], 64, 3, 1, 1),
+        ("GAN critic conv2", [128, 64, 14, 14], 128, 4, 2, 1),
+        (
+            "EfficientNet 1x1 expand 40→240 @14",
+            [32, 40, 14, 14],
+            240,
+            1,
+            1,
+            0,
+        ),
+        ("EfficientNet 1x1 project 480→80 @7", [32, 480, 7, 7], 80, 1, 1, 0),
+        (
+            "EfficientNet 1x1 head 320→1280 @4",
+            [32, 320, 4, 4],
+            1280,
+            1,
+            1,
+            0,
+        ),
+        (
+            "EfficientNet stem 3→32 k3 s2 @112",
+            [32, 3, 112, 112],
+            32,
+            3,
+            2,
+            0,
+        ),
+    ];
+    let only = std::env::var("ONLY").unwrap_or_default();
+    for (name, [b, c, h, w], o, k, s, p) in shapes.into_iter().filter(|s| s.0.contains(&only)) {
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, c, h, w), &dev)?)?;
+        let wt = Var::from_tensor(&Tensor::randn(0f32, 0.1, (o, c, k, k), &dev)?)?;
+        let oh = (h + 2 * p - k) / s + 1;
+        let ow = (w + 2 * p - k) / s + 1;
+        let flop = 2.0 * (b * o * c * k * k * oh * ow) as f64;
+        let fwd = median_ms(|| drop(ops::conv2d(&x, &wt, s, p).unwrap()));
+        // Forward + backward (input and weight gradients); the sum's own cost is small.
+        let both = median_ms(|| {
+            let y = ops::conv2d(&x, &wt, s, p).unwrap();
+            drop(y.sum_all().unwrap().backward().unwrap());
+        });
+        let bwd = both - fwd;
+        println!(
+            "{name:36} forward {fwd:7.2} ms {:6.1} GFLOP/s | backward {bwd:7.2} ms {:6.1} GFLOP/s",
+            flop / fwd / 1e6,
+            2.0 * flop / bwd / 1e6
+        );
+    }
+    Ok(())
+}
