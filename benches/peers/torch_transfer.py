@@ -6,13 +6,15 @@ efficientnet), a new 1280 -> 10 classifier after dropout 0.2; grey 28 px Fashion
 images repeated to RGB and upsampled 4x (nearest) to 112 px; AdamW lr 1e-3, weight decay
 0.01, batch 32. Modes: finetune (every weight trains, batch norms on batch statistics),
 probe (the pretrained network frozen in evaluation mode, only the classifier trains) and
-scratch (finetune from a fresh initialisation, batch norm momentum 0.1).
+scratch (finetune from a fresh initialisation, batch norm momentum 0.1); eval (the pretrained
+network in evaluation mode under torch.no_grad(), batches of EVAL_BATCH images, default 200,
+as the example's eval_batch_size: what Trident's report calls the batched test-set evaluation).
 
 Prints the seconds and images per second of `batches` training steps after 3 warm-up
 steps, as benches/transfer_epochs.sh reads Trident's epoch. Threads: TORCH_THREADS
 (default 2); COMPILE=1 compiles the network with torch.compile.
 
-    python3 benches/peers/torch_transfer.py finetune|probe|scratch [batches]
+    python3 benches/peers/torch_transfer.py finetune|probe|scratch|eval [batches]
 """
 
 import gzip
@@ -131,8 +133,20 @@ def main():
         net.train()
     step = torch.compile(net) if os.environ.get("COMPILE") == "1" else net
     bs = 32
+    if mode == "eval":
+        net.eval()
+        bs = int(os.environ.get("EVAL_BATCH", "200"))
 
-    def run(n):
+        def run(n):
+            with torch.no_grad():
+                for t in range(n):
+                    i = (t * bs) % len(x)
+                    xb = F.interpolate(x[i:i + bs].repeat(1, 3, 1, 1), scale_factor=4, mode="nearest")
+                    step(xb).argmax(1)
+    else:
+        run = None
+
+    def train(n):
         for t in range(n):
             i = (t * bs) % len(x)
             xb = F.interpolate(x[i:i + bs].repeat(1, 3, 1, 1), scale_factor=4, mode="nearest")
@@ -141,6 +155,7 @@ def main():
             loss.backward()
             opt.step()
 
+    run = run or train
     run(3)  # warm-up (and compilation)
     t0 = time.perf_counter()
     run(batches)
