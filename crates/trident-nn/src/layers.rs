@@ -340,8 +340,10 @@ impl BatchNorm2d {
     /// channel, applied in one pass (gradients still reach the weight and bias through
     /// the folding).
     fn evaluate(&self, x: &Tensor) -> Result<Tensor> {
-        let scale = (&self.weight / (self.running_var.as_tensor() + self.eps)?.sqrt()?)?;
-        let shift = (&self.bias - (self.running_mean.as_tensor() * &scale)?)?;
+        // The running statistics are buffers: read detached, so no graph is recorded
+        // through them.
+        let scale = (&self.weight / (self.running_var.as_detached_tensor() + self.eps)?.sqrt()?)?;
+        let shift = (&self.bias - (self.running_mean.as_detached_tensor() * &scale)?)?;
         ops::channel_affine(x, &scale, &shift)
     }
 }

@@ -7,6 +7,12 @@
 //! get no gradient. A [`ParamBuilder`] is a cursor into the store with a name prefix; models
 //! take one in their constructor, as with candle-nn's `VarBuilder`, but initialisation is
 //! seeded per name so two runs with the same seed build bit-identical models.
+//!
+//! For inference a store hands models *detached* tensors that share the `Var`s' storage
+//! ([`Params::for_inference`], and [`Params::inference_view`] for a second model over a
+//! training model's store): ops on them record no graph, so a forward pass frees each
+//! activation as soon as the next op has read it instead of keeping the whole batch's
+//! activations alive for a backward pass that never comes (PyTorch's `no_grad`).
 
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use std::collections::HashMap;
@@ -115,6 +121,11 @@ pub struct Params {
     next_id: Arc<AtomicU64>,
     /// Counts [`begin_step`](Self::begin_step) calls; sinks hold the step they were written in.
     step: Arc<AtomicU64>,
+    /// Builders hand out detached tensors (no graph is recorded through them).
+    detached: bool,
+    /// Builders hand out the store's existing parameters (detached) instead of creating
+    /// them: a second model over the same values.
+    view: bool,
 }
 
 impl std::fmt::Debug for Params {
@@ -140,6 +151,33 @@ impl Params {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store whose models get detached tensors: for a model that only runs
+    /// forward (a checkpoint loaded for evaluation, prediction, export or as a teacher).
+    /// The store's `Var`s are still there to load values into (in place).
+    pub fn for_inference() -> Self {
+        Params {
+            detached: true,
+            ..Self::default()
+        }
+    }
+
+    /// This store, for building a second model over the same parameters for evaluation:
+    /// its builders hand out each existing parameter detached (sharing its storage, so
+    /// optimizer updates and loaded weights show) and create nothing.
+    pub fn inference_view(&self) -> Self {
+        Params {
+            detached: true,
+            view: true,
+            ..self.clone()
+        }
+    }
+
+    /// Whether this is an [`inference_view`](Self::inference_view): builders take existing
+    /// parameters, so model constructors need not read weight files for it.
+    pub fn is_view(&self) -> bool {
+        self.view
     }
 
     /// A builder at the root of this store: new parameters are initialised from `seed`, or
@@ -350,7 +388,11 @@ impl Params {
         if s.index.contains_key(&param.name) {
             candle_core::bail!("parameter `{}` is created twice", param.name)
         }
-        let t = param.var.as_tensor().clone();
+        let t = if self.detached {
+            param.var.as_detached_tensor()
+        } else {
+            param.var.as_tensor().clone()
+        };
         let i = s.params.len();
         s.index.insert(param.name.clone(), i);
         if initialised_despite_file {
@@ -553,6 +595,19 @@ impl ParamBuilder {
 
     fn create(&self, shape: Shape, name: &str, init: Init, trainable: bool) -> Result<Tensor> {
         let full = self.path(name);
+        if self.params.view {
+            let Some(p) = self.params.get(&full) else {
+                candle_core::bail!("inference view: the store has no parameter `{full}`")
+            };
+            if p.var.shape() != &shape {
+                candle_core::bail!(
+                    "inference view: `{full}` has shape {:?}, the model needs {:?}",
+                    p.var.dims(),
+                    shape.dims()
+                )
+            }
+            return Ok(p.var.as_detached_tensor());
+        }
         let from_file = match &self.loaded {
             Some(l) => l
                 .get(&full, &shape)
@@ -617,6 +672,42 @@ fn initialise(shape: &Shape, init: Init, seed: u64, name: &str) -> Result<Tensor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inference_stores_hand_out_detached_tensors_over_the_vars_storage() {
+        let values = |t: &Tensor| t.to_vec1::<f32>().unwrap();
+        // An inference store: a Var to load into, a tensor that records no graph.
+        let p = Params::for_inference();
+        let w = p.builder(0, None).pp("lin").get(3, "weight", Init::Ones).unwrap();
+        assert!(!w.track_op());
+        let var = p.get("lin.weight").unwrap().var;
+        var.set(&Tensor::new(&[1f32, 2., 3.], &Device::Cpu).unwrap())
+            .unwrap();
+        assert_eq!(values(&w), [1., 2., 3.], "loaded values show through the tensor");
+        // A training store and a view of it: the view's tensor is the same storage,
+        // detached; the training tensor records a graph.
+        let train = Params::new();
+        let t = train.builder(0, None).get(2, "b", Init::Zeros).unwrap();
+        assert!(t.track_op());
+        let view = train.inference_view();
+        let v = view.builder(9, None).get(2, "b", Init::Ones).unwrap();
+        assert!(!v.track_op());
+        train
+            .get("b")
+            .unwrap()
+            .var
+            .set(&Tensor::new(&[5f32, 6.], &Device::Cpu).unwrap())
+            .unwrap();
+        assert_eq!(
+            values(&v),
+            [5., 6.],
+            "the view follows the store, not its own init"
+        );
+        assert_eq!(train.len(), 1, "the view created nothing");
+        let err = |r: Result<Tensor>| r.unwrap_err().to_string();
+        assert!(err(view.builder(0, None).get(2, "missing", Init::Zeros)).contains("`missing`"));
+        assert!(err(view.builder(0, None).get(3, "b", Init::Zeros)).contains("shape [2]"));
+    }
 
     #[test]
     fn keep_layers_renumbers_the_chosen_blocks_and_drops_the_rest() {

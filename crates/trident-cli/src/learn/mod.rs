@@ -675,8 +675,11 @@ fn test_and_report<D: Dataset + 'static>(
         }
         return forecast_test(c, model, spec, summary, peak_rss);
     }
+    // The best weights through a twin that records no graph (its forward passes free
+    // each activation once read).
+    let twin = model.inference_twin()?;
     let t0 = std::time::Instant::now();
-    let ev = evaluate(model, &splits.test, classes.len())?;
+    let ev = evaluate(&twin, &splits.test, classes.len())?;
     let eval_seconds = t0.elapsed().as_secs_f64();
     let out = dir.join("test");
     let first = splits.test.epoch(0).next().context("the test split is empty")??;
@@ -693,7 +696,7 @@ fn test_and_report<D: Dataset + 'static>(
             );
         }
         None => {
-            let lines = write_reconstruction(c, model, &ev, &first, &out)?;
+            let lines = write_reconstruction(c, &twin, &ev, &first, &out)?;
             eprintln!("test (best epoch {best_epoch}) → {}", out.display());
             for l in lines {
                 eprintln!("{l}");
@@ -701,7 +704,7 @@ fn test_and_report<D: Dataset + 'static>(
         }
     }
     let student = report::facts(
-        model,
+        &twin,
         &ev,
         eval_seconds,
         &first,

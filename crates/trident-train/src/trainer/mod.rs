@@ -112,6 +112,15 @@ pub trait TrainStep {
         let _ = (batch, ctx);
         Ok(None)
     }
+    /// The same model over the same parameter values with parameters that record no graph,
+    /// for the evaluation passes (a forward pass then frees each activation once read);
+    /// `None` where the step has none, and evaluation runs on the step itself.
+    fn evaluator(&self) -> candle_core::Result<Option<Self>>
+    where
+        Self: Sized,
+    {
+        Ok(None)
+    }
 }
 
 /// Early stopping and best-checkpoint selection.
@@ -389,6 +398,9 @@ impl Trainer {
             monitor: c.monitor,
             patience: c.early_stopping_patience,
         };
+        // Validation on a twin whose forward passes keep no graph (when the step has one).
+        let twin = step.evaluator()?;
+        let evaluated = twin.as_ref().unwrap_or(step);
         while run.state.epoch < c.epochs {
             let Some(trained) = run.train_epoch(step, train)? else {
                 interrupted = true;
@@ -398,8 +410,8 @@ impl Trainer {
                 d.broadcast_buffers(step.params())?;
             }
             let val_eval = match (val, run.dp) {
-                (Some(v), Some(d)) => Some(evaluate_data_parallel(step, v, self.classes.len(), d)?),
-                (Some(v), None) => Some(evaluate(step, v, self.classes.len())?),
+                (Some(v), Some(d)) => Some(evaluate_data_parallel(evaluated, v, self.classes.len(), d)?),
+                (Some(v), None) => Some(evaluate(evaluated, v, self.classes.len())?),
                 (None, _) => None,
             };
             let verdict = run.end_epoch(step.params(), trained, val_eval.as_ref(), &rule)?;
