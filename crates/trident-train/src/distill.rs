@@ -603,6 +603,11 @@ where
     fn params(&self) -> &Params {
         self.student.params()
     }
+
+    /// Evaluation reports the student alone (see `forward`): the student's evaluator.
+    fn evaluator(&self) -> Result<Option<Box<dyn TrainStep<Batch = Self::Batch>>>> {
+        self.student.evaluator()
+    }
 }
 
 #[cfg(test)]

@@ -232,10 +232,11 @@ impl TrainStep for Model {
         &self.params
     }
 
-    fn evaluator(&self) -> candle_core::Result<Option<Self>> {
-        self.inference_twin()
-            .map(Some)
-            .map_err(|e| candle_core::Error::Msg(format!("the evaluation twin: {e:#}")))
+    fn evaluator(&self) -> candle_core::Result<Option<Box<dyn TrainStep<Batch = Batch>>>> {
+        match self.inference_twin() {
+            Ok(twin) => Ok(Some(Box::new(twin))),
+            Err(e) => Err(candle_core::Error::Msg(format!("the evaluation twin: {e:#}"))),
+        }
     }
 
     fn forward_hidden(

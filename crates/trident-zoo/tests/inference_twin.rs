@@ -165,3 +165,43 @@ fn the_twin_matches_the_model_records_no_graph_and_follows_its_updates() {
     };
     check("vit", image_card(ModelConfig::Vit(vit), 3), image_batch(3));
 }
+
+#[test]
+fn a_distillation_is_evaluated_on_its_students_twin() {
+    let card = |layers: Option<Vec<usize>>| {
+        text_card(ModelConfig::Bert {
+            pretrained: tiny_bert(),
+            pooling: Pooling::Cls,
+            freeze_encoder: false,
+            layers,
+            hidden: None,
+            heads: None,
+            intermediate: None,
+        })
+    };
+    let student = Model::build(&card(Some(vec![0])), 3, None).unwrap();
+    let teacher = Model::build(&card(None), 4, None).unwrap();
+    shift(&student, 0.3);
+    let batch = text_batch();
+    let (want, _) = logits(&student, &batch, &Ctx::eval());
+    let kd = trident_train::distill::Distill::new(
+        student,
+        teacher,
+        trident_train::distill::KdLoss::Soft {
+            temperature: 2.0,
+            alpha: 0.5,
+        },
+        None,
+    );
+    let evaluator = kd.evaluator().unwrap().expect("the student's twin");
+    let out = evaluator.forward(&batch, &Ctx::eval()).unwrap();
+    assert!(!out.loss.track_op(), "no graph");
+    let got = out
+        .logits()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(got, want, "the student's own evaluation");
+}

@@ -69,7 +69,7 @@ struct Pass {
 }
 
 /// Loss sum and the per-example figures of `step` over `loader`'s epoch 0.
-fn eval_pass<S: TrainStep, D: Dataset + 'static>(
+fn eval_pass<S: TrainStep + ?Sized, D: Dataset + 'static>(
     step: &S,
     loader: &DataLoader<D, S::Batch>,
 ) -> Result<(f64, Pass), TrainError> {
@@ -100,7 +100,7 @@ fn eval_pass<S: TrainStep, D: Dataset + 'static>(
 /// [`evaluate`] shared among data-parallel ranks: each runs every world-th batch of
 /// `loader`, then the per-example figures, labels and losses are gathered, so every rank
 /// gets the evaluation of the whole set (rows grouped by rank, which no metric depends on).
-pub fn evaluate_data_parallel<S: TrainStep, D: Dataset + 'static>(
+pub fn evaluate_data_parallel<S: TrainStep + ?Sized, D: Dataset + 'static>(
     step: &S,
     loader: &DataLoader<D, S::Batch>,
     classes: usize,
@@ -146,7 +146,7 @@ pub fn evaluate_data_parallel<S: TrainStep, D: Dataset + 'static>(
 }
 
 /// Runs `step` in evaluation mode over every batch of `loader` (epoch 0 order).
-pub fn evaluate<S: TrainStep, D: Dataset + 'static>(
+pub fn evaluate<S: TrainStep + ?Sized, D: Dataset + 'static>(
     step: &S,
     loader: &DataLoader<D, S::Batch>,
     classes: usize,

@@ -112,13 +112,11 @@ pub trait TrainStep {
         let _ = (batch, ctx);
         Ok(None)
     }
-    /// The same model over the same parameter values with parameters that record no graph,
-    /// for the evaluation passes (a forward pass then frees each activation once read);
-    /// `None` where the step has none, and evaluation runs on the step itself.
-    fn evaluator(&self) -> candle_core::Result<Option<Self>>
-    where
-        Self: Sized,
-    {
+    /// What the evaluation passes run instead of this step: the same model over the same
+    /// parameter values with parameters that record no graph (a forward pass then frees
+    /// each activation once read); `None` where the step has none, and evaluation runs on
+    /// the step itself.
+    fn evaluator(&self) -> candle_core::Result<Option<Box<dyn TrainStep<Batch = Self::Batch>>>> {
         Ok(None)
     }
 }
@@ -400,7 +398,10 @@ impl Trainer {
         };
         // Validation on a twin whose forward passes keep no graph (when the step has one).
         let twin = step.evaluator()?;
-        let evaluated = twin.as_ref().unwrap_or(step);
+        let evaluated: &dyn TrainStep<Batch = S::Batch> = match &twin {
+            Some(t) => t.as_ref(),
+            None => step,
+        };
         while run.state.epoch < c.epochs {
             let Some(trained) = run.train_epoch(step, train)? else {
                 interrupted = true;
