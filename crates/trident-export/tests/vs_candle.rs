@@ -2,117 +2,12 @@
 //! server's own backends) against the candle forward pass `trident eval` uses: logits
 //! within 1e-4 on padded batches of mixed lengths.
 
-use std::path::PathBuf;
 use trident_export::{export, Flavour, Options, Precision};
-use trident_nn::bert::{Pooling, TextBatch};
-use trident_nn::vision::VitConfig;
+use trident_nn::bert::Pooling;
 use trident_nn::{Ctx, Device, Tensor};
 use trident_serve::backend::{Backend, LoadOptions};
-use trident_zoo::{InputSpec, Model, ModelCard, ModelConfig, RnnModel};
-
-fn tiny_bert() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trident-nn/tests/fixtures/tiny_bert")
-}
-
-fn classes(n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("c{i}")).collect()
-}
-
-fn text_card(model: ModelConfig) -> ModelCard {
-    ModelCard {
-        model,
-        classes: classes(3),
-        input: InputSpec::Text {
-            max_len: 32,
-            truncate: true,
-        },
-    }
-}
-
-fn bert(pooling: Pooling, layers: Option<Vec<usize>>, narrow: bool) -> ModelCard {
-    text_card(ModelConfig::Bert {
-        pretrained: tiny_bert(),
-        pooling,
-        freeze_encoder: false,
-        layers,
-        hidden: narrow.then_some(8),
-        heads: narrow.then_some(2),
-        intermediate: narrow.then_some(12),
-    })
-}
-
-fn rnn(lstm: bool, layers: usize) -> ModelCard {
-    let r = RnnModel {
-        tokenizer: tiny_bert().join("tokenizer.json"),
-        embeddings: None,
-        embed: 8,
-        hidden: 6,
-        layers,
-        dropout: 0.0,
-    };
-    text_card(if lstm {
-        ModelConfig::Lstm(r)
-    } else {
-        ModelConfig::Gru(r)
-    })
-}
-
-fn image_card(model: ModelConfig, channels: usize) -> ModelCard {
-    ModelCard {
-        model,
-        classes: classes(4),
-        input: InputSpec::Image {
-            channels,
-            height: 8,
-            width: 8,
-            mean: 0.5,
-            std: 0.25,
-        },
-    }
-}
-
-/// Every parameter moved off its initial value (layer norms away from 1/0, batch-norm
-/// statistics away from 0/1), so the test sees each weight used in the right place.
-fn perturb(model: &Model) {
-    for (k, p) in model.params.all().iter().enumerate() {
-        let n = p.var.elem_count();
-        let v: Vec<f32> = (0..n)
-            .map(|i| {
-                let s = ((i * 7 + k * 13) as f32 * 0.61).sin();
-                if p.name.ends_with("running_var") {
-                    0.5 + s.abs()
-                } else {
-                    0.3 * s
-                }
-            })
-            .collect();
-        let shape = p.var.dims().to_vec();
-        let t = Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
-        let cur = p.var.as_tensor().clone();
-        p.var.set(&(cur + t).unwrap()).unwrap();
-    }
-}
-
-/// Three sequences of lengths 5, 2 and 7 (padded to 7), ids within the tiny vocabulary.
-fn text_batch() -> (TextBatch, Vec<i64>, Vec<i64>) {
-    let lens = [5usize, 2, 7];
-    let (b, s) = (lens.len(), 7);
-    let mut ids = vec![0u32; b * s];
-    let mut mask = vec![0u32; b * s];
-    for (r, &l) in lens.iter().enumerate() {
-        for t in 0..l {
-            ids[r * s + t] = ((r * 11 + t * 5) % 47 + 2) as u32;
-            mask[r * s + t] = 1;
-        }
-    }
-    let types: Vec<u32> = (0..b * s).map(|i| u32::from(i % s >= 4)).collect();
-    let batch = TextBatch::new(ids.clone(), types.clone(), mask.clone(), b, s).unwrap();
-    (
-        batch,
-        ids.iter().map(|&v| v as i64).collect(),
-        types.iter().map(|&v| v as i64).collect(),
-    )
-}
+use trident_zoo::fixtures::{bert_card, image_card, perturb, rnn_card, text_batch, tiny_vit};
+use trident_zoo::{InputSpec, Model, ModelCard, ModelConfig};
 
 fn candle_logits(model: &Model, batch: &trident_zoo::Batch) -> Vec<f32> {
     use trident_train::TrainStep;
@@ -281,7 +176,7 @@ fn image_inputs(channels: usize) -> (trident_zoo::Batch, Vec<(String, trident_co
 
 fn run_all(name: &str, card: ModelCard, text: Option<bool>, channels: usize) {
     let model = Model::build(&card, 7, None).unwrap();
-    perturb(&model);
+    perturb(&model, 0.3);
     let (batch, inputs) = match text {
         Some(types) => text_inputs(types),
         None => image_inputs(channels),
@@ -327,7 +222,7 @@ fn run_all(name: &str, card: ModelCard, text: Option<bool>, channels: usize) {
 
 #[test]
 fn fused_bert_uses_the_contrib_operators() {
-    let model = Model::build(&bert(Pooling::Mean, None, false), 7, None).unwrap();
+    let model = Model::build(&bert_card(Pooling::Mean, None, false), 7, None).unwrap();
     let layers = 2;
     let h = export(&model, FUSED).unwrap().histogram();
     assert_eq!(h.get("Attention"), Some(&layers), "{h:?}");
@@ -352,44 +247,34 @@ fn fused_bert_uses_the_contrib_operators() {
 
 #[test]
 fn bert_mean_pooling() {
-    run_all("bert mean", bert(Pooling::Mean, None, false), Some(true), 0);
+    run_all("bert mean", bert_card(Pooling::Mean, None, false), Some(true), 0);
 }
 
 #[test]
 fn bert_cls_pooler() {
-    run_all("bert cls", bert(Pooling::Cls, None, false), Some(true), 0);
+    run_all("bert cls", bert_card(Pooling::Cls, None, false), Some(true), 0);
 }
 
 #[test]
 fn bert_students_kept_layers_and_narrow() {
     run_all(
         "bert kept layer",
-        bert(Pooling::Mean, Some(vec![1]), false),
+        bert_card(Pooling::Mean, Some(vec![1]), false),
         Some(true),
         0,
     );
-    run_all("bert narrow", bert(Pooling::Cls, None, true), Some(true), 0);
+    run_all("bert narrow", bert_card(Pooling::Cls, None, true), Some(true), 0);
 }
 
 #[test]
 fn lstm_and_gru_two_layers() {
-    run_all("lstm", rnn(true, 2), Some(false), 0);
-    run_all("gru", rnn(false, 2), Some(false), 0);
+    run_all("lstm", rnn_card(true, 2), Some(false), 0);
+    run_all("gru", rnn_card(false, 2), Some(false), 0);
 }
 
 #[test]
 fn vit() {
-    let c = VitConfig {
-        image_size: 8,
-        channels: 3,
-        patch_size: 4,
-        hidden: 8,
-        layers: 2,
-        heads: 2,
-        mlp: 16,
-        dropout: 0.0,
-    };
-    run_all("vit", image_card(ModelConfig::Vit(c), 3), None, 3);
+    run_all("vit", image_card(tiny_vit(), 3), None, 3);
 }
 
 #[test]
@@ -418,7 +303,7 @@ fn gan_generator_images_match_candle() {
     let mut card = image_card(ModelConfig::Gan(g), 1);
     card.classes = Vec::new();
     let model = Model::build(&card, 7, None).unwrap();
-    perturb(&model);
+    perturb(&model, 0.3);
     let trident_zoo::Net::Gan(gan) = &model.net else {
         unreachable!()
     };
@@ -484,7 +369,7 @@ fn efficientnet_lite0_grey_upsampled_and_rgb() {
             };
         }
         let model = Model::build(&card, 7, None).unwrap();
-        perturb(&model);
+        perturb(&model, 0.3);
         let size = if channels == 3 { 32 } else { 8 };
         let n = 2 * channels * size * size;
         let px: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin()).collect();
@@ -545,7 +430,7 @@ fn forecasters_raw_values_in_and_out() {
             input: InputSpec::Series(spec.clone()),
         };
         let model = Model::build(&card, 3, None).unwrap();
-        perturb(&model);
+        perturb(&model, 0.3);
         let trident_zoo::Net::Forecaster(f) = &model.net else {
             unreachable!()
         };

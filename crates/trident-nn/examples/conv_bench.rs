@@ -5,26 +5,14 @@
 //!
 //!     cargo run --release -p trident-nn --example conv_bench
 
+mod common;
+use common::median_ms;
+
 use candle_core::{Device, Tensor, Var};
-use std::time::Instant;
 use trident_nn::ops;
 
 /// (name, input `[b, c, h, w]`, output channels, kernel, stride, padding)
 type Shape = (&'static str, [usize; 4], usize, usize, usize, usize);
-
-fn median_ms(mut f: impl FnMut()) -> f64 {
-    f();
-    let runs: usize = std::env::var("RUNS").map_or(31, |v| v.parse().expect("RUNS: a count"));
-    let mut times: Vec<f64> = (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    times.sort_by(|a, b| a.total_cmp(b));
-    times[times.len() / 2]
-}
 
 fn main() -> candle_core::Result<()> {
     trident_nn::runtime::candle_on_one_thread();
@@ -62,15 +50,16 @@ fn main() -> candle_core::Result<()> {
         ),
     ];
     let only = std::env::var("ONLY").unwrap_or_default();
+    let runs: usize = std::env::var("RUNS").map_or(31, |v| v.parse().expect("RUNS: a count"));
     for (name, [b, c, h, w], o, k, s, p) in shapes.into_iter().filter(|s| s.0.contains(&only)) {
         let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, c, h, w), &dev)?)?;
         let wt = Var::from_tensor(&Tensor::randn(0f32, 0.1, (o, c, k, k), &dev)?)?;
         let oh = (h + 2 * p - k) / s + 1;
         let ow = (w + 2 * p - k) / s + 1;
         let flop = 2.0 * (b * o * c * k * k * oh * ow) as f64;
-        let fwd = median_ms(|| drop(ops::conv2d(&x, &wt, s, p).unwrap()));
+        let fwd = median_ms(runs, || drop(ops::conv2d(&x, &wt, s, p).unwrap()));
         // Forward + backward (input and weight gradients); the sum's own cost is small.
-        let both = median_ms(|| {
+        let both = median_ms(runs, || {
             let y = ops::conv2d(&x, &wt, s, p).unwrap();
             drop(y.sum_all().unwrap().backward().unwrap());
         });

@@ -11,23 +11,12 @@
 //!
 //!     cargo run --release -p trident-nn --example gemm_layouts
 
+mod common;
+use common::median_ms;
+
 use candle_core::{Device, Tensor};
-use std::time::Instant;
 use trident_nn::bf16::{self, Operand};
 use trident_nn::blas::{self, Mat};
-
-fn median_ms(mut f: impl FnMut()) -> f64 {
-    f();
-    let mut times: Vec<f64> = (0..15)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    times.sort_by(|a, b| a.total_cmp(b));
-    times[times.len() / 2]
-}
 
 fn main() -> candle_core::Result<()> {
     // As `trident train` runs: freed buffers are reused rather than unmapped.
@@ -44,11 +33,11 @@ fn main() -> candle_core::Result<()> {
     let wt = w.t()?.contiguous()?;
     report(
         "candle  x · wᵀ (strided view)",
-        median_ms(|| drop(x.matmul(&w.t().unwrap()).unwrap())),
+        median_ms(15, || drop(x.matmul(&w.t().unwrap()).unwrap())),
     );
     report(
         "candle  x · w' (contiguous [in, out])",
-        median_ms(|| drop(x.matmul(&wt).unwrap())),
+        median_ms(15, || drop(x.matmul(&wt).unwrap())),
     );
     let (xv, wv, gv) = (
         x.flatten_all()?.to_vec1::<f32>()?,
@@ -58,7 +47,7 @@ fn main() -> candle_core::Result<()> {
     let mut out = vec![0f32; m * n];
     report(
         "trident x · wᵀ (forward)",
-        median_ms(|| {
+        median_ms(15, || {
             blas::gemm(
                 m,
                 n,
@@ -74,12 +63,16 @@ fn main() -> candle_core::Result<()> {
     let mut dx = vec![0f32; m * k];
     report(
         "trident g · w (input gradient)",
-        median_ms(|| blas::gemm(m, k, n, 1.0, Mat::new(&gv, n), Mat::new(&wv, k), 0.0, &mut dx)),
+        median_ms(15, || {
+            blas::gemm(m, k, n, 1.0, Mat::new(&gv, n), Mat::new(&wv, k), 0.0, &mut dx)
+        }),
     );
     let mut dw = vec![0f32; n * k];
     report(
         "trident gᵀ · x (weight gradient)",
-        median_ms(|| blas::gemm(n, k, m, 1.0, Mat::new(&gv, n).t(), Mat::new(&xv, k), 0.0, &mut dw)),
+        median_ms(15, || {
+            blas::gemm(n, k, m, 1.0, Mat::new(&gv, n).t(), Mat::new(&xv, k), 0.0, &mut dw)
+        }),
     );
     minilm_shapes();
     println!("bf16 kernel: {}", bf16::backend());
@@ -90,15 +83,15 @@ fn main() -> candle_core::Result<()> {
     );
     report(
         "bf16    x · wᵀ (forward)",
-        median_ms(|| bf16::gemm(m, n, k, xo, wo.t(), 0.0, &mut out)),
+        median_ms(15, || bf16::gemm(m, n, k, xo, wo.t(), 0.0, &mut out)),
     );
     report(
         "bf16    g · w (input gradient)",
-        median_ms(|| bf16::gemm(m, k, n, go, wo, 0.0, &mut dx)),
+        median_ms(15, || bf16::gemm(m, k, n, go, wo, 0.0, &mut dx)),
     );
     report(
         "bf16    gᵀ · x (weight gradient)",
-        median_ms(|| bf16::gemm(n, k, m, go.t(), xo, 0.0, &mut dw)),
+        median_ms(15, || bf16::gemm(n, k, m, go.t(), xo, 0.0, &mut dw)),
     );
     Ok(())
 }
@@ -136,7 +129,7 @@ fn minilm_shapes() {
             trans: tb,
         };
         let mut c = vec![0f32; m * n];
-        let ms = median_ms(|| blas::gemm(m, n, k, 1.0, am, bm, 0.0, &mut c));
+        let ms = median_ms(15, || blas::gemm(m, n, k, 1.0, am, bm, 0.0, &mut c));
         let gflops = 2.0 * (m * n * k) as f64 / ms / 1e6;
         println!("  {name:34} {m:4} x {n:4} x {k:4}  median {ms:6.2} ms  {gflops:6.1} GFLOP/s");
     }

@@ -4,6 +4,8 @@
 //! server's pre-processing all load checkpoints through [`Model::load_checkpoint`].
 
 pub mod card;
+#[doc(hidden)]
+pub mod fixtures;
 pub mod model;
 
 pub use card::{BertWidth, InputSpec, ModelCard, ModelConfig, RnnModel, SequentialModel, SeriesSpec};
