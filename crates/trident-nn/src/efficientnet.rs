@@ -252,19 +252,9 @@ impl EfficientNetLite0 {
     }
 }
 
-/// `min(max(x, 0), 6)`, one graph node.
+/// `min(max(x, 0), 6)` ([`crate::dense::relu6`]).
 pub fn relu6(x: &Tensor) -> Result<Tensor> {
-    fn f(x: f64) -> f64 {
-        x.clamp(0.0, 6.0)
-    }
-    fn df(x: f64) -> f64 {
-        if x > 0.0 && x < 6.0 {
-            1.0
-        } else {
-            0.0
-        }
-    }
-    crate::custom::elementwise("relu6", f, df)(x)
+    crate::dense::relu6(x)
 }
 
 /// The pretrained weights of `file` (a PyTorch state dict with the port's names, either of
