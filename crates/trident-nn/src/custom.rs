@@ -177,13 +177,28 @@ struct Elementwise {
     df: fn(f64) -> f64,
 }
 
+/// `g` of every element, in parallel blocks.
 fn map(s: &CpuStorage, l: &Layout, g: fn(f64) -> f64, name: &str) -> Result<(CpuStorage, Shape)> {
+    use rayon::prelude::*;
+    const BLOCK: usize = 4096;
     let (start, end) = l
         .contiguous_offsets()
         .ok_or_else(|| candle_core::Error::Msg(format!("{name}: the input is not contiguous")))?;
     let out = match s {
-        CpuStorage::F32(v) => CpuStorage::F32(v[start..end].iter().map(|&x| g(x as f64) as f32).collect()),
-        CpuStorage::F64(v) => CpuStorage::F64(v[start..end].iter().map(|&x| g(x)).collect()),
+        CpuStorage::F32(v) => {
+            let mut out = vec![0f32; end - start];
+            out.par_chunks_mut(BLOCK)
+                .zip(v[start..end].par_chunks(BLOCK))
+                .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = g(x as f64) as f32));
+            CpuStorage::F32(out)
+        }
+        CpuStorage::F64(v) => {
+            let mut out = vec![0f64; end - start];
+            out.par_chunks_mut(BLOCK)
+                .zip(v[start..end].par_chunks(BLOCK))
+                .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = g(x)));
+            CpuStorage::F64(out)
+        }
         _ => candle_core::bail!("{name}: f32 or f64 tensors only"),
     };
     Ok((out, l.shape().clone()))
