@@ -1594,12 +1594,42 @@ pub fn depthwise_conv2d(x: &Tensor, weight: &Tensor, stride: usize, pads: [usize
     if stride == 0 || h + pads[0] + pads[2] < k || w + pads[1] + pads[3] < k {
         bail!("depthwise_conv2d: kernel {k} does not fit input {h}x{w} with padding {pads:?}")
     }
+    let (oh, ow) = (
+        (h + pads[0] + pads[2] - k) / stride + 1,
+        (w + pads[1] + pads[3] - k) / stride + 1,
+    );
+    depthwise_with(
+        x,
+        weight,
+        stride,
+        pads,
+        c >= 8 && oh * ow <= CHANNELS_LAST_MAX_PLANE,
+    )
+}
+
+/// Output planes up to this many pixels (with 8 channels or more) run channels-last (see
+/// [`Depthwise::forward_channels_last`]); larger ones plane by plane, whose long runs per
+/// tap were faster there. Measured on EfficientNet-Lite0's blocks at 112 px (profiler,
+/// AMD EPYC Zen 4): channels-last 2.5–4.5x faster on its 7 × 7 and 4 × 4 planes, 1.6–2.6x
+/// slower on 56 × 56 to 14 × 14 ones.
+const CHANNELS_LAST_MAX_PLANE: usize = 64;
+
+/// [`depthwise_conv2d`] by whole planes or channels-last (`channels_last`).
+fn depthwise_with(
+    x: &Tensor,
+    weight: &Tensor,
+    stride: usize,
+    pads: [usize; 4],
+    channels_last: bool,
+) -> Result<Tensor> {
+    let k = weight.dim(2)?;
     x.contiguous()?.apply_op2(
         &weight.contiguous()?,
         Depthwise {
             k,
             stride,
             pads,
+            channels_last,
             layer: crate::trace::current_layer(),
         },
     )
@@ -1609,6 +1639,9 @@ struct Depthwise {
     k: usize,
     stride: usize,
     pads: [usize; 4],
+    /// Image by image with the channels innermost ([`Depthwise::channels_last`]) rather
+    /// than plane by plane.
+    channels_last: bool,
     layer: Option<std::sync::Arc<str>>,
 }
 
@@ -1744,6 +1777,109 @@ impl Depthwise {
     }
 }
 
+impl Depthwise {
+    /// Calls `f(output pixel, input pixel, tap)` for every tap of every output pixel that
+    /// lands inside the `h × w` input (pixels as `y · width + x`).
+    #[inline]
+    fn taps_of_pixels(&self, h: usize, w: usize, mut f: impl FnMut(usize, usize, usize)) {
+        let (oh, ow) = self.out_size(h, w);
+        let (k, s, [t, l, _, _]) = (self.k, self.stride, self.pads);
+        for oy in 0..oh {
+            for ky in 0..k {
+                let Some(iy) = (oy * s + ky).checked_sub(t).filter(|&iy| iy < h) else {
+                    continue;
+                };
+                for ox in 0..ow {
+                    for kx in 0..k {
+                        if let Some(ix) = (ox * s + kx).checked_sub(l).filter(|&ix| ix < w) {
+                            f(oy * ow + ox, iy * w + ix, ky * k + kx);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The forward pass of image `x` (`[c, h, w]`) channels-last: the image transposed to
+    /// `[h·w, c]`, each output pixel's `c` values accumulated tap by tap as one contiguous
+    /// multiply-add over the channels with the weights as `[k·k, c]` (`wt`), and
+    /// transposed back into `y` (`[c, oh·ow]`). Plane by plane, EfficientNet's 7 × 7 and
+    /// 14 × 14 planes gave runs of a few dozen pixels per tap (3–4 GFLOP/s).
+    fn forward_channels_last(&self, x: &[f32], wt: &[f32], (c, h, w): (usize, usize, usize), y: &mut [f32]) {
+        let (oh, ow) = self.out_size(h, w);
+        let mut xt = crate::scratch::take(h * w * c);
+        transpose_into(x, c, h * w, &mut xt);
+        let mut yt = crate::scratch::take(oh * ow * c);
+        yt.fill(0.0);
+        self.taps_of_pixels(h, w, |o, i, tap| {
+            let (acc, xs, ws) = (
+                &mut yt[o * c..(o + 1) * c],
+                &xt[i * c..(i + 1) * c],
+                &wt[tap * c..(tap + 1) * c],
+            );
+            for ((a, &x), &w) in acc.iter_mut().zip(xs).zip(ws) {
+                *a += w * x;
+            }
+        });
+        transpose_into(&yt, oh * ow, c, y);
+        crate::scratch::give(xt);
+        crate::scratch::give(yt);
+    }
+
+    /// The backward pass of image `x` with output gradient `g` (`[c, oh·ow]`) channels-last:
+    /// its weight gradient added into `dwt` (`[k·k, c]`) and, with `d`, its input gradient
+    /// (`[c, h, w]`) written there.
+    fn backward_channels_last(
+        &self,
+        (x, wt, g): (&[f32], &[f32], &[f32]),
+        (c, h, w): (usize, usize, usize),
+        d: Option<&mut [f32]>,
+        dwt: &mut [f32],
+    ) {
+        let (oh, ow) = self.out_size(h, w);
+        let mut xt = crate::scratch::take(h * w * c);
+        transpose_into(x, c, h * w, &mut xt);
+        let mut gt = crate::scratch::take(oh * ow * c);
+        transpose_into(g, c, oh * ow, &mut gt);
+        let mut dxt = crate::scratch::take(if d.is_some() { h * w * c } else { 0 });
+        dxt.fill(0.0);
+        let want_dx = d.is_some();
+        self.taps_of_pixels(h, w, |o, i, tap| {
+            let gs = &gt[o * c..(o + 1) * c];
+            let dws = &mut dwt[tap * c..(tap + 1) * c];
+            for ((dw, &g), &x) in dws.iter_mut().zip(gs).zip(&xt[i * c..(i + 1) * c]) {
+                *dw += g * x;
+            }
+            if want_dx {
+                let ds = &mut dxt[i * c..(i + 1) * c];
+                for ((dx, &g), &w) in ds.iter_mut().zip(gs).zip(&wt[tap * c..(tap + 1) * c]) {
+                    *dx += g * w;
+                }
+            }
+        });
+        if let Some(d) = d {
+            transpose_into(&dxt, h * w, c, d);
+        }
+        crate::scratch::give(xt);
+        crate::scratch::give(gt);
+        crate::scratch::give(dxt);
+    }
+}
+
+/// `dst` (`[cols, rows]`) = `src` (`[rows, cols]`) transposed, in 32 × 32 blocks.
+fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    const B: usize = 32;
+    for i0 in (0..rows).step_by(B) {
+        for j0 in (0..cols).step_by(B) {
+            for i in i0..(i0 + B).min(rows) {
+                for j in j0..(j0 + B).min(cols) {
+                    dst[j * rows + i] = src[i * cols + j];
+                }
+            }
+        }
+    }
+}
+
 /// `y[j] += a · x[j · stride]` for `j < y.len()`, the stride-1 case as a plain zip.
 #[inline]
 fn axpy_strided(y: &mut [f32], a: f32, x: &[f32], stride: usize) {
@@ -1819,6 +1955,14 @@ impl CustomOp2 for Depthwise {
         let kk = self.k * self.k;
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", 2 * (b * c * oh * ow * kk) as u64);
         let mut out = vec![0f32; b * c * oh * ow];
+        if self.channels_last {
+            let mut wtt = vec![0f32; kk * c];
+            transpose_into(wt, c, kk, &mut wtt);
+            out.par_chunks_mut(c * oh * ow).enumerate().for_each(|(n, y)| {
+                self.forward_channels_last(&x[n * c * h * w..(n + 1) * c * h * w], &wtt, (c, h, w), y)
+            });
+            return Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))));
+        }
         out.par_chunks_mut(oh * ow).enumerate().for_each(|(plane, y)| {
             let ch = plane % c;
             let (xp, wp) = (
@@ -1881,6 +2025,25 @@ impl CustomOp2 for Depthwise {
             }
         };
         let mut dx = vec![0f32; if need_dx { b * c * h * w } else { 0 }];
+        if self.channels_last {
+            let mut wtt = vec![0f32; kk * c];
+            transpose_into(wv, c, kk, &mut wtt);
+            let (chw, cohw) = (c * h * w, c * oh * ow);
+            let image = |n0: usize, _one: usize, d: Option<&mut [f32]>, dwt: &mut [f32]| {
+                let (xn, gn) = (&xv[n0 * chw..(n0 + 1) * chw], &gv[n0 * cohw..(n0 + 1) * cohw]);
+                self.backward_channels_last((xn, &wtt, gn), (c, h, w), d, dwt)
+            };
+            let dwt = per_group_backward(need_dx.then_some((&mut dx[..], chw)), b, 1, kk * c, image);
+            let mut dw = vec![0f32; c * kk];
+            transpose_into(&dwt, kk, c, &mut dw);
+            let dev = x.device();
+            return Ok((
+                need_dx
+                    .then(|| Tensor::from_vec(dx, x.shape(), dev))
+                    .transpose()?,
+                Some(Tensor::from_vec(dw, weight.shape(), dev)?),
+            ));
+        }
         let mut parts = vec![0f32; b * c * kk];
         if need_dx {
             dx.par_chunks_mut(h * w)
@@ -2520,6 +2683,53 @@ mod tests {
         assert_eq!(same_padding(224, 3, 2), (0, 1));
         assert_eq!(same_padding(112, 5, 2), (1, 2));
         assert_eq!(same_padding(14, 5, 1), (2, 2));
+    }
+
+    /// The channels-last path (small planes, 8 channels or more) against the plane path the test above
+    /// checks against candle and finite differences: values, input and weight gradients.
+    #[test]
+    fn depthwise_channels_last_equals_the_plane_path() {
+        let dev = &Device::Cpu;
+        for (k, stride, size, c) in [
+            (3, 1, 7, 16),
+            (3, 2, 8, 9),
+            (5, 2, 7, 24),
+            (5, 1, 4, 8),
+            (3, 2, 2, 12),
+        ] {
+            let (pt, pb) = same_padding(size, k, stride);
+            let (pl, pr) = same_padding(size + 1, k, stride);
+            let pads = [pt, pl, pb, pr];
+            let x =
+                Var::from_tensor(&Tensor::randn(0f32, 1.0, (3, c, size, size + 1), dev).unwrap()).unwrap();
+            let w = Var::from_tensor(&Tensor::randn(0f32, 0.5, (c, 1, k, k), dev).unwrap()).unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let run = |last: bool| {
+                let y = depthwise_with(x.as_tensor(), w.as_tensor(), stride, pads, last).unwrap();
+                let probe = Tensor::from_vec(
+                    (0..y.elem_count())
+                        .map(|i| (i as f32 * 0.11).cos())
+                        .collect::<Vec<_>>(),
+                    y.shape(),
+                    dev,
+                )
+                .unwrap();
+                let g = (&y * probe).unwrap().sum_all().unwrap().backward().unwrap();
+                (flat(&y), flat(g.get(&x).unwrap()), flat(g.get(&w).unwrap()))
+            };
+            let (planes, last) = (run(false), run(true));
+            close(&last.0, &planes.0, 1e-5);
+            close(&last.1, &planes.1, 1e-5);
+            close(&last.2, &planes.2, 1e-4);
+            // Data input: the weight gradient alone.
+            let data = x.as_tensor().detach();
+            let y = depthwise_with(&data, w.as_tensor(), stride, pads, true).unwrap();
+            let g = y.sum_all().unwrap().backward().unwrap();
+            assert!(g.get(&data).is_none());
+            let y2 = depthwise_with(&data, w.as_tensor(), stride, pads, false).unwrap();
+            let g2 = y2.sum_all().unwrap().backward().unwrap();
+            close(&flat(g.get(&w).unwrap()), &flat(g2.get(&w).unwrap()), 1e-4);
+        }
     }
 
     #[test]
