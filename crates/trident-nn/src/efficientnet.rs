@@ -98,13 +98,13 @@ impl Block {
     fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
         let mut h = x.clone();
         if let Some(e) = &self.expand {
-            h = relu6(&e.bn.forward(&ops::conv2d(&h, &e.weight, 1, 0)?, ctx)?)?;
+            h = e.bn.forward_relu6(&ops::conv2d(&h, &e.weight, 1, 0)?, ctx)?;
         }
         let (_, _, hh, ww) = h.dims4()?;
         let (pt, pb) = ops::same_padding(hh, self.kernel, self.stride);
         let (pl, pr) = ops::same_padding(ww, self.kernel, self.stride);
         h = ops::depthwise_conv2d(&h, &self.depthwise.weight, self.stride, [pt, pl, pb, pr])?;
-        h = relu6(&self.depthwise.bn.forward(&h, ctx)?)?;
+        h = self.depthwise.bn.forward_relu6(&h, ctx)?;
         h = self
             .project
             .bn
@@ -219,24 +219,19 @@ impl EfficientNetLite0 {
             let (pt, pb) = ops::same_padding(hh, 3, 2);
             let (pl, pr) = ops::same_padding(ww, 3, 2);
             let x = x.pad_with_zeros(2, pt, pb)?.pad_with_zeros(3, pl, pr)?;
-            relu6(
-                &self
-                    .stem
-                    .bn
-                    .forward(&ops::conv2d(&x, &self.stem.weight, 2, 0)?, ctx)?,
-            )?
+            self.stem
+                .bn
+                .forward_relu6(&ops::conv2d(&x, &self.stem.weight, 2, 0)?, ctx)?
         };
         for (i, b) in self.blocks.iter().enumerate() {
             let _layer = layer(|| format!("block{i}"));
             h = b.forward(&h, ctx)?;
         }
         let _layer = layer(|| "head_conv".into());
-        let h = relu6(
-            &self
-                .head_conv
-                .bn
-                .forward(&ops::conv2d(&h, &self.head_conv.weight, 1, 0)?, ctx)?,
-        )?;
+        let h = self
+            .head_conv
+            .bn
+            .forward_relu6(&ops::conv2d(&h, &self.head_conv.weight, 1, 0)?, ctx)?;
         h.mean((2, 3))
     }
 
@@ -250,11 +245,6 @@ impl EfficientNetLite0 {
         let _layer = crate::trace::layer(|| "head".into());
         self.head.forward(&self.drop.forward(&f, ctx)?)
     }
-}
-
-/// `min(max(x, 0), 6)` ([`crate::dense::relu6`]).
-pub fn relu6(x: &Tensor) -> Result<Tensor> {
-    crate::dense::relu6(x)
 }
 
 /// The pretrained weights of `file` (a PyTorch state dict with the port's names, either of

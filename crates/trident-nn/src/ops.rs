@@ -958,6 +958,83 @@ impl CustomOp3 for BatchNormReluPool {
     }
 }
 
+/// [`batch_norm_train`] followed by ReLU6 (`min(max(y, 0), 6)`, EfficientNet-Lite's
+/// activation) as one op: the normalised tensor is clamped where it is made, and the
+/// backward pass recomputes it from `x` to mask the gradient (where `0 < y < 6`, as
+/// [`crate::dense::relu6`]) before batch norm's own backward, so neither the normalised
+/// tensor nor its gradient is kept or added as a tensor of its own. Returns the output and
+/// the batch's mean and biased variance per channel.
+pub fn batch_norm_relu6_train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
+    let x = x.contiguous()?;
+    let op = BatchNormRelu6 {
+        norm: BatchNorm::of_batch(&x, eps)?,
+    };
+    let (mean, var) = (op.norm.mean.clone(), op.norm.var.clone());
+    let y = x.apply_op3(gamma, beta, op)?;
+    Ok((y, mean, var))
+}
+
+struct BatchNormRelu6 {
+    norm: BatchNorm,
+}
+
+impl CustomOp3 for BatchNormRelu6 {
+    fn name(&self) -> &'static str {
+        "trident-batch-norm-relu6"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let (x, g, bt, [_, c, h, w]) = self.norm.inputs((s1, l1), (s2, l2), (s3, l3))?;
+        let mut y = self.norm.normalize(x, g, bt, c, h * w);
+        for_rows(&mut y, 1 << 14, |_, r| {
+            r.iter_mut().for_each(|v| *v = v.clamp(0.0, 6.0))
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _span = crate::trace::op_span_in(&self.norm.layer, self.name(), "op.bwd", 0);
+        let (b, c, h, w) = x.dims4()?;
+        let grad = grad.contiguous()?;
+        let (x_guard, g_guard);
+        let xs = view!(x, x_guard, "batch_norm backward");
+        let gs = view!(grad, g_guard, "batch_norm backward");
+        let gamma_v = gamma.to_vec1::<f32>()?;
+        // The normalised values, then the gradient where they were inside (0, 6), in place.
+        let mut dy = self
+            .norm
+            .normalize(xs, &gamma_v, &beta.to_vec1::<f32>()?, c, h * w);
+        for_rows(&mut dy, 1 << 14, |i, r| {
+            let g = &gs[i << 14..];
+            r.iter_mut()
+                .zip(g)
+                .for_each(|(v, &g)| *v = if *v > 0.0 && *v < 6.0 { g } else { 0.0 });
+        });
+        gradient_tensors(x, self.norm.gradients(xs, &dy, &gamma_v, (b, c, h * w)))
+    }
+}
+
 /// `x · scale[c] + shift[c]` over `[b, c, h, w]` in one pass (`scale`, `shift`: `[c]`): an
 /// evaluation-mode batch norm once its statistics are folded into a scale and a shift.
 /// candle's four broadcast ops (subtract, divide, multiply, add) took most of
@@ -2880,6 +2957,35 @@ mod tests {
             assert_eq!((m1, v1), (m2, v2));
             let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(flat(&one), flat(&two), "{dims:?} k = {k}");
+            let g1 = one.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let g2 = two.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
+            for (name, v) in [("x", &x), ("gamma", &g), ("beta", &b)] {
+                let (a, b) = (flat(g1.get(v).unwrap()), flat(g2.get(v).unwrap()));
+                close(&a, &b, 1e-5);
+                assert!(a.iter().any(|&v| v != 0.0), "{name}: a gradient reaches it");
+            }
+        }
+    }
+
+    /// Batch norm and ReLU6 as one op give the two ops' values, the same batch statistics
+    /// and the gradients of the input, scale and shift; values pushed across both edges.
+    #[test]
+    fn batch_norm_relu6_equals_the_two_ops() {
+        let dev = Device::Cpu;
+        for dims in [[3, 4, 7, 9], [2, 5, 130, 131]] {
+            let x = Var::randn(0.3f32, 1.0, &dims, &dev).unwrap();
+            // Scales up to 4: part of each channel lands above 6, part below 0.
+            let g = Var::randn(2.5f32, 1.0, dims[1], &dev).unwrap();
+            let b = Var::randn(1f32, 1.0, dims[1], &dev).unwrap();
+            let probe = Tensor::randn(0f32, 1.0, &dims, &dev).unwrap();
+            let (two, m2, v2) = batch_norm_train(&x, &g, &b, 1e-3).unwrap();
+            let two = crate::dense::relu6(&two).unwrap();
+            let (one, m1, v1) = batch_norm_relu6_train(&x, &g, &b, 1e-3).unwrap();
+            assert_eq!((m1, v1), (m2, v2));
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let (a, z) = (flat(&one), flat(&two));
+            assert_eq!(a, z, "{dims:?}");
+            assert!(a.contains(&6.0) && a.contains(&0.0), "both edges are reached");
             let g1 = one.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
             let g2 = two.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
             for (name, v) in [("x", &x), ("gamma", &g), ("beta", &b)] {
