@@ -632,7 +632,7 @@ impl CustomOp1 for Attention {
     }
 }
 
-// ---------------------------------------------------------------- GELU
+// ---------------------------------------------------------------- GELU, ReLU6
 
 /// Element-wise kernels run over blocks of this many values (in parallel when large).
 pub(crate) const BLOCK: usize = 4096;
@@ -640,70 +640,13 @@ pub(crate) const BLOCK: usize = 4096;
 /// GELU in its exact form, `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))`, as BERT and
 /// `torch.nn.GELU()` use; the backward pass is one element-wise pass over the saved input.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(Gelu {
-        layer: crate::trace::current_layer(),
-    })
+    pointwise(
+        x,
+        ["trident-gelu", "trident-gelu-grad"],
+        crate::math::gelu,
+        crate::math::gelu_grad,
+    )
 }
-
-struct Gelu {
-    /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
-}
-
-impl CustomOp1 for Gelu {
-    fn name(&self) -> &'static str {
-        "trident-gelu"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
-        let x = f32_slice(s, l, "gelu")?;
-        let mut out = vec![0f32; x.len()];
-        for_rows(&mut out, BLOCK, |c, o| {
-            let start = c * BLOCK;
-            crate::math::gelu(&x[start..start + o.len()], o)
-        });
-        Ok((CpuStorage::F32(out), l.shape().clone()))
-    }
-
-    fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
-        Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &GeluGrad)?))
-    }
-}
-
-/// `dx = g · (Φ(x) + x · φ(x))`.
-struct GeluGrad;
-
-impl CustomOp2 for GeluGrad {
-    fn name(&self) -> &'static str {
-        "trident-gelu-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
-        let x = f32_slice(s1, l1, "gelu backward")?;
-        let g = f32_slice(s2, l2, "gelu backward")?;
-        if x.len() != g.len() {
-            bail!("gelu backward: {} inputs but {} gradients", x.len(), g.len())
-        }
-        let mut out = vec![0f32; x.len()];
-        for_rows(&mut out, BLOCK, |c, o| {
-            let start = c * BLOCK;
-            let end = start + o.len();
-            crate::math::gelu_grad(&x[start..end], &g[start..end], o)
-        });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
-    }
-}
-
-// ---------------------------------------------------------------- ReLU6
 
 /// ReLU6, `min(max(x, 0), 6)` (MobileNet's and EfficientNet-Lite's activation), one
 /// parallel pass each way; the gradient passes where `0 < x < 6`, as PyTorch's
@@ -711,46 +654,74 @@ impl CustomOp2 for GeluGrad {
 /// it went element by element through an f64 function pointer on one thread: 32 % of an
 /// EfficientNet-Lite0 training step's samples.)
 pub fn relu6(x: &Tensor) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(Relu6 {
+    pointwise(
+        x,
+        ["trident-relu6", "trident-relu6-grad"],
+        crate::math::relu6,
+        crate::math::relu6_grad,
+    )
+}
+
+/// An activation computed by slice kernels over blocks of [`BLOCK`] values (in parallel
+/// when large): `f(x, out)` forward, `df(x, g, out)` (`g` times the derivative at `x`)
+/// backward from the saved input; `names` are the forward and backward ops' names.
+fn pointwise(
+    x: &Tensor,
+    names: [&'static str; 2],
+    f: fn(&[f32], &mut [f32]),
+    df: fn(&[f32], &[f32], &mut [f32]),
+) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(Pointwise {
+        names,
+        f,
+        df,
         layer: crate::trace::current_layer(),
     })
 }
 
-struct Relu6 {
+struct Pointwise {
+    names: [&'static str; 2],
+    f: fn(&[f32], &mut [f32]),
+    df: fn(&[f32], &[f32], &mut [f32]),
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
     layer: Option<std::sync::Arc<str>>,
 }
 
-impl CustomOp1 for Relu6 {
+impl CustomOp1 for Pointwise {
     fn name(&self) -> &'static str {
-        "trident-relu6"
+        self.names[0]
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let _span = crate::trace::op_span(self.name(), "op.fwd");
-        let x = f32_slice(s, l, "relu6")?;
+        let x = f32_slice(s, l, self.name())?;
         let mut out = vec![0f32; x.len()];
         for_rows(&mut out, BLOCK, |c, o| {
             let start = c * BLOCK;
-            for (o, &v) in o.iter_mut().zip(&x[start..]) {
-                *o = v.clamp(0.0, 6.0);
-            }
+            (self.f)(&x[start..start + o.len()], o)
         });
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
         let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
-        Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &Relu6Grad)?))
+        let grad = PointwiseGrad {
+            name: self.names[1],
+            df: self.df,
+        };
+        Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &grad)?))
     }
 }
 
-/// `dx = g` where `0 < x < 6`, else 0.
-struct Relu6Grad;
+/// `dx = df(x, g)`: [`Pointwise`]'s backward pass.
+struct PointwiseGrad {
+    name: &'static str,
+    df: fn(&[f32], &[f32], &mut [f32]),
+}
 
-impl CustomOp2 for Relu6Grad {
+impl CustomOp2 for PointwiseGrad {
     fn name(&self) -> &'static str {
-        "trident-relu6-grad"
+        self.name
     }
 
     fn cpu_fwd(
@@ -761,17 +732,16 @@ impl CustomOp2 for Relu6Grad {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let _span = crate::trace::op_span(self.name(), "op.fwd");
-        let x = f32_slice(s1, l1, "relu6 backward")?;
-        let g = f32_slice(s2, l2, "relu6 backward")?;
+        let x = f32_slice(s1, l1, self.name)?;
+        let g = f32_slice(s2, l2, self.name)?;
         if x.len() != g.len() {
-            bail!("relu6 backward: {} inputs but {} gradients", x.len(), g.len())
+            bail!("{}: {} inputs but {} gradients", self.name, x.len(), g.len())
         }
         let mut out = vec![0f32; x.len()];
         for_rows(&mut out, BLOCK, |c, o| {
             let start = c * BLOCK;
-            for ((o, &v), &g) in o.iter_mut().zip(&x[start..]).zip(&g[start..]) {
-                *o = if v > 0.0 && v < 6.0 { g } else { 0.0 };
-            }
+            let end = start + o.len();
+            (self.df)(&x[start..end], &g[start..end], o)
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }

@@ -169,6 +169,20 @@ dispatch!(
     /// product.
     gelu_with_derivative, gelu_with_derivative_avx2, (x: &mut [f32], out: &mut [f32]) -> (), gelu_with_derivative_loop
 );
+/// `out = min(max(x, 0), 6)` (ReLU6), element-wise; NaN stays NaN.
+pub fn relu6(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v.clamp(0.0, 6.0);
+    }
+}
+
+/// `out = g` where `0 < x < 6`, else 0: ReLU6's gradient, as PyTorch's `hardtanh` backward.
+pub fn relu6_grad(x: &[f32], g: &[f32], out: &mut [f32]) {
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
+        *o = if v > 0.0 && v < 6.0 { g } else { 0.0 };
+    }
+}
+
 dispatch!(
     /// `x = e^(x - shift)` in place; returns the sum (softmax's denominator).
     exp_shifted_sum, exp_shifted_sum_avx2, (x: &mut [f32], shift: f32) -> f32, exp_loop
