@@ -179,7 +179,17 @@ pub fn relu6(x: &[f32], out: &mut [f32]) {
 /// `out = g` where `0 < x < 6`, else 0: ReLU6's gradient, as PyTorch's `hardtanh` backward.
 pub fn relu6_grad(x: &[f32], g: &[f32], out: &mut [f32]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-        *o = if v > 0.0 && v < 6.0 { g } else { 0.0 };
+        *o = relu6_grad_at(v, g);
+    }
+}
+
+/// ReLU6's gradient at one input `v` given the output's gradient `g`.
+#[inline(always)]
+pub fn relu6_grad_at(v: f32, g: f32) -> f32 {
+    if v > 0.0 && v < 6.0 {
+        g
+    } else {
+        0.0
     }
 }
 

@@ -899,23 +899,102 @@ pub fn batch_norm_relu_pool_train(
     k: usize,
 ) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
     let x = x.contiguous()?;
-    let op = BatchNormReluPool {
-        pool: ReluMaxPool::new(&x, k)?,
-        norm: BatchNorm::of_batch(&x, eps)?,
+    let after = After::ReluPool(ReluMaxPool::new(&x, k)?);
+    batch_norm_then(&x, gamma, beta, eps, after)
+}
+
+/// [`batch_norm_train`] followed by ReLU6 (`min(max(y, 0), 6)`, EfficientNet-Lite's
+/// activation) as one op, in the same way: the normalised tensor is clamped where it is
+/// made, and the backward pass recomputes it from `x` to mask the gradient (where
+/// `0 < y < 6`, as [`crate::dense::relu6`]) before batch norm's own backward. Returns the
+/// output and the batch's mean and biased variance per channel.
+pub fn batch_norm_relu6_train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
+    batch_norm_then(&x.contiguous()?, gamma, beta, eps, After::Relu6)
+}
+
+/// The batch norm of the contiguous `x`, then `after`, as one op; with the batch's mean and
+/// biased variance per channel.
+fn batch_norm_then(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+    after: After,
+) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
+    let op = BatchNormThen {
+        norm: BatchNorm::of_batch(x, eps)?,
+        after,
     };
     let (mean, var) = (op.norm.mean.clone(), op.norm.var.clone());
     let y = x.apply_op3(gamma, beta, op)?;
     Ok((y, mean, var))
 }
 
-struct BatchNormReluPool {
-    norm: BatchNorm,
-    pool: ReluMaxPool,
+/// What follows the batch norm inside [`BatchNormThen`].
+enum After {
+    /// ReLU and max pooling.
+    ReluPool(ReluMaxPool),
+    /// ReLU6.
+    Relu6,
 }
 
-impl CustomOp3 for BatchNormReluPool {
+impl After {
+    /// The output from the normalised values `y` (`[b, c, h, w]`), which it may reuse.
+    fn forward(&self, mut y: Vec<f32>, dims: (usize, usize, usize, usize)) -> Vec<f32> {
+        match self {
+            After::ReluPool(pool) => pool.forward_slices(&y, dims),
+            After::Relu6 => {
+                for_rows(&mut y, crate::dense::BLOCK, |_, r| {
+                    r.iter_mut().for_each(|v| *v = v.clamp(0.0, 6.0))
+                });
+                y
+            }
+        }
+    }
+
+    /// The gradient at the normalised values `y` from the output's `g` (ReLU6 masks `y`'s
+    /// own buffer).
+    fn backward(&self, mut y: Vec<f32>, g: &[f32], dims: (usize, usize, usize, usize)) -> Vec<f32> {
+        match self {
+            After::ReluPool(pool) => pool.backward_slices(&y, g, dims),
+            After::Relu6 => {
+                for_rows(&mut y, crate::dense::BLOCK, |i, r| {
+                    let g = &g[i * crate::dense::BLOCK..];
+                    r.iter_mut()
+                        .zip(g)
+                        .for_each(|(v, &g)| *v = crate::math::relu6_grad_at(*v, g));
+                });
+                y
+            }
+        }
+    }
+
+    /// The output's shape for an input of `dims`.
+    fn shape(&self, (b, c, h, w): (usize, usize, usize, usize)) -> Shape {
+        match self {
+            After::ReluPool(pool) => Shape::from((b, c, h / pool.k, w / pool.k)),
+            After::Relu6 => Shape::from((b, c, h, w)),
+        }
+    }
+}
+
+/// Batch norm in training mode followed by [`After`], one op.
+struct BatchNormThen {
+    norm: BatchNorm,
+    after: After,
+}
+
+impl CustomOp3 for BatchNormThen {
     fn name(&self) -> &'static str {
-        "trident-batch-norm-relu-pool"
+        match self.after {
+            After::ReluPool(_) => "trident-batch-norm-relu-pool",
+            After::Relu6 => "trident-batch-norm-relu6",
+        }
     }
 
     fn cpu_fwd(
@@ -930,9 +1009,8 @@ impl CustomOp3 for BatchNormReluPool {
         let _span = crate::trace::op_span(self.name(), "op.fwd");
         let (x, g, bt, [b, c, h, w]) = self.norm.inputs((s1, l1), (s2, l2), (s3, l3))?;
         let y = self.norm.normalize(x, g, bt, c, h * w);
-        let out = self.pool.forward_slices(&y, (b, c, h, w));
-        let k = self.pool.k;
-        Ok((CpuStorage::F32(out), Shape::from((b, c, h / k, w / k))))
+        let out = self.after.forward(y, (b, c, h, w));
+        Ok((CpuStorage::F32(out), self.after.shape((b, c, h, w))))
     }
 
     fn bwd(
@@ -953,84 +1031,7 @@ impl CustomOp3 for BatchNormReluPool {
         let y = self
             .norm
             .normalize(xs, &gamma_v, &beta.to_vec1::<f32>()?, c, h * w);
-        let dy = self.pool.backward_slices(&y, gs, (b, c, h, w));
-        gradient_tensors(x, self.norm.gradients(xs, &dy, &gamma_v, (b, c, h * w)))
-    }
-}
-
-/// [`batch_norm_train`] followed by ReLU6 (`min(max(y, 0), 6)`, EfficientNet-Lite's
-/// activation) as one op: the normalised tensor is clamped where it is made, and the
-/// backward pass recomputes it from `x` to mask the gradient (where `0 < y < 6`, as
-/// [`crate::dense::relu6`]) before batch norm's own backward, so neither the normalised
-/// tensor nor its gradient is kept or added as a tensor of its own. Returns the output and
-/// the batch's mean and biased variance per channel.
-pub fn batch_norm_relu6_train(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: f32,
-) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
-    let x = x.contiguous()?;
-    let op = BatchNormRelu6 {
-        norm: BatchNorm::of_batch(&x, eps)?,
-    };
-    let (mean, var) = (op.norm.mean.clone(), op.norm.var.clone());
-    let y = x.apply_op3(gamma, beta, op)?;
-    Ok((y, mean, var))
-}
-
-struct BatchNormRelu6 {
-    norm: BatchNorm,
-}
-
-impl CustomOp3 for BatchNormRelu6 {
-    fn name(&self) -> &'static str {
-        "trident-batch-norm-relu6"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
-        let (x, g, bt, [_, c, h, w]) = self.norm.inputs((s1, l1), (s2, l2), (s3, l3))?;
-        let mut y = self.norm.normalize(x, g, bt, c, h * w);
-        for_rows(&mut y, 1 << 14, |_, r| {
-            r.iter_mut().for_each(|v| *v = v.clamp(0.0, 6.0))
-        });
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        gamma: &Tensor,
-        beta: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(&self.norm.layer, self.name(), "op.bwd", 0);
-        let (b, c, h, w) = x.dims4()?;
-        let grad = grad.contiguous()?;
-        let (x_guard, g_guard);
-        let xs = view!(x, x_guard, "batch_norm backward");
-        let gs = view!(grad, g_guard, "batch_norm backward");
-        let gamma_v = gamma.to_vec1::<f32>()?;
-        // The normalised values, then the gradient where they were inside (0, 6), in place.
-        let mut dy = self
-            .norm
-            .normalize(xs, &gamma_v, &beta.to_vec1::<f32>()?, c, h * w);
-        for_rows(&mut dy, 1 << 14, |i, r| {
-            let g = &gs[i << 14..];
-            r.iter_mut()
-                .zip(g)
-                .for_each(|(v, &g)| *v = if *v > 0.0 && *v < 6.0 { g } else { 0.0 });
-        });
+        let dy = self.after.backward(y, gs, (b, c, h, w));
         gradient_tensors(x, self.norm.gradients(xs, &dy, &gamma_v, (b, c, h * w)))
     }
 }
