@@ -118,16 +118,9 @@ fn minilm_shapes() {
     for (name, m, n, k, ta, tb) in shapes {
         let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
         let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.1).collect();
-        let am = Mat {
-            data: &a,
-            ld: if ta { m } else { k },
-            trans: ta,
-        };
-        let bm = Mat {
-            data: &b,
-            ld: if tb { k } else { n },
-            trans: tb,
-        };
+        // op(a) is m × k, op(b) k × n, each stored transposed when flagged.
+        let am = if ta { Mat::new(&a, m).t() } else { Mat::new(&a, k) };
+        let bm = if tb { Mat::new(&b, k).t() } else { Mat::new(&b, n) };
         let mut c = vec![0f32; m * n];
         let ms = median_ms(15, || blas::gemm(m, n, k, 1.0, am, bm, 0.0, &mut c));
         let gflops = 2.0 * (m * n * k) as f64 / ms / 1e6;

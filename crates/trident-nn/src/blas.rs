@@ -518,16 +518,9 @@ mod tests {
             .map(|i| ((i * 104729) % 89) as f32 / 89.0 - 0.5)
             .collect();
         for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-            let am = Mat {
-                data: &a,
-                ld: if ta { m } else { k },
-                trans: ta,
-            };
-            let bm = Mat {
-                data: &b,
-                ld: if tb { k } else { n },
-                trans: tb,
-            };
+            // op(a) is m × k, op(b) k × n, each stored transposed when flagged.
+            let am = if ta { Mat::new(&a, m).t() } else { Mat::new(&a, k) };
+            let bm = if tb { Mat::new(&b, k).t() } else { Mat::new(&b, n) };
             let want = naive(m, n, k, am, bm);
             let mut got = vec![1f32; m * n];
             gemm(m, n, k, 1.0, am, bm, 0.0, &mut got);

@@ -1672,17 +1672,7 @@ pub fn depthwise_conv2d(x: &Tensor, weight: &Tensor, stride: usize, pads: [usize
     if stride == 0 || h + pads[0] + pads[2] < k || w + pads[1] + pads[3] < k {
         bail!("depthwise_conv2d: kernel {k} does not fit input {h}x{w} with padding {pads:?}")
     }
-    let (oh, ow) = (
-        (h + pads[0] + pads[2] - k) / stride + 1,
-        (w + pads[1] + pads[3] - k) / stride + 1,
-    );
-    depthwise_with(
-        x,
-        weight,
-        stride,
-        pads,
-        c >= 8 && oh * ow <= CHANNELS_LAST_MAX_PLANE,
-    )
+    depthwise_with(x, weight, stride, pads, None)
 }
 
 /// Output planes up to this many pixels (with 8 channels or more) run channels-last (see
@@ -1692,25 +1682,26 @@ pub fn depthwise_conv2d(x: &Tensor, weight: &Tensor, stride: usize, pads: [usize
 /// slower on 56 × 56 to 14 × 14 ones.
 const CHANNELS_LAST_MAX_PLANE: usize = 64;
 
-/// [`depthwise_conv2d`] by whole planes or channels-last (`channels_last`).
+/// [`depthwise_conv2d`] by whole planes or channels-last as `channels_last` says (`None`:
+/// by the output plane's size and the channel count).
 fn depthwise_with(
     x: &Tensor,
     weight: &Tensor,
     stride: usize,
     pads: [usize; 4],
-    channels_last: bool,
+    channels_last: Option<bool>,
 ) -> Result<Tensor> {
-    let k = weight.dim(2)?;
-    x.contiguous()?.apply_op2(
-        &weight.contiguous()?,
-        Depthwise {
-            k,
-            stride,
-            pads,
-            channels_last,
-            layer: crate::trace::current_layer(),
-        },
-    )
+    let (_, c, h, w) = x.dims4()?;
+    let mut op = Depthwise {
+        k: weight.dim(2)?,
+        stride,
+        pads,
+        channels_last: false,
+        layer: crate::trace::current_layer(),
+    };
+    let (oh, ow) = op.out_size(h, w);
+    op.channels_last = channels_last.unwrap_or(c >= 8 && oh * ow <= CHANNELS_LAST_MAX_PLANE);
+    x.contiguous()?.apply_op2(&weight.contiguous()?, op)
 }
 
 struct Depthwise {
@@ -2080,30 +2071,9 @@ impl CustomOp2 for Depthwise {
         let wv = view!(weight, w_guard, "depthwise_conv2d backward");
         let gv = view!(grad, g_guard, "depthwise_conv2d backward");
         let need_dx = x.track_op();
-        // One task per plane (image n, channel ch): its input gradient, written in place
-        // (planes are disjoint slices of dx), and its part of the channel's weight gradient,
-        // summed over the images afterwards in a fixed order.
-        let st = self.stride;
-        let plane = |p: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
-            let ch = p % c;
-            let wp = &wv[ch * kk..(ch + 1) * kk];
-            let xp = &xv[p * h * w..(p + 1) * h * w];
-            let g = &gv[p * oh * ow..(p + 1) * oh * ow];
-            if st == 1 {
-                return self.backward_wide((xp, wp, g), (h, w, oh, ow), d, dw);
-            }
-            match d {
-                Some(d) => self.runs(h, w, |o, i, m, tap| {
-                    dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st);
-                    scatter_strided(&mut d[i..], wp[tap], &g[o..o + m], st);
-                }),
-                None => self.runs(h, w, |o, i, m, tap| {
-                    dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st)
-                }),
-            }
-        };
         let mut dx = vec![0f32; if need_dx { b * c * h * w } else { 0 }];
-        if self.channels_last {
+        let dw = if self.channels_last {
+            // One task per image, its weight gradient as [k·k, c], summed over the tasks.
             let mut wtt = vec![0f32; kk * c];
             transpose_into(wv, c, kk, &mut wtt);
             let (chw, cohw) = (c * h * w, c * oh * ow);
@@ -2114,30 +2084,48 @@ impl CustomOp2 for Depthwise {
             let dwt = per_group_backward(need_dx.then_some((&mut dx[..], chw)), b, 1, kk * c, image);
             let mut dw = vec![0f32; c * kk];
             transpose_into(&dwt, kk, c, &mut dw);
-            let dev = x.device();
-            return Ok((
-                need_dx
-                    .then(|| Tensor::from_vec(dx, x.shape(), dev))
-                    .transpose()?,
-                Some(Tensor::from_vec(dw, weight.shape(), dev)?),
-            ));
-        }
-        let mut parts = vec![0f32; b * c * kk];
-        if need_dx {
-            dx.par_chunks_mut(h * w)
-                .zip(parts.par_chunks_mut(kk))
-                .enumerate()
-                .for_each(|(p, (d, dw))| plane(p, Some(d), dw));
+            dw
         } else {
-            parts
-                .par_chunks_mut(kk)
-                .enumerate()
-                .for_each(|(p, dw)| plane(p, None, dw));
-        }
-        let mut dw = vec![0f32; c * kk];
-        for part in parts.chunks_exact(c * kk) {
-            dw.iter_mut().zip(part).for_each(|(a, b)| *a += b);
-        }
+            // One task per plane (image n, channel ch): its input gradient, written in
+            // place (planes are disjoint slices of dx), and its part of the channel's
+            // weight gradient, summed over the images afterwards in a fixed order.
+            let st = self.stride;
+            let plane = |p: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
+                let ch = p % c;
+                let wp = &wv[ch * kk..(ch + 1) * kk];
+                let xp = &xv[p * h * w..(p + 1) * h * w];
+                let g = &gv[p * oh * ow..(p + 1) * oh * ow];
+                if st == 1 {
+                    return self.backward_wide((xp, wp, g), (h, w, oh, ow), d, dw);
+                }
+                match d {
+                    Some(d) => self.runs(h, w, |o, i, m, tap| {
+                        dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st);
+                        scatter_strided(&mut d[i..], wp[tap], &g[o..o + m], st);
+                    }),
+                    None => self.runs(h, w, |o, i, m, tap| {
+                        dw[tap] += dot_strided(&g[o..o + m], &xp[i..], st)
+                    }),
+                }
+            };
+            let mut parts = vec![0f32; b * c * kk];
+            if need_dx {
+                dx.par_chunks_mut(h * w)
+                    .zip(parts.par_chunks_mut(kk))
+                    .enumerate()
+                    .for_each(|(p, (d, dw))| plane(p, Some(d), dw));
+            } else {
+                parts
+                    .par_chunks_mut(kk)
+                    .enumerate()
+                    .for_each(|(p, dw)| plane(p, None, dw));
+            }
+            let mut dw = vec![0f32; c * kk];
+            for part in parts.chunks_exact(c * kk) {
+                dw.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+            }
+            dw
+        };
         let dev = x.device();
         Ok((
             need_dx
@@ -2783,7 +2771,7 @@ mod tests {
             let w = Var::from_tensor(&Tensor::randn(0f32, 0.5, (c, 1, k, k), dev).unwrap()).unwrap();
             let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let run = |last: bool| {
-                let y = depthwise_with(x.as_tensor(), w.as_tensor(), stride, pads, last).unwrap();
+                let y = depthwise_with(x.as_tensor(), w.as_tensor(), stride, pads, Some(last)).unwrap();
                 let probe = Tensor::from_vec(
                     (0..y.elem_count())
                         .map(|i| (i as f32 * 0.11).cos())
@@ -2801,10 +2789,10 @@ mod tests {
             close(&last.2, &planes.2, 1e-4);
             // Data input: the weight gradient alone.
             let data = x.as_tensor().detach();
-            let y = depthwise_with(&data, w.as_tensor(), stride, pads, true).unwrap();
+            let y = depthwise_with(&data, w.as_tensor(), stride, pads, Some(true)).unwrap();
             let g = y.sum_all().unwrap().backward().unwrap();
             assert!(g.get(&data).is_none());
-            let y2 = depthwise_with(&data, w.as_tensor(), stride, pads, false).unwrap();
+            let y2 = depthwise_with(&data, w.as_tensor(), stride, pads, Some(false)).unwrap();
             let g2 = y2.sum_all().unwrap().backward().unwrap();
             close(&flat(g.get(&w).unwrap()), &flat(g2.get(&w).unwrap()), 1e-4);
         }
