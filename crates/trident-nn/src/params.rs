@@ -121,11 +121,21 @@ pub struct Params {
     next_id: Arc<AtomicU64>,
     /// Counts [`begin_step`](Self::begin_step) calls; sinks hold the step they were written in.
     step: Arc<AtomicU64>,
-    /// Builders hand out detached tensors (no graph is recorded through them).
-    detached: bool,
-    /// Builders hand out the store's existing parameters (detached) instead of creating
-    /// them: a second model over the same values.
-    view: bool,
+    /// What builders hand out.
+    hands: Hands,
+}
+
+/// What a store's builders hand to the models they build.
+#[derive(Clone, Copy, Default, PartialEq)]
+enum Hands {
+    /// New parameters as tracked tensors (training).
+    #[default]
+    Tracked,
+    /// New parameters as detached tensors (no graph is recorded through them).
+    Detached,
+    /// The store's existing parameters, detached, creating nothing: a second model over
+    /// the same values.
+    Existing,
 }
 
 impl std::fmt::Debug for Params {
@@ -158,7 +168,7 @@ impl Params {
     /// The store's `Var`s are still there to load values into (in place).
     pub fn for_inference() -> Self {
         Params {
-            detached: true,
+            hands: Hands::Detached,
             ..Self::default()
         }
     }
@@ -168,8 +178,7 @@ impl Params {
     /// optimizer updates and loaded weights show) and create nothing.
     pub fn inference_view(&self) -> Self {
         Params {
-            detached: true,
-            view: true,
+            hands: Hands::Existing,
             ..self.clone()
         }
     }
@@ -177,7 +186,7 @@ impl Params {
     /// Whether this is an [`inference_view`](Self::inference_view): builders take existing
     /// parameters, so model constructors need not read weight files for it.
     pub fn is_view(&self) -> bool {
-        self.view
+        self.hands == Hands::Existing
     }
 
     /// A builder at the root of this store: new parameters are initialised from `seed`, or
@@ -388,7 +397,7 @@ impl Params {
         if s.index.contains_key(&param.name) {
             candle_core::bail!("parameter `{}` is created twice", param.name)
         }
-        let t = if self.detached {
+        let t = if self.hands != Hands::Tracked {
             param.var.as_detached_tensor()
         } else {
             param.var.as_tensor().clone()
@@ -595,7 +604,7 @@ impl ParamBuilder {
 
     fn create(&self, shape: Shape, name: &str, init: Init, trainable: bool) -> Result<Tensor> {
         let full = self.path(name);
-        if self.params.view {
+        if self.params.is_view() {
             let Some(p) = self.params.get(&full) else {
                 candle_core::bail!("inference view: the store has no parameter `{full}`")
             };

@@ -279,7 +279,7 @@ impl Model {
     /// tensor (a checkpoint); without it, new layers are initialised from `seed` and a
     /// BERT encoder is loaded from its pretrained folder.
     pub fn build(card: &ModelCard, seed: u64, weights_dir: Option<&Path>) -> anyhow::Result<Self> {
-        Self::build_on(card, seed, weights_dir, Params::new())
+        Self::build_on(card, seed, weights_dir, Params::new(), None)
     }
 
     /// The same model over the same parameter values, for evaluation passes: its
@@ -288,19 +288,31 @@ impl Model {
     /// each activation once read (an EfficientNet-Lite0 evaluation batch of 200 at 112 px
     /// otherwise keeps 4 GB of activations alive to its end).
     pub fn inference_twin(&self) -> anyhow::Result<Self> {
-        let mut twin = Self::build_on(&self.card, 0, None, self.params.inference_view())?;
-        twin.tokenizer.clone_from(&self.tokenizer);
-        Ok(twin)
+        Self::build_on(
+            &self.card,
+            0,
+            None,
+            self.params.inference_view(),
+            self.tokenizer.as_ref(),
+        )
     }
 
     /// [`Model::build`] into `params`: a new store, one [`Params::for_inference`], or an
-    /// [`Params::inference_view`] of an existing model's (no weight file is read for it).
+    /// [`Params::inference_view`] of an existing model's (no weight file is read for it);
+    /// `tokenizer`, one already read for this card (not read again).
     fn build_on(
         card: &ModelCard,
         seed: u64,
         weights_dir: Option<&Path>,
         params: Params,
+        tokenizer: Option<&Arc<Tokenizer>>,
     ) -> anyhow::Result<Self> {
+        let tokenizer_from = |file: &Path| -> anyhow::Result<Arc<Tokenizer>> {
+            match tokenizer {
+                Some(t) => Ok(t.clone()),
+                None => Ok(Arc::new(Tokenizer::from_file(file).map_err(anyhow::Error::msg)?)),
+            }
+        };
         let classes = card.classes.len();
         let asset_dir = |configured: &Path| -> PathBuf {
             weights_dir
@@ -310,7 +322,8 @@ impl Model {
         let (net, tokenizer) = match &card.model {
             ModelConfig::Bert { pretrained, .. } => {
                 let dir = asset_dir(pretrained);
-                bert(card, &dir, weights_dir.is_some(), &params, seed)?
+                let net = bert(card, &dir, weights_dir.is_some(), &params, seed)?;
+                (net, Some(tokenizer_from(&dir.join("tokenizer.json"))?))
             }
             ModelConfig::Vit(c) => {
                 if let InputSpec::Image {
@@ -364,7 +377,7 @@ impl Model {
                     Some(d) => d.join("tokenizer.json"),
                     None => r.tokenizer.clone(),
                 };
-                let tok = Tokenizer::from_file(&tok_file).map_err(anyhow::Error::msg)?;
+                let tok = tokenizer_from(&tok_file)?;
                 let vocab = tok.vocab_size();
                 let loaded = match (&r.embeddings, weights_dir) {
                     (Some(from), None) if !params.is_view() => {
@@ -382,7 +395,7 @@ impl Model {
                     classes,
                     r.dropout,
                 )?;
-                (Net::Rnn(m), Some(Arc::new(tok)))
+                (Net::Rnn(m), Some(tok))
             }
             ModelConfig::Mlp { .. } | ModelConfig::Sequential(_) => (table_net(card, &params, seed)?, None),
             ModelConfig::Autoencoder(a) => (
@@ -474,7 +487,7 @@ impl Model {
         )
         .with_context(|| card_file.display().to_string())?;
         // Loaded for forward passes only: its models record no graph.
-        Self::build_on(&card, 0, Some(dir), Params::for_inference())
+        Self::build_on(&card, 0, Some(dir), Params::for_inference(), None)
     }
 
     /// The card's length rule for texts (`None` for image models).
@@ -510,7 +523,7 @@ fn bert(
     from_checkpoint: bool,
     params: &Params,
     seed: u64,
-) -> anyhow::Result<(Net, Option<Arc<Tokenizer>>)> {
+) -> anyhow::Result<Net> {
     let ModelConfig::Bert {
         pooling,
         freeze_encoder,
@@ -557,8 +570,7 @@ fn bert(
     if *freeze_encoder {
         params.set_trainable("bert.", false);
     }
-    let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).map_err(anyhow::Error::msg)?;
-    Ok((Net::Bert(Box::new(m)), Some(Arc::new(tok))))
+    Ok(Net::Bert(Box::new(m)))
 }
 
 /// The encoder's configuration: `dir`'s `config.json`, narrowed to the card's widths and
