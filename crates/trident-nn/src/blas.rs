@@ -139,13 +139,11 @@ fn load() -> Option<Cblas> {
         // process.
         std::env::set_var("MKL_CBWR", "AUTO");
     }
-    let mut tried_mkl = false;
+    // MKL comes first where it is tried, so anything else found means it was missing.
+    let wanted_mkl = order.contains(&Library::Mkl);
     for library in order {
         let names = match library {
-            Library::Mkl => {
-                tried_mkl = true;
-                mkl_candidates()
-            }
+            Library::Mkl => mkl_candidates(),
             Library::OpenBlas => vec![
                 "libopenblas.so.0".into(),
                 "libopenblas.so".into(),
@@ -159,7 +157,7 @@ fn load() -> Option<Cblas> {
             if !why.is_empty() {
                 notes.push(why.clone());
             }
-            if tried_mkl && !found.mkl {
+            if wanted_mkl && !found.mkl {
                 notes.push("Intel MKL not found: `pip install mkl` for faster products on Intel CPUs".into());
             }
             if !notes.is_empty() {

@@ -514,9 +514,10 @@ impl Model {
     }
 }
 
-/// A BERT classifier from the Hugging Face folder `dir` (`config.json`, `tokenizer.json`,
-/// and unless the weights come from a checkpoint (`from_checkpoint`), `model.safetensors`),
-/// with the card's kept layers, widths, pooling and frozen encoder.
+/// A BERT classifier from the Hugging Face folder `dir` (`config.json`, and unless the
+/// weights come from a checkpoint (`from_checkpoint`) or `params` is a view,
+/// `model.safetensors`; the caller reads its `tokenizer.json`), with the card's kept
+/// layers, widths, pooling and frozen encoder.
 fn bert(
     card: &ModelCard,
     dir: &Path,
