@@ -131,31 +131,29 @@ def main():
         net.drop.train()
     else:
         net.train()
-    step = torch.compile(net) if os.environ.get("COMPILE") == "1" else net
-    bs = 32
     if mode == "eval":
         net.eval()
-        bs = int(os.environ.get("EVAL_BATCH", "200"))
+    step = torch.compile(net) if os.environ.get("COMPILE") == "1" else net
+    bs = int(os.environ.get("EVAL_BATCH", "200")) if mode == "eval" else 32
 
-        def run(n):
-            with torch.no_grad():
-                for t in range(n):
-                    i = (t * bs) % len(x)
-                    xb = F.interpolate(x[i:i + bs].repeat(1, 3, 1, 1), scale_factor=4, mode="nearest")
-                    step(xb).argmax(1)
-    else:
-        run = None
+    def images(t):
+        i = (t * bs) % len(x)
+        return i, F.interpolate(x[i:i + bs].repeat(1, 3, 1, 1), scale_factor=4, mode="nearest")
 
     def train(n):
         for t in range(n):
-            i = (t * bs) % len(x)
-            xb = F.interpolate(x[i:i + bs].repeat(1, 3, 1, 1), scale_factor=4, mode="nearest")
+            i, xb = images(t)
             loss = F.cross_entropy(step(xb), labels[i:i + bs])
             opt.zero_grad()
             loss.backward()
             opt.step()
 
-    run = run or train
+    def evaluate(n):
+        with torch.no_grad():
+            for t in range(n):
+                step(images(t)[1]).argmax(1)
+
+    run = evaluate if mode == "eval" else train
     run(3)  # warm-up (and compilation)
     t0 = time.perf_counter()
     run(batches)
