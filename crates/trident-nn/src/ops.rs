@@ -2938,22 +2938,38 @@ mod tests {
             let x = Var::randn(0.3f32, 1.0, &dims, &dev).unwrap();
             let g = Var::randn(1f32, 0.3, dims[1], &dev).unwrap();
             let b = Var::randn(0f32, 0.3, dims[1], &dev).unwrap();
-            let (oh, ow) = (dims[2] / k, dims[3] / k);
-            let probe = Tensor::randn(0f32, 1.0, (dims[0], dims[1], oh, ow), &dev).unwrap();
-            let (two, m2, v2) = batch_norm_train(&x, &g, &b, 1e-5).unwrap();
-            let two = relu_max_pool2d(&two, k).unwrap();
-            let (one, m1, v1) = batch_norm_relu_pool_train(&x, &g, &b, 1e-5, k).unwrap();
-            assert_eq!((m1, v1), (m2, v2));
-            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            assert_eq!(flat(&one), flat(&two), "{dims:?} k = {k}");
-            let g1 = one.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
-            let g2 = two.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
-            for (name, v) in [("x", &x), ("gamma", &g), ("beta", &b)] {
-                let (a, b) = (flat(g1.get(v).unwrap()), flat(g2.get(v).unwrap()));
-                close(&a, &b, 1e-5);
-                assert!(a.iter().any(|&v| v != 0.0), "{name}: a gradient reaches it");
-            }
+            let two = batch_norm_train(&x, &g, &b, 1e-5).unwrap();
+            let two = (relu_max_pool2d(&two.0, k).unwrap(), two.1, two.2);
+            let one = batch_norm_relu_pool_train(&x, &g, &b, 1e-5, k).unwrap();
+            fused_equals_two_ops(&format!("{dims:?} k = {k}"), one, two, [&x, &g, &b]);
         }
+    }
+
+    /// A fused batch norm's `(output, mean, variance)` equals the two ops' exactly, and the
+    /// gradients of the input, scale and shift (`vars`) through both within 1e-5, each
+    /// reaching its variable; the outputs' values returned.
+    fn fused_equals_two_ops(
+        what: &str,
+        (one, m1, v1): (Tensor, Vec<f32>, Vec<f32>),
+        (two, m2, v2): (Tensor, Vec<f32>, Vec<f32>),
+        vars: [&Var; 3],
+    ) -> Vec<f32> {
+        assert_eq!((m1, v1), (m2, v2), "{what}");
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let values = flat(&one);
+        assert_eq!(values, flat(&two), "{what}");
+        let probe = Tensor::randn(0f32, 1.0, one.shape(), one.device()).unwrap();
+        let g1 = one.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let g2 = two.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, v) in ["x", "gamma", "beta"].into_iter().zip(vars) {
+            let (a, b) = (flat(g1.get(v).unwrap()), flat(g2.get(v).unwrap()));
+            close(&a, &b, 1e-5);
+            assert!(
+                a.iter().any(|&v| v != 0.0),
+                "{what} {name}: a gradient reaches it"
+            );
+        }
+        values
     }
 
     /// Batch norm and ReLU6 as one op give the two ops' values, the same batch statistics
@@ -2966,22 +2982,11 @@ mod tests {
             // Scales up to 4: part of each channel lands above 6, part below 0.
             let g = Var::randn(2.5f32, 1.0, dims[1], &dev).unwrap();
             let b = Var::randn(1f32, 1.0, dims[1], &dev).unwrap();
-            let probe = Tensor::randn(0f32, 1.0, &dims, &dev).unwrap();
-            let (two, m2, v2) = batch_norm_train(&x, &g, &b, 1e-3).unwrap();
-            let two = crate::dense::relu6(&two).unwrap();
-            let (one, m1, v1) = batch_norm_relu6_train(&x, &g, &b, 1e-3).unwrap();
-            assert_eq!((m1, v1), (m2, v2));
-            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let (a, z) = (flat(&one), flat(&two));
-            assert_eq!(a, z, "{dims:?}");
+            let two = batch_norm_train(&x, &g, &b, 1e-3).unwrap();
+            let two = (crate::dense::relu6(&two.0).unwrap(), two.1, two.2);
+            let one = batch_norm_relu6_train(&x, &g, &b, 1e-3).unwrap();
+            let a = fused_equals_two_ops(&format!("{dims:?}"), one, two, [&x, &g, &b]);
             assert!(a.contains(&6.0) && a.contains(&0.0), "both edges are reached");
-            let g1 = one.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
-            let g2 = two.mul(&probe).unwrap().sum_all().unwrap().backward().unwrap();
-            for (name, v) in [("x", &x), ("gamma", &g), ("beta", &b)] {
-                let (a, b) = (flat(g1.get(v).unwrap()), flat(g2.get(v).unwrap()));
-                close(&a, &b, 1e-5);
-                assert!(a.iter().any(|&v| v != 0.0), "{name}: a gradient reaches it");
-            }
         }
     }
 
