@@ -1,6 +1,7 @@
-//! Convolution throughput (`ops::conv2d`, forward and backward) on the shapes Trident's
-//! networks train with: the Fashion CNN's two convolutions, the GAN critic's stride-2 one,
-//! EfficientNet-Lite0's 1 × 1 convolutions at 112 px. Medians of `RUNS` runs (default 31)
+//! Convolution throughput (`ops::conv2d` and `ops::conv_transpose2d`, forward and backward)
+//! on the shapes Trident's networks train with: the Fashion CNN's two convolutions, the GAN
+//! critic's stride-2 ones and the generator's transposed ones, EfficientNet-Lite0's 1 × 1
+//! convolutions at 112 px. Medians of `RUNS` runs (default 31)
 //! after one warm-up; `ONLY=<text>` keeps the shapes whose name contains it.
 //!
 //!     cargo run --release -p trident-nn --example conv_bench
@@ -11,18 +12,37 @@ use common::median_ms;
 use candle_core::{Device, Tensor, Var};
 use trident_nn::ops;
 
-/// (name, input `[b, c, h, w]`, output channels, kernel, stride, padding)
-type Shape = (&'static str, [usize; 4], usize, usize, usize, usize);
+/// (name, input `[b, c, h, w]`, output channels, kernel, stride, padding, transposed)
+type Shape = (&'static str, [usize; 4], usize, usize, usize, usize, bool);
 
 fn main() -> candle_core::Result<()> {
     trident_nn::runtime::candle_on_one_thread();
     trident_nn::runtime::keep_freed_memory();
     println!("GEMM backend: {}", trident_nn::blas::backend());
     let dev = Device::Cpu;
-    let shapes: [Shape; 7] = [
-        ("CNN conv1", [64, 1, 28, 28], 32, 3, 1, 1),
-        ("CNN conv2", [64, 32, 14, 14], 64, 3, 1, 1),
-        ("GAN critic conv2", [128, 64, 14, 14], 128, 4, 2, 1),
+    let shapes: [Shape; 10] = [
+        ("CNN conv1", [64, 1, 28, 28], 32, 3, 1, 1, false),
+        ("CNN conv2", [64, 32, 14, 14], 64, 3, 1, 1, false),
+        ("GAN critic conv1", [128, 1, 28, 28], 64, 4, 2, 1, false),
+        ("GAN critic conv2", [128, 64, 14, 14], 128, 4, 2, 1, false),
+        (
+            "GAN generator up1 (transposed)",
+            [128, 128, 7, 7],
+            64,
+            4,
+            2,
+            1,
+            true,
+        ),
+        (
+            "GAN generator up2 (transposed)",
+            [128, 64, 14, 14],
+            1,
+            4,
+            2,
+            1,
+            true,
+        ),
         (
             "EfficientNet 1x1 expand 40→240 @14",
             [32, 40, 14, 14],
@@ -30,8 +50,17 @@ fn main() -> candle_core::Result<()> {
             1,
             1,
             0,
+            false,
         ),
-        ("EfficientNet 1x1 project 480→80 @7", [32, 480, 7, 7], 80, 1, 1, 0),
+        (
+            "EfficientNet 1x1 project 480→80 @7",
+            [32, 480, 7, 7],
+            80,
+            1,
+            1,
+            0,
+            false,
+        ),
         (
             "EfficientNet 1x1 head 320→1280 @4",
             [32, 320, 4, 4],
@@ -39,6 +68,7 @@ fn main() -> candle_core::Result<()> {
             1,
             1,
             0,
+            false,
         ),
         (
             "EfficientNet stem 3→32 k3 s2 @112",
@@ -47,22 +77,34 @@ fn main() -> candle_core::Result<()> {
             3,
             2,
             0,
+            false,
         ),
     ];
     let only = std::env::var("ONLY").unwrap_or_default();
     let runs: usize = std::env::var("RUNS").map_or(31, |v| v.parse().expect("RUNS: a count"));
-    for (name, [b, c, h, w], o, k, s, p) in shapes.into_iter().filter(|s| s.0.contains(&only)) {
+    for (name, [b, c, h, w], o, k, s, p, transposed) in shapes.into_iter().filter(|s| s.0.contains(&only)) {
         let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, c, h, w), &dev)?)?;
-        let wt = Var::from_tensor(&Tensor::randn(0f32, 0.1, (o, c, k, k), &dev)?)?;
-        let oh = (h + 2 * p - k) / s + 1;
-        let ow = (w + 2 * p - k) / s + 1;
-        let flop = 2.0 * (b * o * c * k * k * oh * ow) as f64;
-        let fwd = median_ms(runs, || drop(ops::conv2d(&x, &wt, s, p).unwrap()));
+        // A transposed convolution's multiply-adds are those of the convolution it is the
+        // input gradient of (from its output back to its input).
+        let (wt, flop) = if transposed {
+            let wt = Var::from_tensor(&Tensor::randn(0f32, 0.1, (c, o, k, k), &dev)?)?;
+            (wt, 2.0 * (b * c * o * k * k * h * w) as f64)
+        } else {
+            let wt = Var::from_tensor(&Tensor::randn(0f32, 0.1, (o, c, k, k), &dev)?)?;
+            let oh = (h + 2 * p - k) / s + 1;
+            let ow = (w + 2 * p - k) / s + 1;
+            (wt, 2.0 * (b * o * c * k * k * oh * ow) as f64)
+        };
+        let conv = || {
+            if transposed {
+                ops::conv_transpose2d(&x, &wt, s, p).unwrap()
+            } else {
+                ops::conv2d(&x, &wt, s, p).unwrap()
+            }
+        };
+        let fwd = median_ms(runs, || drop(conv()));
         // Forward + backward (input and weight gradients); the sum's own cost is small.
-        let both = median_ms(runs, || {
-            let y = ops::conv2d(&x, &wt, s, p).unwrap();
-            drop(y.sum_all().unwrap().backward().unwrap());
-        });
+        let both = median_ms(runs, || drop(conv().sum_all().unwrap().backward().unwrap()));
         let bwd = both - fwd;
         println!(
             "{name:36} forward {fwd:7.2} ms {:6.1} GFLOP/s | backward {bwd:7.2} ms {:6.1} GFLOP/s",

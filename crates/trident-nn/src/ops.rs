@@ -1186,6 +1186,29 @@ struct Conv {
     layer: Option<std::sync::Arc<str>>,
 }
 
+/// One run of [`Conv::runs`]: output positions `at..at + len` of patch row `row` read
+/// the input's phase layout at `from..from + len`, except the run's gaps: in every
+/// `period` positions from `at` the first `keep` are inside the image and the rest (up to
+/// the run's end) padding.
+#[derive(Clone, Copy)]
+struct Run {
+    row: usize,
+    at: usize,
+    from: usize,
+    len: usize,
+    keep: usize,
+    period: usize,
+}
+
+impl Run {
+    /// The gaps, as ranges of positions from the run's start.
+    fn gaps(self) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let gap = self.period - self.keep;
+        (0..if gap == 0 { 0 } else { self.len / self.period })
+            .map(move |t| t * self.period + self.keep..(t + 1) * self.period)
+    }
+}
+
 impl Conv {
     /// `(b, c, h, w, oh, ow)` of an input `[b, c, h, w]`.
     fn geometry(&self, dims: &[usize]) -> Result<(usize, usize, usize, usize, usize, usize)> {
@@ -1197,50 +1220,79 @@ impl Conv {
         Ok((b, c, h, w, oh, ow))
     }
 
-    /// Calls `f(row, at, from, len)` for every run of one tap `(ch, dy, dx)` (row `(ch·k +
-    /// dy)·k + dx` of the transposed patches `[c·k·k, oh·ow]`): output positions `at..at +
-    /// len` of that row read the input (`[c, h, w]`) at `from + j·stride`. Positions in no
-    /// run are zero padding. A run is one output row's columns whose inputs lie inside the
-    /// image, or, where whole output rows read whole input rows one after another (stride 1,
-    /// no column padding for this tap, `ow = w`), all of those rows at once: a 1 × 1
-    /// convolution's patches are then one run per channel.
+    /// The size `(rows, columns)` of the phase planes an `h × w` input is split into at this
+    /// stride (see [`Self::runs`]): `⌈h/s⌉ × ⌈w/s⌉`.
+    fn phase_plane(&self, h: usize, w: usize) -> (usize, usize) {
+        (h.div_ceil(self.stride), w.div_ceil(self.stride))
+    }
+
+    /// Calls `f(run)` for every [`Run`] of one tap `(ch, dy, dx)` (row `(ch·k + dy)·k + dx`
+    /// of the transposed patches `[c·k·k, oh·ow]`): output positions `at..at + len` of that
+    /// row read the input's phase layout at `from..from + len`, but for the run's gaps.
+    /// Positions in no run, and in a run's gaps, are zero padding.
+    ///
+    /// The phase layout of an input `[c, h, w]` at stride `s` splits each channel into `s ×
+    /// s` phase planes of [`Self::phase_plane`]'s size, `[c, s, s, ⌈h/s⌉, ⌈w/s⌉]`: input
+    /// `(iy, ix)` lies in plane `(iy mod s, ix mod s)` at `(iy / s, ix / s)`, so the inputs a
+    /// tap reads along an output row (every `s`-th) lie next to each other; at stride 1 it
+    /// is the image itself. Where output rows are as long as phase rows (`ow` equal to the
+    /// phase plane's width) one run spans all the output rows a tap reads inside the image,
+    /// its gaps the columns that fall in the padding (a 1 × 1 convolution's patches are
+    /// one run per channel); otherwise each output row is a run of its own.
     #[inline]
-    fn runs(
-        &self,
-        c: usize,
-        h: usize,
-        w: usize,
-        oh: usize,
-        ow: usize,
-        mut f: impl FnMut(usize, usize, usize, usize),
-    ) {
+    fn runs(&self, c: usize, h: usize, w: usize, oh: usize, ow: usize, mut f: impl FnMut(Run)) {
         let (k, s, p) = (self.k, self.stride, self.padding);
-        // Output rows whose input row iy = y·s + dy − p lies inside the image, per dy.
-        let ys = |dy: usize| {
-            let lo = p.saturating_sub(dy).div_ceil(s).min(oh);
-            let hi = (h + p).saturating_sub(dy).div_ceil(s).min(oh).max(lo);
+        let (hp, wp) = self.phase_plane(h, w);
+        // Output positions whose input i = o·s + d − p lies in 0..n:
+        // o ∈ [ceil((p − d)/s), ceil((n + p − d)/s)), at most `outs`.
+        let inside = |d: usize, n: usize, outs: usize| {
+            let lo = p.saturating_sub(d).div_ceil(s).min(outs);
+            let hi = (n + p).saturating_sub(d).div_ceil(s).min(outs).max(lo);
             lo..hi
+        };
+        // Tap d reads phase r at offset q: o·s + d − p = (o + q)·s + r.
+        let phase = |d: usize| {
+            let e = d as isize - p as isize;
+            (e.rem_euclid(s as isize) as usize, e.div_euclid(s as isize))
         };
         for ch in 0..c {
             for dy in 0..k {
-                let ys = ys(dy);
+                let ys = inside(dy, h, oh);
                 if ys.is_empty() {
                     continue;
                 }
+                let (ry, qy) = phase(dy);
                 for dx in 0..k {
-                    let row = (ch * k + dy) * k + dx;
-                    // x·s + dx − p ∈ [0, w)  ⇔  x ∈ [ceil((p − dx)/s), ceil((w + p − dx)/s))
-                    let lo = p.saturating_sub(dx).div_ceil(s).min(ow);
-                    let hi = (w + p).saturating_sub(dx).div_ceil(s).min(ow).max(lo);
-                    if lo == hi {
+                    let xs = inside(dx, w, ow);
+                    if xs.is_empty() {
                         continue;
                     }
-                    let input = |y: usize| (ch * h + y * s + dy - p) * w + lo * s + dx - p;
-                    if s == 1 && lo == 0 && hi == ow && ow == w {
-                        f(row, ys.start * ow, input(ys.start), ys.len() * ow);
+                    let (rx, qx) = phase(dx);
+                    let row = (ch * k + dy) * k + dx;
+                    let plane = ((ch * s + ry) * s + rx) * hp * wp;
+                    // Inside the image, y + qy ≥ 0 and xs.start + qx ≥ 0.
+                    let input = |y: usize| {
+                        plane + (y as isize + qy) as usize * wp + (xs.start as isize + qx) as usize
+                    };
+                    if ow == wp {
+                        f(Run {
+                            row,
+                            at: ys.start * ow + xs.start,
+                            from: input(ys.start),
+                            len: (ys.len() - 1) * ow + xs.len(),
+                            keep: xs.len(),
+                            period: ow,
+                        });
                     } else {
                         for y in ys.clone() {
-                            f(row, y * ow + lo, input(y), hi - lo);
+                            f(Run {
+                                row,
+                                at: y * ow + xs.start,
+                                from: input(y),
+                                len: xs.len(),
+                                keep: xs.len(),
+                                period: ow,
+                            });
                         }
                     }
                 }
@@ -1248,9 +1300,52 @@ impl Conv {
         }
     }
 
+    /// Values of the phase layout of a `[c, h, w]` input ([`Self::runs`]).
+    fn phase_len(&self, c: usize, h: usize, w: usize) -> usize {
+        let (hp, wp) = self.phase_plane(h, w);
+        c * self.stride * self.stride * hp * wp
+    }
+
+    /// Image `img` (`[c, h, w]`) into its phase layout `ph` ([`Self::runs`]); positions
+    /// past the image's edge are left as they were (no run reads them).
+    fn to_phases(&self, img: &[f32], (c, h, w): (usize, usize, usize), ph: &mut [f32]) {
+        let s = self.stride;
+        let (hp, wp) = self.phase_plane(h, w);
+        for (r, src) in img[..c * h * w].chunks(w).enumerate() {
+            let (ch, iy) = (r / h, r % h);
+            let at = ((ch * s + iy % s) * s) * hp * wp + (iy / s) * wp;
+            for rx in 0..s {
+                let dst = &mut ph[at + rx * hp * wp..][..wp];
+                dst.iter_mut()
+                    .zip(src[rx..].iter().step_by(s))
+                    .for_each(|(d, v)| *d = *v);
+            }
+        }
+    }
+
+    /// Adds a phase layout `ph` ([`Self::runs`]) onto the image `d` (`[c, h, w]`) it is of:
+    /// the adjoint of [`Self::to_phases`].
+    fn add_phases(&self, ph: &[f32], (c, h, w): (usize, usize, usize), d: &mut [f32]) {
+        let s = self.stride;
+        let (hp, wp) = self.phase_plane(h, w);
+        for (r, dst) in d[..c * h * w].chunks_mut(w).enumerate() {
+            let (ch, iy) = (r / h, r % h);
+            let at = ((ch * s + iy % s) * s) * hp * wp + (iy / s) * wp;
+            for rx in 0..s {
+                let src = &ph[at + rx * hp * wp..][..wp];
+                dst[rx..]
+                    .iter_mut()
+                    .step_by(s)
+                    .zip(src)
+                    .for_each(|(d, v)| *d += v);
+            }
+        }
+    }
+
     /// The patches of image `img` (`[c, h, w]`), transposed, into columns `col0..col0 +
-    /// oh·ow` of `cols_t` (`[c·k·k, ld]`): every element of those columns written (zero where
-    /// a tap falls in the padding). Runs at stride 1 are copied as slices.
+    /// oh·ow` of `cols_t` (`[c·k·k, ld]`): every element of those columns written once, zero
+    /// where a tap falls in the padding. Runs are copied as slices, at a stride above 1 from
+    /// the image's phase layout ([`Self::runs`]).
     fn patches(
         &self,
         img: &[f32],
@@ -1259,47 +1354,72 @@ impl Conv {
         (ld, col0): (usize, usize),
     ) {
         let (c, h, w, oh, ow) = dims;
-        let (s, ohw) = (self.stride, oh * ow);
-        if self.padding > 0 {
-            // Without padding every position lies in a run.
-            for row in cols_t.chunks_mut(ld).take(c * self.k * self.k) {
-                row[col0..col0 + ohw].fill(0.0);
+        let ohw = oh * ow;
+        let mut phases = Vec::new();
+        let src = if self.stride == 1 {
+            img
+        } else {
+            phases = crate::scratch::take(self.phase_len(c, h, w));
+            self.to_phases(img, (c, h, w), &mut phases);
+            &phases
+        };
+        // Zeroes what lies between the next position not yet written, `next` (row,
+        // column), and (row, at): taps come in row order, a run's positions in order, and a
+        // tap outside the image has no run.
+        let zero_to = |cols_t: &mut [f32], next: &mut (usize, usize), (row, at): (usize, usize)| {
+            while next.0 < row {
+                cols_t[next.0 * ld + col0 + next.1..][..ohw - next.1].fill(0.0);
+                *next = (next.0 + 1, 0);
             }
-        }
-        self.runs(c, h, w, oh, ow, |row, at, from, len| {
-            let out = &mut cols_t[row * ld + col0 + at..][..len];
-            if s == 1 {
-                out.copy_from_slice(&img[from..from + len]);
-            } else {
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o = img[from + j * s];
-                }
+            if at > next.1 {
+                cols_t[row * ld + col0 + next.1..][..at - next.1].fill(0.0);
             }
+        };
+        let mut next = (0, 0);
+        self.runs(c, h, w, oh, ow, |run| {
+            zero_to(cols_t, &mut next, (run.row, run.at));
+            let out = &mut cols_t[run.row * ld + col0 + run.at..][..run.len];
+            out.copy_from_slice(&src[run.from..run.from + run.len]);
+            for gap in run.gaps() {
+                out[gap].fill(0.0);
+            }
+            next = (run.row, run.at + run.len);
         });
+        zero_to(cols_t, &mut next, (c * self.k * self.k, 0));
+        crate::scratch::give(phases);
     }
 
     /// Adds the transposed patch gradients in columns `col0..col0 + oh·ow` of `dcols_t`
     /// (`[c·k·k, ld]`) back onto the image gradient `d` (`[c, h, w]`): the adjoint of
-    /// [`Self::patches`].
+    /// [`Self::patches`]. The gradients of padding positions inside runs are zeroed on the
+    /// way (they belong to no input).
     fn fold(
         &self,
-        dcols_t: &[f32],
+        dcols_t: &mut [f32],
         dims: (usize, usize, usize, usize, usize),
         (ld, col0): (usize, usize),
         d: &mut [f32],
     ) {
         let (c, h, w, oh, ow) = dims;
-        let s = self.stride;
-        self.runs(c, h, w, oh, ow, |row, at, from, len| {
-            let g = &dcols_t[row * ld + col0 + at..][..len];
-            if s == 1 {
-                d[from..from + len].iter_mut().zip(g).for_each(|(d, g)| *d += g);
-            } else {
-                for (j, g) in g.iter().enumerate() {
-                    d[from + j * s] += g;
+        let mut add = |d: &mut [f32]| {
+            self.runs(c, h, w, oh, ow, |run| {
+                let g = &mut dcols_t[run.row * ld + col0 + run.at..][..run.len];
+                for gap in run.gaps() {
+                    g[gap].fill(0.0);
                 }
-            }
-        });
+                d[run.from..run.from + run.len]
+                    .iter_mut()
+                    .zip(&*g)
+                    .for_each(|(d, g)| *d += g);
+            })
+        };
+        if self.stride == 1 {
+            add(d);
+        } else {
+            let mut phases = vec![0f32; self.phase_len(c, h, w)];
+            add(&mut phases);
+            self.add_phases(&phases, (c, h, w), d);
+        }
     }
 
     /// Images per matrix product: one for planes of 128 or more outputs; for smaller ones
@@ -1372,11 +1492,7 @@ impl CustomOp2 for Conv {
                     0.0,
                     &mut prod,
                 );
-                for (j, yj) in y.chunks_mut(o * ohw).enumerate() {
-                    for (yo, po) in yj.chunks_mut(ohw).zip(prod.chunks(wide)) {
-                        yo.copy_from_slice(&po[j * ohw..(j + 1) * ohw]);
-                    }
-                }
+                apart(&prod, (imgs, o, ohw), y);
                 crate::scratch::give(prod);
             }
             crate::scratch::give(cols);
@@ -1402,8 +1518,9 @@ impl CustomOp2 for Conv {
         let wv = view!(weight, w_guard, "conv2d backward");
         let gv = view!(grad, g_guard, "conv2d backward");
         // The input's gradient only where something upstream needs it (not for the images
-        // a first convolution reads).
-        let need_dx = x.track_op();
+        // a first convolution reads), the weight's only when it is trained (not for a
+        // frozen critic scoring a generator's images).
+        let (need_dx, need_dw) = (x.track_op(), weight.track_op());
         let chw = c * h * w;
         let mut dx = vec![0f32; if need_dx { b * chw } else { 0 }];
         // A group of images n0.. (as in the forward pass): adds their weight gradient into
@@ -1412,40 +1529,32 @@ impl CustomOp2 for Conv {
         let group = |n0: usize, imgs: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
             let wide = imgs * ohw;
             let mut cols = crate::scratch::take(ckk * wide);
-            for j in 0..imgs {
-                let n = n0 + j;
-                self.patches(
-                    &xv[n * chw..(n + 1) * chw],
-                    (c, h, w, oh, ow),
-                    &mut cols,
-                    (wide, j * ohw),
-                );
-            }
             // The output gradients side by side: gw [o, imgs·ohw].
             let gn = &gv[n0 * o * ohw..(n0 + imgs) * o * ohw];
-            let mut side = Vec::new();
-            let gw: &[f32] = if imgs == 1 {
-                gn
-            } else {
-                side = crate::scratch::take(o * wide);
-                for (j, gj) in gn.chunks(o * ohw).enumerate() {
-                    for (so, go) in side.chunks_mut(wide).zip(gj.chunks(ohw)) {
-                        so[j * ohw..(j + 1) * ohw].copy_from_slice(go);
-                    }
+            let side = side_by_side(gn, (imgs, o, ohw));
+            let gw = side.as_deref().unwrap_or(gn);
+            if need_dw {
+                for j in 0..imgs {
+                    let n = n0 + j;
+                    self.patches(
+                        &xv[n * chw..(n + 1) * chw],
+                        (c, h, w, oh, ow),
+                        &mut cols,
+                        (wide, j * ohw),
+                    );
                 }
-                &side
-            };
-            // dW [o, ckk] += gw [o, wide] · cols_tᵀ
-            blas::gemm_serial(
-                o,
-                ckk,
-                wide,
-                1.0,
-                Mat::new(gw, wide),
-                Mat::new(&cols, wide).t(),
-                1.0,
-                dw,
-            );
+                // dW [o, ckk] += gw [o, wide] · cols_tᵀ
+                blas::gemm_serial(
+                    o,
+                    ckk,
+                    wide,
+                    1.0,
+                    Mat::new(gw, wide),
+                    Mat::new(&cols, wide).t(),
+                    1.0,
+                    dw,
+                );
+            }
             if let Some(d) = d {
                 // dcols_t [ckk, wide] = Wᵀ · gw, each image's columns folded into its dx
                 blas::gemm_serial(
@@ -1459,22 +1568,51 @@ impl CustomOp2 for Conv {
                     &mut cols,
                 );
                 for (j, dj) in d.chunks_mut(chw).enumerate() {
-                    self.fold(&cols, (c, h, w, oh, ow), (wide, j * ohw), dj);
+                    self.fold(&mut cols, (c, h, w, oh, ow), (wide, j * ohw), dj);
                 }
             }
-            crate::scratch::give(side);
+            crate::scratch::give(side.unwrap_or_default());
             crate::scratch::give(cols);
         };
         // Each group with its slice of `dx` (none when the input needs no gradient); per
         // task, the weight gradient of its groups, summed at the end.
-        let dw = per_group_backward(need_dx.then_some((&mut dx[..], chw)), b, g, o * ckk, group);
+        let dw_len = if need_dw { o * ckk } else { 0 };
+        let dw = per_group_backward(need_dx.then_some((&mut dx[..], chw)), b, g, dw_len, group);
         let dev = x.device();
         Ok((
             need_dx
                 .then(|| Tensor::from_vec(dx, x.shape(), dev))
                 .transpose()?,
-            Some(Tensor::from_vec(dw, weight.shape(), dev)?),
+            need_dw
+                .then(|| Tensor::from_vec(dw, weight.shape(), dev))
+                .transpose()?,
         ))
+    }
+}
+
+/// `[imgs, rows, cols]` images side by side as one `[rows, imgs·cols]` matrix (a scratch
+/// buffer), or `None` for one image (already that matrix).
+fn side_by_side(src: &[f32], (imgs, rows, cols): (usize, usize, usize)) -> Option<Vec<f32>> {
+    if imgs == 1 {
+        return None;
+    }
+    let wide = imgs * cols;
+    let mut out = crate::scratch::take(rows * wide);
+    for (j, img) in src[..imgs * rows * cols].chunks(rows * cols).enumerate() {
+        for (o, r) in out.chunks_mut(wide).zip(img.chunks(cols)) {
+            o[j * cols..(j + 1) * cols].copy_from_slice(r);
+        }
+    }
+    Some(out)
+}
+
+/// The inverse of [`side_by_side`]: each image's columns of `wide` (`[rows, imgs·cols]`)
+/// to its place in `dst` (`[imgs, rows, cols]`).
+fn apart(wide: &[f32], (imgs, rows, cols): (usize, usize, usize), dst: &mut [f32]) {
+    for (j, img) in dst[..imgs * rows * cols].chunks_mut(rows * cols).enumerate() {
+        for (r, w) in img.chunks_mut(cols).zip(wide.chunks(imgs * cols)) {
+            r.copy_from_slice(&w[j * cols..(j + 1) * cols]);
+        }
     }
 }
 
@@ -1577,20 +1715,31 @@ impl CustomOp2 for ConvTranspose {
         let (okk, ihw) = (o * conv.k * conv.k, ih * iw);
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", conv.flops(b, i, okk, ihw));
         let mut out = vec![0f32; b * o * h * w];
-        out.par_chunks_mut(o * h * w).enumerate().for_each(|(n, y)| {
-            let mut cols = crate::scratch::take(okk * ihw);
-            // cols [okk, ihw] = Wᵀ [okk, i] · x_n [i, ihw], folded onto the output.
+        // Images in groups as the convolution's (its patch rows `okk`, its output plane the
+        // input's `ihw`).
+        let g = Conv::group(b, okk, ihw);
+        out.par_chunks_mut(g * o * h * w).enumerate().for_each(|(t, y)| {
+            let imgs = y.len() / (o * h * w);
+            let wide = imgs * ihw;
+            let xn = &x[t * g * i * ihw..][..imgs * i * ihw];
+            let side = side_by_side(xn, (imgs, i, ihw));
+            let mut cols = crate::scratch::take(okk * wide);
+            // cols [okk, wide] = Wᵀ [okk, i] · x [i, wide], each image's columns folded onto
+            // its output.
             blas::gemm_serial(
                 okk,
-                ihw,
+                wide,
                 i,
                 1.0,
                 Mat::new(wt, okk).t(),
-                Mat::new(&x[n * i * ihw..(n + 1) * i * ihw], ihw),
+                Mat::new(side.as_deref().unwrap_or(xn), wide),
                 0.0,
                 &mut cols,
             );
-            conv.fold(&cols, (o, h, w, ih, iw), (ihw, 0), y);
+            for (j, yj) in y.chunks_mut(o * h * w).enumerate() {
+                conv.fold(&mut cols, (o, h, w, ih, iw), (wide, j * ihw), yj);
+            }
+            crate::scratch::give(side.unwrap_or_default());
             crate::scratch::give(cols);
         });
         Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))))
@@ -1613,41 +1762,70 @@ impl CustomOp2 for ConvTranspose {
         let xv = view!(x, x_guard, "conv_transpose2d backward");
         let wv = view!(weight, w_guard, "conv_transpose2d backward");
         let gv = view!(grad, g_guard, "conv_transpose2d backward");
-        let need_dx = x.track_op();
+        let (need_dx, need_dw) = (x.track_op(), weight.track_op());
         let mut dx = vec![0f32; if need_dx { b * i * ihw } else { 0 }];
-        let image = |n: usize, _one: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
-            let mut cols = crate::scratch::take(okk * ihw);
-            conv.patches(
-                &gv[n * ohw..(n + 1) * ohw],
-                (o, h, w, ih, iw),
-                &mut cols,
-                (ihw, 0),
-            );
-            let xn = &xv[n * i * ihw..(n + 1) * i * ihw];
-            // dW [i, okk] += x_n [i, ihw] · colsᵀ [ihw, okk]
-            blas::gemm_serial(
-                i,
-                okk,
-                ihw,
-                1.0,
-                Mat::new(xn, ihw),
-                Mat::new(&cols, ihw).t(),
-                1.0,
-                dw,
-            );
+        let g = Conv::group(b, okk, ihw);
+        let group = |n0: usize, imgs: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
+            let wide = imgs * ihw;
+            // The output gradients' patches side by side: cols [okk, wide].
+            let mut cols = crate::scratch::take(okk * wide);
+            for j in 0..imgs {
+                let n = n0 + j;
+                conv.patches(
+                    &gv[n * ohw..(n + 1) * ohw],
+                    (o, h, w, ih, iw),
+                    &mut cols,
+                    (wide, j * ihw),
+                );
+            }
+            if need_dw {
+                // dW [i, okk] += x [i, wide] · colsᵀ [wide, okk]
+                let xn = &xv[n0 * i * ihw..(n0 + imgs) * i * ihw];
+                let side = side_by_side(xn, (imgs, i, ihw));
+                blas::gemm_serial(
+                    i,
+                    okk,
+                    wide,
+                    1.0,
+                    Mat::new(side.as_deref().unwrap_or(xn), wide),
+                    Mat::new(&cols, wide).t(),
+                    1.0,
+                    dw,
+                );
+                crate::scratch::give(side.unwrap_or_default());
+            }
             if let Some(d) = d {
-                // dx_n [i, ihw] = W [i, okk] · cols [okk, ihw]
-                blas::gemm_serial(i, ihw, okk, 1.0, Mat::new(wv, okk), Mat::new(&cols, ihw), 0.0, d);
+                // dx [i, wide] = W [i, okk] · cols [okk, wide], each image's columns to its place
+                if imgs == 1 {
+                    blas::gemm_serial(i, ihw, okk, 1.0, Mat::new(wv, okk), Mat::new(&cols, ihw), 0.0, d);
+                } else {
+                    let mut prod = crate::scratch::take(i * wide);
+                    blas::gemm_serial(
+                        i,
+                        wide,
+                        okk,
+                        1.0,
+                        Mat::new(wv, okk),
+                        Mat::new(&cols, wide),
+                        0.0,
+                        &mut prod,
+                    );
+                    apart(&prod, (imgs, i, ihw), d);
+                    crate::scratch::give(prod);
+                }
             }
             crate::scratch::give(cols);
         };
-        let dw = per_group_backward(need_dx.then_some((&mut dx[..], i * ihw)), b, 1, i * okk, image);
+        let dw_len = if need_dw { i * okk } else { 0 };
+        let dw = per_group_backward(need_dx.then_some((&mut dx[..], i * ihw)), b, g, dw_len, group);
         let dev = x.device();
         Ok((
             need_dx
                 .then(|| Tensor::from_vec(dx, x.shape(), dev))
                 .transpose()?,
-            Some(Tensor::from_vec(dw, weight.shape(), dev)?),
+            need_dw
+                .then(|| Tensor::from_vec(dw, weight.shape(), dev))
+                .transpose()?,
         ))
     }
 }
@@ -2640,6 +2818,65 @@ mod tests {
                 &flat(g2.get(w.as_tensor()).unwrap()),
                 1e-4,
             );
+            // A frozen weight (no gradient wanted): the input gradient alone, the same.
+            let frozen = w.as_tensor().detach();
+            let g4 = (conv2d(x.as_tensor(), &frozen, stride, padding).unwrap() * &probe)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            assert!(g4.get(&frozen).is_none());
+            close(
+                &flat(g4.get(x.as_tensor()).unwrap()),
+                &flat(g2.get(x.as_tensor()).unwrap()),
+                1e-4,
+            );
+        }
+    }
+
+    #[test]
+    fn convolutions_write_every_value_of_reused_buffers() {
+        // Shapes whose patch buffers are pooled (16,384 values or more), filled with NaN
+        // between a first pass and the compared one: a patch position left unwritten (a
+        // padding gap) or a fold reading one shows as NaN.
+        let dev = &Device::Cpu;
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for (stride, padding) in [(1, 1), (2, 1), (2, 0), (1, 0), (3, 2)] {
+            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (8, 16, 12, 12), dev).unwrap()).unwrap();
+            let w = Var::from_tensor(&Tensor::randn(0f32, 1.0, (8, 16, 3, 3), dev).unwrap()).unwrap();
+            let run = |ours: bool| {
+                let y = if ours {
+                    conv2d(x.as_tensor(), w.as_tensor(), stride, padding).unwrap()
+                } else {
+                    x.as_tensor()
+                        .conv2d(w.as_tensor(), padding, stride, 1, 1)
+                        .unwrap()
+                };
+                let g = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+                [flat(&y), flat(g.get(&x).unwrap()), flat(g.get(&w).unwrap())]
+            };
+            run(true);
+            crate::scratch::poison();
+            for (got, want) in run(true).iter().zip(run(false)) {
+                close(got, &want, 1e-3);
+            }
+        }
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (8, 16, 6, 6), dev).unwrap()).unwrap();
+        let w = Var::from_tensor(&Tensor::randn(0f32, 1.0, (16, 8, 4, 4), dev).unwrap()).unwrap();
+        let run = |ours: bool| {
+            let y = if ours {
+                conv_transpose2d(x.as_tensor(), w.as_tensor(), 2, 1).unwrap()
+            } else {
+                x.as_tensor().conv_transpose2d(w.as_tensor(), 1, 0, 2, 1).unwrap()
+            };
+            let g = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            [flat(&y), flat(g.get(&x).unwrap()), flat(g.get(&w).unwrap())]
+        };
+        run(true);
+        crate::scratch::poison();
+        for (got, want) in run(true).iter().zip(run(false)) {
+            close(got, &want, 1e-3);
         }
     }
 
@@ -2684,6 +2921,10 @@ mod tests {
             let g = loss(&x, wv.as_tensor()).unwrap().backward().unwrap();
             assert!(g.get(&x).is_none());
             close(&flat(g.get(wv.as_tensor()).unwrap()), &gw, 1e-5);
+            // A frozen weight: the input gradient alone, the same.
+            let g = loss(xv.as_tensor(), &w).unwrap().backward().unwrap();
+            assert!(g.get(&w).is_none());
+            close(&flat(g.get(xv.as_tensor()).unwrap()), &gx, 1e-5);
         }
     }
 
