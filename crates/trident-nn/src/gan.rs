@@ -20,6 +20,7 @@
 //! kernel for each convolution — and candle differentiates that graph with respect to the
 //! critic's weights. It needs the critic without batch norm (as the paper's).
 
+use crate::dense::leaky_relu;
 use crate::layers::{BatchNorm2d, Ctx};
 use crate::ops;
 use crate::params::{Init, ParamBuilder};
@@ -206,25 +207,6 @@ pub fn gradient_penalty(
     // A tiny floor under the root: its derivative is infinite at zero.
     let norm = (g.sqr()?.flatten_from(1)?.sum(1)? + 1e-12)?.sqrt()?;
     (norm - 1.0)?.sqr()?.mean_all()? * lambda as f64
-}
-
-/// LeakyReLU with slope 0.2 below zero, one graph node.
-pub fn leaky_relu(x: &Tensor) -> Result<Tensor> {
-    fn f(x: f64) -> f64 {
-        if x > 0.0 {
-            x
-        } else {
-            0.2 * x
-        }
-    }
-    fn df(x: f64) -> f64 {
-        if x > 0.0 {
-            1.0
-        } else {
-            0.2
-        }
-    }
-    crate::custom::elementwise("leaky_relu", f, df)(x)
 }
 
 /// `ln(1 + eˣ)` without overflow, one graph node (its derivative is the logistic).

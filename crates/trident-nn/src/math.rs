@@ -193,6 +193,24 @@ pub fn relu6_grad_at(v: f32, g: f32) -> f32 {
     }
 }
 
+/// The slope of [`leaky_relu`] below zero (DCGAN's discriminator).
+pub const LEAKY_SLOPE: f32 = 0.2;
+
+/// `out = x` where `x > 0`, else `0.2 · x` (LeakyReLU with [`LEAKY_SLOPE`]), element-wise;
+/// NaN stays NaN.
+pub fn leaky_relu(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = if v > 0.0 { v } else { LEAKY_SLOPE * v };
+    }
+}
+
+/// `out = g` where `x > 0`, else `0.2 · g`: [`leaky_relu`]'s gradient, as PyTorch's.
+pub fn leaky_relu_grad(x: &[f32], g: &[f32], out: &mut [f32]) {
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
+        *o = if v > 0.0 { g } else { LEAKY_SLOPE * g };
+    }
+}
+
 dispatch!(
     /// `x = e^(x - shift)` in place; returns the sum (softmax's denominator).
     exp_shifted_sum, exp_shifted_sum_avx2, (x: &mut [f32], shift: f32) -> f32, exp_loop
