@@ -97,3 +97,53 @@ fn a_distillation_is_evaluated_on_its_students_twin() {
         .unwrap();
     assert_eq!(got, want, "the student's own evaluation");
 }
+
+#[test]
+fn a_gans_twin_critic_gives_the_generator_its_gradients_and_computes_none_of_its_own() {
+    use trident_zoo::card::{GanModel, GanObjective};
+    let gan = GanModel {
+        loss: GanObjective::Dcgan,
+        z: 6,
+        width: 4,
+        clip: None,
+        gp: None,
+        critic_steps: None,
+        critic_batch_norm: true,
+    };
+    let model = Model::build(&image_card(ModelConfig::Gan(gan), 1), 7, None).unwrap();
+    perturb(&model, 0.3);
+    let twin = model.inference_twin().unwrap();
+    let (trident_zoo::Net::Gan(g), trident_zoo::Net::Gan(frozen)) = (&model.net, &twin.net) else {
+        panic!("gans")
+    };
+    let z = trident_nn::gan::latent(5, 6, 11).unwrap();
+    let ctx = Ctx::train(0, 1);
+    // The generator's update scored by the critic itself, then by its twin (the training
+    // pass's batch statistics, as the generator's step uses them).
+    let score = |critic: &trident_nn::gan::Discriminator| {
+        let fake = g.generator.forward(&z, &ctx).unwrap();
+        let s = critic.forward(&fake, &ctx).unwrap();
+        let grads = s.sum_all().unwrap().backward().unwrap();
+        (s.to_vec1::<f32>().unwrap(), grads)
+    };
+    let (want, all) = score(&g.discriminator);
+    let (got, generator_only) = score(&frozen.discriminator);
+    assert_eq!(got, want, "the twin critic scores as the critic does");
+    let mut compared = 0;
+    for p in model.params.trainable() {
+        let (a, b) = (all.get(p.var.as_tensor()), generator_only.get(p.var.as_tensor()));
+        if p.name.starts_with("generator.") {
+            let flat = |t: Option<&Tensor>| t.unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(b), flat(a), "{}: the same gradient", p.name);
+            compared += 1;
+        } else {
+            assert!(
+                a.is_some(),
+                "{}: the critic's own pass computes its gradient",
+                p.name
+            );
+            assert!(b.is_none(), "{}: its twin computes none", p.name);
+        }
+    }
+    assert!(compared > 5, "every generator weight compared ({compared})");
+}

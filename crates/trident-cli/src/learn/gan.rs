@@ -34,6 +34,14 @@ const CHUNK: usize = 500;
 pub struct GanStep<'a> {
     model: &'a Model,
     gan: &'a Gan,
+    /// The same networks over detached views of the same parameters
+    /// ([`Model::inference_twin`]): each half of a step runs the network it does not train
+    /// here — the generator making the critic's fakes, the critic scoring the generator's
+    /// — so no graph is recorded for the first, and no gradient computed for the critic's
+    /// weights in the generator's update (PyTorch's DCGAN example computes those and
+    /// throws them away). Batch norm's running statistics are the same variables, updated
+    /// as before; samples are drawn from it too.
+    frozen: Model,
     /// The data's normalisation (pixel = x·std + mean).
     mean: f32,
     std: f32,
@@ -51,9 +59,18 @@ impl<'a> GanStep<'a> {
         Ok(GanStep {
             model,
             gan,
+            frozen: model.inference_twin()?,
             mean,
             std,
         })
+    }
+
+    /// [`Self::frozen`]'s GAN.
+    fn frozen(&self) -> &Gan {
+        match &self.frozen.net {
+            Net::Gan(gan) => gan,
+            _ => unreachable!("the twin of a gan"),
+        }
     }
 
     /// Real images in the generator's range [−1, 1] from normalised ones.
@@ -77,7 +94,7 @@ impl<'a> GanStep<'a> {
         for (k, start) in (0..n).step_by(CHUNK).enumerate() {
             let m = CHUNK.min(n - start);
             let z = trident_nn::gan::latent(m, self.gan.shape.z, trident_nn::ops::splitmix(seed ^ k as u64))?;
-            let x = self.gan.generator.forward(&z, &Ctx::eval())?;
+            let x = self.frozen().generator.forward(&z, &Ctx::eval())?;
             out.extend(x.affine(0.5, 0.5)?.flatten_all()?.to_vec1::<f32>()?);
         }
         Ok(out)
@@ -117,7 +134,7 @@ impl AdversarialStep for GanStep<'_> {
         let real = self.to_tanh(x)?;
         let z = trident_nn::gan::latent(n, self.gan.shape.z, ctx.seed)?;
         // Only the critic learns from this loss: the generated images are constants here.
-        let fake = self.gan.generator.forward(&z, ctx)?.detach();
+        let fake = self.frozen().generator.forward(&z, ctx)?;
         let d = &self.gan.discriminator;
         let (sr, sf) = (d.forward(&real, ctx)?, d.forward(&fake, ctx)?);
         let mut loss = self.gan.loss.critic(&sr, &sf)?;
@@ -135,9 +152,10 @@ impl AdversarialStep for GanStep<'_> {
     fn generator_loss(&self, n: usize, ctx: &Ctx) -> candle_core::Result<Tensor> {
         let z = trident_nn::gan::latent(n, self.gan.shape.z, ctx.seed)?;
         let fake = self.gan.generator.forward(&z, ctx)?;
+        // Only the generator learns from this loss.
         self.gan
             .loss
-            .generator(&self.gan.discriminator.forward(&fake, ctx)?)
+            .generator(&self.frozen().discriminator.forward(&fake, ctx)?)
     }
 
     fn after_critic_update(&self) -> candle_core::Result<()> {
