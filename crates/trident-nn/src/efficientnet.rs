@@ -14,7 +14,7 @@
 //! `(255·p − 127) / 128` (their TensorFlow preprocessing: mean 127, std 128 per channel).
 
 use crate::layers::{BatchNorm2d, Ctx, Dropout, Linear};
-use crate::ops;
+use crate::ops::{self, Act};
 use crate::params::{Init, ParamBuilder};
 use candle_core::{Result, Tensor};
 
@@ -98,13 +98,14 @@ impl Block {
     fn forward(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
         let mut h = x.clone();
         if let Some(e) = &self.expand {
-            h = e.bn.forward_relu6(&ops::conv2d(&h, &e.weight, 1, 0)?, ctx)?;
+            h =
+                e.bn.forward_act(&ops::conv2d(&h, &e.weight, 1, 0)?, ctx, Act::Relu6)?;
         }
         let (_, _, hh, ww) = h.dims4()?;
         let (pt, pb) = ops::same_padding(hh, self.kernel, self.stride);
         let (pl, pr) = ops::same_padding(ww, self.kernel, self.stride);
         h = ops::depthwise_conv2d(&h, &self.depthwise.weight, self.stride, [pt, pl, pb, pr])?;
-        h = self.depthwise.bn.forward_relu6(&h, ctx)?;
+        h = self.depthwise.bn.forward_act(&h, ctx, Act::Relu6)?;
         h = self
             .project
             .bn
@@ -221,17 +222,18 @@ impl EfficientNetLite0 {
             let x = x.pad_with_zeros(2, pt, pb)?.pad_with_zeros(3, pl, pr)?;
             self.stem
                 .bn
-                .forward_relu6(&ops::conv2d(&x, &self.stem.weight, 2, 0)?, ctx)?
+                .forward_act(&ops::conv2d(&x, &self.stem.weight, 2, 0)?, ctx, Act::Relu6)?
         };
         for (i, b) in self.blocks.iter().enumerate() {
             let _layer = layer(|| format!("block{i}"));
             h = b.forward(&h, ctx)?;
         }
         let _layer = layer(|| "head_conv".into());
-        let h = self
-            .head_conv
-            .bn
-            .forward_relu6(&ops::conv2d(&h, &self.head_conv.weight, 1, 0)?, ctx)?;
+        let h = self.head_conv.bn.forward_act(
+            &ops::conv2d(&h, &self.head_conv.weight, 1, 0)?,
+            ctx,
+            Act::Relu6,
+        )?;
         h.mean((2, 3))
     }
 

@@ -22,7 +22,7 @@
 
 use crate::dense::leaky_relu;
 use crate::layers::{BatchNorm2d, Ctx};
-use crate::ops;
+use crate::ops::{self, Act};
 use crate::params::{Init, ParamBuilder};
 use candle_core::{Device, Result, Tensor};
 
@@ -83,13 +83,12 @@ impl Generator {
             let _layer = layer(|| "generator.fc".into());
             let x = z.matmul(&self.fc_w.t()?)?.broadcast_add(&self.fc_b)?;
             let x = x.reshape((n, 2 * self.shape.width, h / 4, w / 4))?;
-            self.bn0.forward(&x, ctx)?.relu()?
+            self.bn0.forward_act(&x, ctx, Act::Relu)?
         };
         let x = {
             let _layer = layer(|| "generator.up1".into());
             self.bn1
-                .forward(&ops::conv_transpose2d(&x, &self.up1, 2, 1)?, ctx)?
-                .relu()?
+                .forward_act(&ops::conv_transpose2d(&x, &self.up1, 2, 1)?, ctx, Act::Relu)?
         };
         let _layer = layer(|| "generator.up2".into());
         ops::channel_bias(&ops::conv_transpose2d(&x, &self.up2, 2, 1)?, &self.up2_b)?.tanh()
@@ -143,11 +142,10 @@ impl Discriminator {
         let h = {
             let _layer = layer(|| "discriminator.conv2".into());
             let h = ops::conv2d(&h, &self.conv2_w, 2, 1)?;
-            let h = match &self.bn2 {
-                SecondNorm::BatchNorm(bn) => bn.forward(&h, ctx)?,
-                SecondNorm::Bias(b) => ops::channel_bias(&h, b)?,
-            };
-            leaky_relu(&h)?
+            match &self.bn2 {
+                SecondNorm::BatchNorm(bn) => bn.forward_act(&h, ctx, Act::LeakyRelu)?,
+                SecondNorm::Bias(b) => leaky_relu(&ops::channel_bias(&h, b)?)?,
+            }
         };
         let _layer = layer(|| "discriminator.fc".into());
         h.flatten_from(1)?

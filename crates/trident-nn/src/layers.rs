@@ -311,15 +311,16 @@ impl BatchNorm2d {
         self.evaluate(x)
     }
 
-    /// `relu6(self.forward(x))` (EfficientNet-Lite's block); in training one op
-    /// ([`ops::batch_norm_relu6_train`]), the same values and gradients.
-    pub fn forward_relu6(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
+    /// `act(self.forward(x))`; in training one op ([`ops::batch_norm_act_train`]), the
+    /// same values and gradients.
+    pub fn forward_act(&self, x: &Tensor, ctx: &Ctx, act: ops::Act) -> Result<Tensor> {
         if ctx.train {
-            let (y, mean, var) = ops::batch_norm_relu6_train(x, &self.weight, &self.bias, self.eps as f32)?;
+            let (y, mean, var) =
+                ops::batch_norm_act_train(x, &self.weight, &self.bias, self.eps as f32, act)?;
             self.update_running(x, mean, var)?;
             return Ok(y);
         }
-        crate::dense::relu6(&self.evaluate(x)?)
+        act.apply(&self.evaluate(x)?)
     }
 
     /// `relu_max_pool2d(self.forward(x), k)`; in training one op

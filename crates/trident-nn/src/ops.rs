@@ -903,18 +903,79 @@ pub fn batch_norm_relu_pool_train(
     batch_norm_then(&x, gamma, beta, eps, after)
 }
 
-/// [`batch_norm_train`] followed by ReLU6 (`min(max(y, 0), 6)`, EfficientNet-Lite's
-/// activation) as one op, in the same way: the normalised tensor is clamped where it is
-/// made, and the backward pass recomputes it from `x` to mask the gradient (where
-/// `0 < y < 6`, as [`crate::dense::relu6`]) before batch norm's own backward. Returns the
-/// output and the batch's mean and biased variance per channel.
-pub fn batch_norm_relu6_train(
+/// [`batch_norm_train`] followed by the activation `act` as one op, in the same way: the
+/// normalised tensor is activated where it is made, and the backward pass recomputes it
+/// from `x` to take the activation's gradient (as [`crate::dense::relu6`],
+/// [`crate::dense::leaky_relu`] and PyTorch's ReLU, which passes it where `y > 0`) before
+/// batch norm's own backward. Returns the output and the batch's mean and biased variance
+/// per channel.
+pub fn batch_norm_act_train(
     x: &Tensor,
     gamma: &Tensor,
     beta: &Tensor,
     eps: f32,
+    act: Act,
 ) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
-    batch_norm_then(&x.contiguous()?, gamma, beta, eps, After::Relu6)
+    batch_norm_then(&x.contiguous()?, gamma, beta, eps, After::Act(act))
+}
+
+/// An activation a batch norm runs as part of its op ([`batch_norm_act_train`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// `max(y, 0)` (DCGAN's generator).
+    Relu,
+    /// `min(max(y, 0), 6)` (EfficientNet-Lite).
+    Relu6,
+    /// `y` above zero, `0.2 · y` elsewhere (DCGAN's discriminator).
+    LeakyRelu,
+}
+
+impl Act {
+    #[inline(always)]
+    fn at(self, v: f32) -> f32 {
+        match self {
+            Act::Relu => v.max(0.0),
+            Act::Relu6 => v.clamp(0.0, 6.0),
+            Act::LeakyRelu => {
+                if v > 0.0 {
+                    v
+                } else {
+                    crate::math::LEAKY_SLOPE * v
+                }
+            }
+        }
+    }
+
+    /// The gradient at `v` from the output's `g`.
+    #[inline(always)]
+    fn grad_at(self, v: f32, g: f32) -> f32 {
+        match self {
+            Act::Relu => {
+                if v > 0.0 {
+                    g
+                } else {
+                    0.0
+                }
+            }
+            Act::Relu6 => crate::math::relu6_grad_at(v, g),
+            Act::LeakyRelu => {
+                if v > 0.0 {
+                    g
+                } else {
+                    crate::math::LEAKY_SLOPE * g
+                }
+            }
+        }
+    }
+
+    /// The activation as its own op (evaluation mode, where batch norm is an affine map).
+    pub fn apply(self, y: &Tensor) -> Result<Tensor> {
+        match self {
+            Act::Relu => y.relu(),
+            Act::Relu6 => crate::dense::relu6(y),
+            Act::LeakyRelu => crate::dense::leaky_relu(y),
+        }
+    }
 }
 
 /// The batch norm of the contiguous `x`, then `after`, as one op; with the batch's mean and
@@ -939,8 +1000,8 @@ fn batch_norm_then(
 enum After {
     /// ReLU and max pooling.
     ReluPool(ReluMaxPool),
-    /// ReLU6.
-    Relu6,
+    /// An activation.
+    Act(Act),
 }
 
 impl After {
@@ -948,26 +1009,24 @@ impl After {
     fn forward(&self, mut y: Vec<f32>, dims: (usize, usize, usize, usize)) -> Vec<f32> {
         match self {
             After::ReluPool(pool) => pool.forward_slices(&y, dims),
-            After::Relu6 => {
+            &After::Act(act) => {
                 for_rows(&mut y, crate::dense::BLOCK, |_, r| {
-                    r.iter_mut().for_each(|v| *v = v.clamp(0.0, 6.0))
+                    r.iter_mut().for_each(|v| *v = act.at(*v))
                 });
                 y
             }
         }
     }
 
-    /// The gradient at the normalised values `y` from the output's `g` (ReLU6 masks `y`'s
-    /// own buffer).
+    /// The gradient at the normalised values `y` from the output's `g` (an activation
+    /// writes it over `y`'s own buffer).
     fn backward(&self, mut y: Vec<f32>, g: &[f32], dims: (usize, usize, usize, usize)) -> Vec<f32> {
         match self {
             After::ReluPool(pool) => pool.backward_slices(&y, g, dims),
-            After::Relu6 => {
+            &After::Act(act) => {
                 for_rows(&mut y, crate::dense::BLOCK, |i, r| {
                     let g = &g[i * crate::dense::BLOCK..];
-                    r.iter_mut()
-                        .zip(g)
-                        .for_each(|(v, &g)| *v = crate::math::relu6_grad_at(*v, g));
+                    r.iter_mut().zip(g).for_each(|(v, &g)| *v = act.grad_at(*v, g));
                 });
                 y
             }
@@ -978,7 +1037,7 @@ impl After {
     fn shape(&self, (b, c, h, w): (usize, usize, usize, usize)) -> Shape {
         match self {
             After::ReluPool(pool) => Shape::from((b, c, h / pool.k, w / pool.k)),
-            After::Relu6 => Shape::from((b, c, h, w)),
+            After::Act(_) => Shape::from((b, c, h, w)),
         }
     }
 }
@@ -993,7 +1052,9 @@ impl CustomOp3 for BatchNormThen {
     fn name(&self) -> &'static str {
         match self.after {
             After::ReluPool(_) => "trident-batch-norm-relu-pool",
-            After::Relu6 => "trident-batch-norm-relu6",
+            After::Act(Act::Relu) => "trident-batch-norm-relu",
+            After::Act(Act::Relu6) => "trident-batch-norm-relu6",
+            After::Act(Act::LeakyRelu) => "trident-batch-norm-leaky-relu",
         }
     }
 
@@ -3213,21 +3274,29 @@ mod tests {
         values
     }
 
-    /// Batch norm and ReLU6 as one op give the two ops' values, the same batch statistics
-    /// and the gradients of the input, scale and shift; values pushed across both edges.
+    /// Batch norm and an activation as one op give the two ops' values, the same batch
+    /// statistics and the gradients of the input, scale and shift; values pushed across
+    /// ReLU6's edges and below zero.
     #[test]
-    fn batch_norm_relu6_equals_the_two_ops() {
+    fn batch_norm_and_activation_equal_the_two_ops() {
         let dev = Device::Cpu;
-        for dims in [[3, 4, 7, 9], [2, 5, 130, 131]] {
-            let x = Var::randn(0.3f32, 1.0, &dims, &dev).unwrap();
-            // Scales up to 4: part of each channel lands above 6, part below 0.
-            let g = Var::randn(2.5f32, 1.0, dims[1], &dev).unwrap();
-            let b = Var::randn(1f32, 1.0, dims[1], &dev).unwrap();
-            let two = batch_norm_train(&x, &g, &b, 1e-3).unwrap();
-            let two = (crate::dense::relu6(&two.0).unwrap(), two.1, two.2);
-            let one = batch_norm_relu6_train(&x, &g, &b, 1e-3).unwrap();
-            let a = fused_equals_two_ops(&format!("{dims:?}"), one, two, [&x, &g, &b]);
-            assert!(a.contains(&6.0) && a.contains(&0.0), "both edges are reached");
+        for act in [Act::Relu6, Act::Relu, Act::LeakyRelu] {
+            for dims in [[3, 4, 7, 9], [2, 5, 130, 131]] {
+                let x = Var::randn(0.3f32, 1.0, &dims, &dev).unwrap();
+                // Scales up to 4: part of each channel lands above 6, part below 0.
+                let g = Var::randn(2.5f32, 1.0, dims[1], &dev).unwrap();
+                let b = Var::randn(1f32, 1.0, dims[1], &dev).unwrap();
+                let two = batch_norm_train(&x, &g, &b, 1e-3).unwrap();
+                let two = (act.apply(&two.0).unwrap(), two.1, two.2);
+                let one = batch_norm_act_train(&x, &g, &b, 1e-3, act).unwrap();
+                let what = format!("{act:?} {dims:?}");
+                let a = fused_equals_two_ops(&what, one, two, [&x, &g, &b]);
+                match act {
+                    Act::Relu6 => assert!(a.contains(&6.0) && a.contains(&0.0), "both edges are reached"),
+                    Act::Relu => assert!(a.contains(&0.0) && a.iter().any(|&v| v > 6.0)),
+                    Act::LeakyRelu => assert!(a.iter().any(|&v| v < 0.0)),
+                }
+            }
         }
     }
 
