@@ -1677,10 +1677,18 @@ fn apart(wide: &[f32], (imgs, rows, cols): (usize, usize, usize), dst: &mut [f32
     }
 }
 
-/// The backward pass both convolutions share: `group(n0, imgs, their slice of dx (when
-/// `dx` is given as the buffer and each image's length), its task's weight gradient)` for
+/// The backward pass the convolutions share: `group(n0, imgs, their slice of dx (when
+/// `dx` is given as the buffer and each image's length), a weight gradient to add to)` for
 /// the groups of `g` consecutive images (the last may be smaller) of the `b`, in parallel;
-/// returns the weight gradient (`dw_len` values) summed over the tasks.
+/// returns the weight gradient (`dw_len` values) summed over the groups.
+///
+/// The groups are dealt out as runs of consecutive groups, as many runs as there are
+/// threads and at least 8 (fewer only with fewer groups), each run summing its groups in
+/// order into its own buffer, and the runs' buffers are added in run order: the same
+/// bits every time for a given thread count, whichever thread takes which run. (rayon's
+/// `fold` splits the work where threads steal it, so the order of the sums, and their
+/// rounding, changed from run to run: no training run with convolutions was reproducible
+/// to the bit.)
 fn per_group_backward(
     dx: Option<(&mut [f32], usize)>,
     b: usize,
@@ -1696,17 +1704,33 @@ fn per_group_backward(
             .collect(),
         None => (0..b).step_by(g).map(|n0| (n0, None)).collect(),
     };
-    let zero = || vec![0f32; dw_len];
-    groups
+    let runs = groups.len().min(rayon::current_num_threads().max(8)).max(1);
+    let per_run = groups.len().div_ceil(runs).max(1);
+    let mut dealt: Vec<Vec<(usize, Option<&mut [f32]>)>> = Vec::with_capacity(runs);
+    let mut rest = groups.into_iter();
+    loop {
+        let run: Vec<_> = rest.by_ref().take(per_run).collect();
+        if run.is_empty() {
+            break;
+        }
+        dealt.push(run);
+    }
+    let sums: Vec<Vec<f32>> = dealt
         .into_par_iter()
-        .fold(zero, |mut dw, (n0, d)| {
-            group(n0, g.min(b - n0), d, &mut dw);
+        .map(|run| {
+            let mut dw = vec![0f32; dw_len];
+            for (n0, d) in run {
+                group(n0, g.min(b - n0), d, &mut dw);
+            }
             dw
         })
-        .reduce(zero, |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-            a
-        })
+        .collect();
+    let mut sums = sums.into_iter();
+    let mut total = sums.next().unwrap_or_else(|| vec![0f32; dw_len]);
+    for s in sums {
+        total.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
+    }
+    total
 }
 
 // ---------------------------------------------------------------- transposed convolution
@@ -2893,6 +2917,36 @@ mod tests {
                 &flat(g2.get(x.as_tensor()).unwrap()),
                 1e-4,
             );
+        }
+    }
+
+    #[test]
+    fn convolution_weight_gradients_are_the_same_bits_every_run() {
+        // Many groups of images summed across threads: the order of the sums must not
+        // depend on which thread took which group (exact resume, reproducible runs).
+        let dev = &Device::Cpu;
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (96, 8, 12, 12), dev).unwrap()).unwrap();
+        let w = Var::from_tensor(&Tensor::randn(0f32, 1.0, (8, 8, 3, 3), dev).unwrap()).unwrap();
+        let wt = Var::from_tensor(&Tensor::randn(0f32, 1.0, (8, 4, 4, 4), dev).unwrap()).unwrap();
+        let wd = Var::from_tensor(&Tensor::randn(0f32, 1.0, (8, 1, 3, 3), dev).unwrap()).unwrap();
+        let grads = || {
+            let y = conv2d(x.as_tensor(), w.as_tensor(), 1, 1).unwrap();
+            // Depthwise on 6 × 6 planes of 8 channels: its channels-last path.
+            let d = depthwise_conv2d(&y, wd.as_tensor(), 2, [1, 1, 1, 1]).unwrap();
+            let z = conv_transpose2d(&d, wt.as_tensor(), 2, 1).unwrap();
+            let g = z.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            [&w, &wd, &wt].map(|v| {
+                g.get(v.as_tensor())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            })
+        };
+        let first = grads();
+        for _ in 0..30 {
+            assert!(grads() == first, "the weight gradients changed between runs");
         }
     }
 
