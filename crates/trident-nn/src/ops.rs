@@ -1696,7 +1696,7 @@ fn per_group_backward(
     dw_len: usize,
     group: impl Fn(usize, usize, Option<&mut [f32]>, &mut [f32]) + Sync + Send,
 ) -> Vec<f32> {
-    let groups: Vec<(usize, Option<&mut [f32]>)> = match dx {
+    let mut groups: Vec<(usize, Option<&mut [f32]>)> = match dx {
         Some((dx, per_image)) => dx
             .chunks_mut(g * per_image)
             .enumerate()
@@ -1706,21 +1706,12 @@ fn per_group_backward(
     };
     let runs = groups.len().min(rayon::current_num_threads().max(8)).max(1);
     let per_run = groups.len().div_ceil(runs).max(1);
-    let mut dealt: Vec<Vec<(usize, Option<&mut [f32]>)>> = Vec::with_capacity(runs);
-    let mut rest = groups.into_iter();
-    loop {
-        let run: Vec<_> = rest.by_ref().take(per_run).collect();
-        if run.is_empty() {
-            break;
-        }
-        dealt.push(run);
-    }
-    let sums: Vec<Vec<f32>> = dealt
-        .into_par_iter()
+    let sums: Vec<Vec<f32>> = groups
+        .par_chunks_mut(per_run)
         .map(|run| {
             let mut dw = vec![0f32; dw_len];
             for (n0, d) in run {
-                group(n0, g.min(b - n0), d, &mut dw);
+                group(*n0, g.min(b - *n0), d.as_deref_mut(), &mut dw);
             }
             dw
         })
