@@ -927,10 +927,10 @@ where
             }
         }
         &Replicas::Threads(n) => {
-            let threads = (cores() / n).max(1);
             eprintln!(
-                "data parallel: {n} replicas in this process, {threads} thread(s) each; global batch {} ({} per replica), \
+                "data parallel: {n} replicas in this process, {} thread(s) each; global batch {} ({} per replica), \
                  gradient buckets {} MiB",
+                (cores() / n).max(1),
                 n * c.loader.batch_size,
                 c.loader.batch_size,
                 args.bucket_mb
@@ -939,72 +939,97 @@ where
             for _ in 1..n {
                 models.push(make()?);
             }
-            let group = trident_dist::Local::group(n, trident_dist::default_timeout());
-            let results: Vec<(Result<trident_train::trainer::FitSummary, TrainError>, S)> =
-                std::thread::scope(|s| {
-                    let handles: Vec<_> = group
-                        .into_iter()
-                        .zip(models)
-                        .enumerate()
-                        .map(|(r, (comm, m))| {
-                            let comm: Arc<dyn Communicator> = Arc::new(comm);
-                            let mut t = trainer.clone();
-                            t.data_parallel = Some(dp(comm.clone()));
-                            if r > 0 {
-                                t.progress = false;
-                                t.profile = None;
-                            }
-                            let train = splits.train.sharded(r, n);
-                            let val = splits.val.as_ref();
-                            std::thread::Builder::new()
-                                .name(format!("replica-{r}"))
-                                .spawn_scoped(s, move || {
-                                    // One profile describes replica 0; the others record nothing.
-                                    if r > 0 {
-                                        trident_nn::trace::mute_this_thread();
-                                    }
-                                    let pool = rayon::ThreadPoolBuilder::new()
-                                        .num_threads(threads)
-                                        .thread_name(move |i| format!("replica-{r}-{i}"))
-                                        .start_handler(move |_| {
-                                            if r > 0 {
-                                                trident_nn::trace::mute_this_thread();
-                                            }
-                                        })
-                                        .build();
-                                    let res = match pool {
-                                        Ok(pool) => {
-                                            pool.install(|| t.fit(&m, &train, val, resume, data_hash))
-                                        }
-                                        Err(e) => {
-                                            Err(TrainError::Invalid(format!("replica {r}: thread pool: {e}")))
-                                        }
-                                    };
-                                    if let Err(e) = &res {
-                                        comm.abort(&e.to_string());
-                                    }
-                                    (res, m)
-                                })
-                                .expect("spawn replica thread")
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .enumerate()
-                        .map(|(r, h)| h.join().unwrap_or_else(|_| panic!("replica {r} panicked")))
-                        .collect()
-                });
-            // The root cause is the error that is not another rank's failure.
-            let errors: Vec<&TrainError> = results.iter().filter_map(|(r, _)| r.as_ref().err()).collect();
-            let peer =
-                |e: &&&TrainError| matches!(e, TrainError::Dist(trident_dist::DistError::PeerFailed { .. }));
-            if let Some(e) = errors.iter().find(|e| !peer(e)).or(errors.first()) {
-                bail!("{e}")
-            }
-            let (first, model) = results.into_iter().next().expect("rank 0");
-            Ok((first.expect("no error"), model))
+            fit_on_threads(trainer, models, splits, (resume, data_hash), &dp)
         }
     }
+}
+
+/// Data parallelism in this process: one replica per model in `models`, each on a thread
+/// with a thread pool of its own (the cores shared out), talking over a local group;
+/// returns replica 0's summary and model. Where a replica fails, the error is its own,
+/// not the failure its peers see of it.
+fn fit_on_threads<S, D>(
+    trainer: &Trainer,
+    models: Vec<S>,
+    splits: &Splits<D>,
+    (resume, data_hash): (bool, &str),
+    dp: &(dyn Fn(std::sync::Arc<dyn trident_dist::Communicator>) -> trident_train::ddp::DataParallel + Sync),
+) -> anyhow::Result<(trident_train::trainer::FitSummary, S)>
+where
+    S: TrainStep<Batch = task::Batch> + Send + Sync,
+    D: Dataset + 'static,
+{
+    use std::sync::Arc;
+    let n = models.len();
+    let threads = (cores() / n).max(1);
+    let group = trident_dist::Local::group(n, trident_dist::default_timeout());
+    let results: Vec<(Result<trident_train::trainer::FitSummary, TrainError>, S)> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .zip(models)
+            .enumerate()
+            .map(|(r, (comm, m))| {
+                let comm: Arc<dyn trident_dist::Communicator> = Arc::new(comm);
+                let mut t = trainer.clone();
+                t.data_parallel = Some(dp(comm.clone()));
+                if r > 0 {
+                    t.progress = false;
+                    t.profile = None;
+                }
+                let train = splits.train.sharded(r, n);
+                let val = splits.val.as_ref();
+                std::thread::Builder::new()
+                    .name(format!("replica-{r}"))
+                    .spawn_scoped(s, move || {
+                        let res = fit_replica(r, threads, || t.fit(&m, &train, val, resume, data_hash));
+                        if let Err(e) = &res {
+                            comm.abort(&e.to_string());
+                        }
+                        (res, m)
+                    })
+                    .expect("spawn replica thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| h.join().unwrap_or_else(|_| panic!("replica {r} panicked")))
+            .collect()
+    });
+    // The root cause is the error that is not another rank's failure.
+    let errors: Vec<&TrainError> = results.iter().filter_map(|(r, _)| r.as_ref().err()).collect();
+    let peer = |e: &&&TrainError| matches!(e, TrainError::Dist(trident_dist::DistError::PeerFailed { .. }));
+    if let Some(e) = errors.iter().find(|e| !peer(e)).or(errors.first()) {
+        bail!("{e}")
+    }
+    let (first, model) = results.into_iter().next().expect("rank 0");
+    Ok((first.expect("no error"), model))
+}
+
+/// Runs replica `r`'s training `fit` on a thread pool of its own, `threads` threads named
+/// after it. One profile describes replica 0: the others' threads record nothing.
+fn fit_replica<T>(
+    r: usize,
+    threads: usize,
+    fit: impl FnOnce() -> Result<T, TrainError> + Send,
+) -> Result<T, TrainError>
+where
+    T: Send,
+{
+    if r > 0 {
+        trident_nn::trace::mute_this_thread();
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("replica-{r}-{i}"))
+        .start_handler(move |_| {
+            if r > 0 {
+                trident_nn::trace::mute_this_thread();
+            }
+        })
+        .build()
+        .map_err(|e| TrainError::Invalid(format!("replica {r}: thread pool: {e}")))?;
+    pool.install(fit)
 }
 
 /// [`trident_train::write_atomic`], creating the parent directory first, with the path
@@ -1065,7 +1090,6 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     let mut c = RunConfig::read(&run_file)
         .with_context(|| format!("{} is not a checkpoint of `trident train`", args.model.display()))?;
     let model = Model::load_checkpoint(&args.model)?;
-    let classes = model.card.classes.clone();
     let onnx = match &args.onnx {
         Some(file) => Some(OnnxStep::load(file, args.engine.as_deref().unwrap_or("ort"))?),
         None => None,
@@ -1078,100 +1102,23 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         None => args.split.clone(),
     };
     if let Some(f) = &args.data {
-        match &mut c.data {
-            DataConfig::Text {
-                files,
-                val_fraction,
-                test_fraction,
-                ..
-            } => {
-                *files = vec![f.clone()];
-                (*val_fraction, *test_fraction) = (0.0, 0.0);
-            }
-            DataConfig::Table {
-                file,
-                val_fraction,
-                test_fraction,
-                ..
-            } => {
-                *file = f.clone();
-                (*val_fraction, *test_fraction) = (0.0, 0.0);
-            }
-            DataConfig::Series { file, .. } => *file = f.clone(),
-            DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
-                bail!("--data takes a text, table or series file; image runs evaluate their configured test set")
-            }
-        }
+        read_whole_file(&mut c.data, f)?;
     }
     if let task::Net::Gan(_) = model.net {
         if onnx.is_some() {
             bail!("--onnx: a gan's report generates images with the checkpoint's generator; `trident export` writes that generator");
         }
-        let section = c.gan.as_ref().with_context(|| {
-            format!(
-                "{}: the run has no [gan] judge to score samples with; add one to {}",
-                args.model.display(),
-                run_file.display()
-            )
-        })?;
-        let (s, _, _) = image_splits(&c)?;
-        let out = args.out.unwrap_or_else(|| args.model.join("eval-test"));
-        let step = gan::GanStep::new(&model)?;
-        let report = gan::report(&step, section, &s.train, &s.test, &out)?;
-        for l in report.lines() {
-            println!("{l}");
-        }
-        println!("wrote {}/report.json, samples.png and classes.png", out.display());
-        return Ok(());
+        return eval_gan(&c, &model, &args, &run_file);
     }
-    if let InputSpec::Series(spec) = &model.card.input {
-        let suffix = if onnx.is_some() { "-onnx" } else { "" };
-        let out = args
-            .out
-            .unwrap_or_else(|| args.model.join(format!("eval-{label}{suffix}")));
-        return eval_series(&c, &model, spec, onnx.as_ref(), &out);
-    }
-    // (the evaluation, the split's first batch: an autoencoder draws its reconstructions)
-    let (ev, first) = match &c.data {
-        DataConfig::Text { .. } => {
-            let set = read_text(&c)?;
-            if set.classes() != classes.as_slice() {
-                bail!(
-                    "the data's classes {:?} differ from the model's {classes:?}",
-                    set.classes()
-                );
-            }
-            let s = text_splits(&c, &model, &set)?;
-            let loader = pick(args.data.is_some(), &args.split, s)?;
-            evaluate_either(onnx.as_ref(), &model, &loader)?
-        }
-        DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
-            let (s, _, _) = image_splits(&c)?;
-            let loader = pick(false, &args.split, s)?;
-            evaluate_either(onnx.as_ref(), &model, &loader)?
-        }
-        DataConfig::Series { .. } => unreachable!("forecasters returned above"),
-        DataConfig::Table { .. } => {
-            let InputSpec::Table { label, encoder } = &model.card.input else {
-                bail!(
-                    "{}: the run reads a table, the model does not",
-                    args.model.display()
-                )
-            };
-            let fitted = task::Fitted {
-                label,
-                encoder,
-                classes: &classes,
-            };
-            let t = table_splits(&c, Some(fitted))?;
-            let loader = pick(args.data.is_some(), &args.split, t.splits)?;
-            evaluate_either(onnx.as_ref(), &model, &loader)?
-        }
-    };
     let suffix = if onnx.is_some() { "-onnx" } else { "" };
     let out = args
         .out
+        .clone()
         .unwrap_or_else(|| args.model.join(format!("eval-{label}{suffix}")));
+    if let InputSpec::Series(spec) = &model.card.input {
+        return eval_series(&c, &model, spec, onnx.as_ref(), &out);
+    }
+    let (ev, first) = evaluate_split(&c, &model, &args, onnx.as_ref())?;
     let Some(r) = &ev.report else {
         for l in write_reconstruction(&c, &model, &ev, &first, &out)? {
             println!("{l}");
@@ -1179,7 +1126,8 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         println!("wrote {}/metrics.json and scores.png", out.display());
         return Ok(());
     };
-    write_report(&out, &ev, &classes)?;
+    let classes = &model.card.classes;
+    write_report(&out, &ev, classes)?;
     println!(
         "examples {}  accuracy {:.4}  macro-F1 {:.4}  loss {:.4}",
         ev.labels.len(),
@@ -1200,9 +1148,103 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `eval` of a model on a series, into `out`: an autoencoder ranks the test part's
-/// windows; a forecaster repeats its backtest, by the checkpoint (or with `data.refit` the
-/// models of `<run>/refit/`) or by its exported graph.
+/// `trident eval --data f`: the run's data read from `f` alone, every example of it
+/// evaluated (no validation or test fraction held out).
+fn read_whole_file(data: &mut DataConfig, f: &Path) -> anyhow::Result<()> {
+    match data {
+        DataConfig::Text {
+            files,
+            val_fraction,
+            test_fraction,
+            ..
+        } => {
+            *files = vec![f.to_path_buf()];
+            (*val_fraction, *test_fraction) = (0.0, 0.0);
+        }
+        DataConfig::Table {
+            file,
+            val_fraction,
+            test_fraction,
+            ..
+        } => {
+            *file = f.to_path_buf();
+            (*val_fraction, *test_fraction) = (0.0, 0.0);
+        }
+        DataConfig::Series { file, .. } => *file = f.to_path_buf(),
+        DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
+            bail!("--data takes a text, table or series file; image runs evaluate their configured test set")
+        }
+    }
+    Ok(())
+}
+
+/// `trident eval` of a gan: samples drawn and scored by the run's `[gan]` judge against
+/// the test images (`eval-test/` unless `--out`).
+fn eval_gan(c: &RunConfig, model: &Model, args: &EvalArgs, run_file: &Path) -> anyhow::Result<()> {
+    let section = c.gan.as_ref().with_context(|| {
+        format!(
+            "{}: the run has no [gan] judge to score samples with; add one to {}",
+            args.model.display(),
+            run_file.display()
+        )
+    })?;
+    let (s, _, _) = image_splits(c)?;
+    let out = args.out.clone().unwrap_or_else(|| args.model.join("eval-test"));
+    let step = gan::GanStep::new(model)?;
+    let report = gan::report(&step, section, &s.train, &s.test, &out)?;
+    for l in report.lines() {
+        println!("{l}");
+    }
+    println!("wrote {}/report.json, samples.png and classes.png", out.display());
+    Ok(())
+}
+
+/// The evaluation of a classifier or an autoencoder (not a forecaster) on the split
+/// `--split` of its run's data, or on all of `--data`, by the checkpoint or its ONNX
+/// export; with the split's first batch (an autoencoder draws its reconstructions).
+fn evaluate_split(
+    c: &RunConfig,
+    model: &Model,
+    args: &EvalArgs,
+    onnx: Option<&OnnxStep>,
+) -> anyhow::Result<(trident_train::trainer::Evaluation, task::Batch)> {
+    let classes = &model.card.classes;
+    let whole_file = args.data.is_some();
+    match &c.data {
+        DataConfig::Text { .. } => {
+            let set = read_text(c)?;
+            if set.classes() != classes.as_slice() {
+                bail!(
+                    "the data's classes {:?} differ from the model's {classes:?}",
+                    set.classes()
+                );
+            }
+            let s = text_splits(c, model, &set)?;
+            evaluate_either(onnx, model, &pick(whole_file, &args.split, s)?)
+        }
+        DataConfig::Idx { .. } | DataConfig::Folder { .. } => {
+            let (s, _, _) = image_splits(c)?;
+            evaluate_either(onnx, model, &pick(false, &args.split, s)?)
+        }
+        DataConfig::Series { .. } => unreachable!("forecasters are evaluated by eval_series"),
+        DataConfig::Table { .. } => {
+            let InputSpec::Table { label, encoder } = &model.card.input else {
+                bail!(
+                    "{}: the run reads a table, the model does not",
+                    args.model.display()
+                )
+            };
+            let fitted = task::Fitted {
+                label,
+                encoder,
+                classes,
+            };
+            let t = table_splits(c, Some(fitted))?;
+            evaluate_either(onnx, model, &pick(whole_file, &args.split, t.splits)?)
+        }
+    }
+}
+
 fn eval_series(
     c: &RunConfig,
     model: &Model,
@@ -1426,7 +1468,6 @@ fn pick<D: Dataset>(
 
 pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
-    let classes = &model.card.classes;
     if let task::Net::Gan(_) = model.net {
         bail!(
             "{}: a gan generates images rather than predicting from inputs: `trident eval --model {}` \
@@ -1443,113 +1484,146 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
         );
     }
     if let InputSpec::Series(spec) = &model.card.input {
-        // A forecaster: the next `horizon` values after a series (a CSV file whose column
-        // is the model's, or the values themselves, comma-separated, oldest first).
         for (i, input) in args.inputs.iter().enumerate() {
-            let path = Path::new(input);
-            let (key, values) = if path.is_file() {
-                let s = trident_data::series::Series::read(path, Some(&spec.column))?;
-                ("file", s.values)
-            } else {
-                let v = input
-                    .split(',')
-                    .map(|c| c.trim().parse::<f64>())
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| {
-                        anyhow::anyhow!("input {}: not a file, nor comma-separated numbers ({e})", i + 1)
-                    })?;
-                ("values", v)
-            };
-            if values.len() < spec.window {
-                bail!(
-                    "input {}: {} values; the model forecasts from the last {}",
-                    i + 1,
-                    values.len(),
-                    spec.window
-                );
-            }
-            if key == "values" && !spec.calendar.is_empty() {
-                bail!(
-                    "input {}: the model reads calendar features (data.calendar = {:?}): give the series \
-                     as a CSV file, whose length places the forecast in the calendar",
-                    i + 1,
-                    spec.calendar
-                );
-            }
-            let f =
-                forecast::model_forecast(&model, spec, &values[values.len() - spec.window..], values.len())?;
-            let name = if key == "file" {
-                input.clone()
-            } else {
-                format!("{} values", values.len())
-            };
-            println!("{}", serde_json::json!({key: name, "forecast": f}));
+            println!("{}", predict_forecast(&model, spec, input, i)?);
         }
         return Ok(());
     }
     for (i, input) in args.inputs.iter().enumerate() {
-        // (what an output line names its input by, each row's input, their batch)
-        let items: Vec<(&str, Vec<String>, task::Batch)> = match (&model.card.input, &model.tokenizer) {
-            (task::InputSpec::Text { .. }, Some(tok)) => {
-                let ids = model.tokenize(input, &|| format!("text {}", i + 1))?;
-                vec![(
-                    "text",
-                    vec![input.clone()],
-                    task::Batch::Text(trident_nn::bert::pad_batch(tok, &[ids])?, vec![0]),
-                )]
-            }
-            (task::InputSpec::Text { .. }, None) => {
-                anyhow::bail!("{}: a text model without a tokenizer", args.model.display())
-            }
-            (
-                &task::InputSpec::Image {
-                    channels,
-                    height,
-                    width,
-                    mean,
-                    std,
-                },
-                _,
-            ) => {
-                let pixels = trident_data::folder::decode_image(Path::new(input), channels, (height, width))?;
-                let image = trident_data::idx::Image { pixels, label: 0 };
-                vec![(
-                    "file",
-                    vec![input.clone()],
-                    task::image_collate((channels, height, width), mean, std)(vec![image])?,
-                )]
-            }
-            (task::InputSpec::Table { encoder, .. }, _) => table_rows(encoder, input, i)?,
-            (task::InputSpec::Series(_), _) => unreachable!("forecasters returned above"),
-        };
-        for (key, names, batch) in items {
-            let out = model.forward(&batch, &Ctx::eval())?;
-            if let trident_train::Prediction::Scores(s) = &out.prediction {
-                // An autoencoder: each input's reconstruction error, its anomaly score.
-                for (name, e) in names.iter().zip(s.to_vec1::<f32>()?) {
-                    println!("{}", serde_json::json!({key: name, "reconstruction_error": e}));
-                }
-                continue;
-            }
-            let rows = trident_nn::ops::softmax_last_dim(out.logits()?)?.to_vec2::<f32>()?;
-            for (name, probs) in names.iter().zip(&rows) {
-                let best = probs
-                    .iter()
-                    .enumerate()
-                    .fold(0, |b, (j, &p)| if p > probs[b] { j } else { b });
-                let scores: serde_json::Map<String, serde_json::Value> = classes
-                    .iter()
-                    .zip(probs)
-                    .map(|(c, &p)| (c.clone(), serde_json::json!((p as f64 * 1e4).round() / 1e4)))
-                    .collect();
-                println!(
-                    "{}",
-                    serde_json::json!({key: name, "label": classes[best], "score": (probs[best] as f64 * 1e4).round() / 1e4, "scores": scores})
-                );
+        for (key, names, batch) in prediction_inputs(&model, &args.model, input, i)? {
+            for line in predictions(&model, key, &names, &batch)? {
+                println!("{line}");
             }
         }
     }
     Ok(())
+}
+
+/// A forecaster's output line for input `i`: the next `horizon` values after a series (a
+/// CSV file whose column is the model's, or the values themselves, comma-separated,
+/// oldest first).
+fn predict_forecast(
+    model: &Model,
+    spec: &trident_zoo::SeriesSpec,
+    input: &str,
+    i: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let path = Path::new(input);
+    let (key, values) = if path.is_file() {
+        let s = trident_data::series::Series::read(path, Some(&spec.column))?;
+        ("file", s.values)
+    } else {
+        let v = input
+            .split(',')
+            .map(|c| c.trim().parse::<f64>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("input {}: not a file, nor comma-separated numbers ({e})", i + 1))?;
+        ("values", v)
+    };
+    if values.len() < spec.window {
+        bail!(
+            "input {}: {} values; the model forecasts from the last {}",
+            i + 1,
+            values.len(),
+            spec.window
+        );
+    }
+    if key == "values" && !spec.calendar.is_empty() {
+        bail!(
+            "input {}: the model reads calendar features (data.calendar = {:?}): give the series \
+             as a CSV file, whose length places the forecast in the calendar",
+            i + 1,
+            spec.calendar
+        );
+    }
+    let f = forecast::model_forecast(model, spec, &values[values.len() - spec.window..], values.len())?;
+    let name = if key == "file" {
+        input.to_string()
+    } else {
+        format!("{} values", values.len())
+    };
+    Ok(serde_json::json!({key: name, "forecast": f}))
+}
+
+/// Input `i` of `trident predict` (a text, an image file, or a table's rows) as batches:
+/// (what an output line names its input by, each row's name, their batch).
+fn prediction_inputs(
+    model: &Model,
+    dir: &Path,
+    input: &str,
+    i: usize,
+) -> anyhow::Result<Vec<(&'static str, Vec<String>, task::Batch)>> {
+    Ok(match (&model.card.input, &model.tokenizer) {
+        (task::InputSpec::Text { .. }, Some(tok)) => {
+            let ids = model.tokenize(input, &|| format!("text {}", i + 1))?;
+            vec![(
+                "text",
+                vec![input.to_string()],
+                task::Batch::Text(trident_nn::bert::pad_batch(tok, &[ids])?, vec![0]),
+            )]
+        }
+        (task::InputSpec::Text { .. }, None) => {
+            anyhow::bail!("{}: a text model without a tokenizer", dir.display())
+        }
+        (
+            &task::InputSpec::Image {
+                channels,
+                height,
+                width,
+                mean,
+                std,
+            },
+            _,
+        ) => {
+            let pixels = trident_data::folder::decode_image(Path::new(input), channels, (height, width))?;
+            let image = trident_data::idx::Image { pixels, label: 0 };
+            vec![(
+                "file",
+                vec![input.to_string()],
+                task::image_collate((channels, height, width), mean, std)(vec![image])?,
+            )]
+        }
+        (task::InputSpec::Table { encoder, .. }, _) => table_rows(encoder, input, i)?,
+        (task::InputSpec::Series(_), _) => unreachable!("forecasters are predicted by predict_forecast"),
+    })
+}
+
+/// The output lines for a batch of named inputs: an autoencoder's reconstruction error
+/// (its anomaly score) per row, or a classifier's label, its probability and every
+/// class's, rounded to four places.
+fn predictions(
+    model: &Model,
+    key: &str,
+    names: &[String],
+    batch: &task::Batch,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let out = model.forward(batch, &Ctx::eval())?;
+    if let trident_train::Prediction::Scores(s) = &out.prediction {
+        return Ok(names
+            .iter()
+            .zip(s.to_vec1::<f32>()?)
+            .map(|(name, e)| serde_json::json!({key: name, "reconstruction_error": e}))
+            .collect());
+    }
+    let classes = &model.card.classes;
+    let round = |p: f32| (p as f64 * 1e4).round() / 1e4;
+    let rows = trident_nn::ops::softmax_last_dim(out.logits()?)?.to_vec2::<f32>()?;
+    Ok(names
+        .iter()
+        .zip(&rows)
+        .map(|(name, probs)| {
+            let best = probs
+                .iter()
+                .enumerate()
+                .fold(0, |b, (j, &p)| if p > probs[b] { j } else { b });
+            let scores: serde_json::Map<String, serde_json::Value> = classes
+                .iter()
+                .zip(probs)
+                .map(|(c, &p)| (c.clone(), serde_json::json!(round(p))))
+                .collect();
+            serde_json::json!({key: name, "label": classes[best], "score": round(probs[best]), "scores": scores})
+        })
+        .collect())
 }
 
 /// `predict`'s rows for a table model: every row of a CSV file whose header names the
