@@ -3,7 +3,7 @@
 
 use crate::card::{
     AeOutput, AeShape, AutoencoderModel, BertWidth, ForecastNet, ForecasterModel, InputSpec, ModelCard,
-    ModelConfig,
+    ModelConfig, RnnModel,
 };
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use trident_data::DataError;
 use trident_nn::autoencoder::Autoencoder;
 use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, TextBatch, Tokenizer};
 use trident_nn::rnn::{CellKind, RnnClassifier};
-use trident_nn::vision::{Cnn, Vit};
+use trident_nn::vision::{Cnn, Vit, VitConfig};
 use trident_nn::{ops, Ctx, Device, Loaded, Params, Tensor};
 use trident_train::trainer::HiddenStates;
 use trident_train::{Prediction, StepOutput, TrainStep};
@@ -325,47 +325,9 @@ impl Model {
                 let net = bert(card, &dir, weights_dir.is_some(), &params, seed)?;
                 (net, Some(tokenizer_from(&dir.join("tokenizer.json"))?))
             }
-            ModelConfig::Vit(c) => {
-                if let InputSpec::Image {
-                    channels,
-                    height,
-                    width,
-                    ..
-                } = card.input
-                {
-                    if (c.channels, c.image_size, c.image_size) != (channels, height, width) {
-                        bail!(
-                            "vit: model.image_size = {} and model.channels = {} do not match the {channels}x{height}x{width} images",
-                            c.image_size,
-                            c.channels
-                        );
-                    }
-                }
-                let m = Vit::new(&params.builder(seed, None), c, classes)?;
-                (Net::Vit(m), None)
-            }
+            ModelConfig::Vit(c) => (Net::Vit(vit(c, card, &params, seed)?), None),
             ModelConfig::Cnn { width, dropout } => {
-                let InputSpec::Image {
-                    channels,
-                    height,
-                    width: w,
-                    ..
-                } = card.input
-                else {
-                    bail!("cnn needs image input")
-                };
-                if height != w {
-                    bail!("cnn: images must be square, these are {height}x{w}");
-                }
-                let m = Cnn::new(
-                    &params.builder(seed, None),
-                    channels,
-                    height,
-                    *width,
-                    classes,
-                    *dropout,
-                )?;
-                (Net::Cnn(m), None)
+                (Net::Cnn(cnn(*width, *dropout, card, &params, seed)?), None)
             }
             ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {
                 let kind = if matches!(card.model, ModelConfig::Lstm(_)) {
@@ -378,24 +340,12 @@ impl Model {
                     None => r.tokenizer.clone(),
                 };
                 let tok = tokenizer_from(&tok_file)?;
-                let vocab = tok.vocab_size();
-                let loaded = match (&r.embeddings, weights_dir) {
-                    (Some(from), None) if !params.is_view() => {
-                        Some(projected_embeddings(from, vocab, r.embed)?)
-                    }
-                    _ => None,
-                };
-                let m = RnnClassifier::new(
-                    &params.builder(seed, loaded),
-                    kind,
-                    vocab,
-                    r.embed,
-                    r.hidden,
-                    r.layers,
-                    classes,
-                    r.dropout,
-                )?;
-                (Net::Rnn(m), Some(tok))
+                // Pretrained embeddings only for a new model (a checkpoint has its own).
+                let fresh = weights_dir.is_none() && !params.is_view();
+                (
+                    Net::Rnn(rnn(r, kind, &tok, classes, &params, seed, fresh)?),
+                    Some(tok),
+                )
             }
             ModelConfig::Mlp { .. } | ModelConfig::Sequential(_) => (table_net(card, &params, seed)?, None),
             ModelConfig::Autoencoder(a) => (
@@ -859,6 +809,79 @@ pub fn image_collate(
             Tensor::from_vec(px, (n, c, h, w), &Device::Cpu).map_err(|e| DataError::Batch(e.to_string()))?;
         Ok(Batch::Image(x, labels))
     }
+}
+
+/// The ViT of `[model] kind = "vit"`, its image size and channels checked against the
+/// data's.
+fn vit(c: &VitConfig, card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Vit> {
+    if let InputSpec::Image {
+        channels,
+        height,
+        width,
+        ..
+    } = card.input
+    {
+        if (c.channels, c.image_size, c.image_size) != (channels, height, width) {
+            bail!(
+                "vit: model.image_size = {} and model.channels = {} do not match the {channels}x{height}x{width} images",
+                c.image_size,
+                c.channels
+            );
+        }
+    }
+    Ok(Vit::new(&params.builder(seed, None), c, card.classes.len())?)
+}
+
+/// The CNN of `[model] kind = "cnn"` for square images.
+fn cnn(width: usize, dropout: f32, card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Cnn> {
+    let InputSpec::Image {
+        channels,
+        height,
+        width: w,
+        ..
+    } = card.input
+    else {
+        bail!("cnn needs image input")
+    };
+    if height != w {
+        bail!("cnn: images must be square, these are {height}x{w}");
+    }
+    Ok(Cnn::new(
+        &params.builder(seed, None),
+        channels,
+        height,
+        width,
+        card.classes.len(),
+        dropout,
+    )?)
+}
+
+/// The recurrent classifier of `[model] kind = "lstm" | "gru"` over `tok`'s vocabulary;
+/// with `fresh` (a new model) its embeddings start from `model.embeddings` when given.
+fn rnn(
+    r: &RnnModel,
+    kind: CellKind,
+    tok: &Tokenizer,
+    classes: usize,
+    params: &Params,
+    seed: u64,
+    fresh: bool,
+) -> anyhow::Result<RnnClassifier> {
+    let vocab = tok.vocab_size();
+    let loaded = match &r.embeddings {
+        Some(from) if fresh => Some(projected_embeddings(from, vocab, r.embed)?),
+        _ => None,
+    };
+    Ok(RnnClassifier::new(
+        &params.builder(seed, loaded),
+        kind,
+        vocab,
+        r.embed,
+        r.hidden,
+        r.layers,
+        classes,
+        r.dropout,
+    )?)
 }
 
 /// The GAN of `[model] kind = "gan"` for image input.
