@@ -1,7 +1,7 @@
 //! Convolution throughput (`ops::conv2d` and `ops::conv_transpose2d`, forward and backward)
 //! on the shapes Trident's networks train with: the Fashion CNN's two convolutions, the GAN
-//! critic's stride-2 ones and the generator's transposed ones, EfficientNet-Lite0's 1 × 1
-//! convolutions at 112 px. Medians of `RUNS` runs (default 31)
+//! critic's stride-2 ones and the generator's transposed ones, the convolutional
+//! autoencoder's four, EfficientNet-Lite0's 1 × 1 convolutions at 112 px. Medians of `RUNS` runs (default 31)
 //! after one warm-up; `ONLY=<text>` keeps the shapes whose name contains it.
 //!
 //!     cargo run --release -p trident-nn --example conv_bench
@@ -20,7 +20,7 @@ fn main() -> candle_core::Result<()> {
     trident_nn::runtime::keep_freed_memory();
     println!("GEMM backend: {}", trident_nn::blas::backend());
     let dev = Device::Cpu;
-    let shapes: [Shape; 10] = [
+    let shapes: [Shape; 14] = [
         ("CNN conv1", [64, 1, 28, 28], 32, 3, 1, 1, false),
         ("CNN conv2", [64, 32, 14, 14], 64, 3, 1, 1, false),
         ("GAN critic conv1", [128, 1, 28, 28], 64, 4, 2, 1, false),
@@ -42,6 +42,42 @@ fn main() -> candle_core::Result<()> {
             2,
             1,
             true,
+        ),
+        (
+            "conv autoencoder down1 1→32 @28",
+            [128, 1, 28, 28],
+            32,
+            3,
+            2,
+            1,
+            false,
+        ),
+        (
+            "conv autoencoder down2 32→64 @14",
+            [128, 32, 14, 14],
+            64,
+            3,
+            2,
+            1,
+            false,
+        ),
+        (
+            "conv autoencoder up1 64→32 @14",
+            [128, 64, 14, 14],
+            32,
+            3,
+            1,
+            1,
+            false,
+        ),
+        (
+            "conv autoencoder up2 32→1 @28",
+            [128, 32, 28, 28],
+            1,
+            3,
+            1,
+            1,
+            false,
         ),
         (
             "EfficientNet 1x1 expand 40→240 @14",
