@@ -91,7 +91,7 @@ impl Generator {
                 .forward_act(&ops::conv_transpose2d(&x, &self.up1, 2, 1)?, ctx, Act::Relu)?
         };
         let _layer = layer(|| "generator.up2".into());
-        ops::channel_bias(&ops::conv_transpose2d(&x, &self.up2, 2, 1)?, &self.up2_b)?.tanh()
+        ops::conv_transpose2d_bias(&x, &self.up2, &self.up2_b, 2, 1)?.tanh()
     }
 }
 
@@ -136,15 +136,15 @@ impl Discriminator {
         use crate::trace::layer;
         let h = {
             let _layer = layer(|| "discriminator.conv1".into());
-            let h = ops::conv2d(x, &self.conv1_w, 2, 1)?;
-            leaky_relu(&ops::channel_bias(&h, &self.conv1_b)?)?
+            leaky_relu(&ops::conv2d_bias(x, &self.conv1_w, &self.conv1_b, 2, 1)?)?
         };
         let h = {
             let _layer = layer(|| "discriminator.conv2".into());
-            let h = ops::conv2d(&h, &self.conv2_w, 2, 1)?;
             match &self.bn2 {
-                SecondNorm::BatchNorm(bn) => bn.forward_act(&h, ctx, Act::LeakyRelu)?,
-                SecondNorm::Bias(b) => leaky_relu(&ops::channel_bias(&h, b)?)?,
+                SecondNorm::BatchNorm(bn) => {
+                    bn.forward_act(&ops::conv2d(&h, &self.conv2_w, 2, 1)?, ctx, Act::LeakyRelu)?
+                }
+                SecondNorm::Bias(b) => leaky_relu(&ops::conv2d_bias(&h, &self.conv2_w, b, 2, 1)?)?,
             }
         };
         let _layer = layer(|| "discriminator.fc".into());
@@ -170,8 +170,8 @@ impl Discriminator {
         let _layer = crate::trace::layer(|| "discriminator.input_gradient".into());
         // The pre-activations, only for the slopes: nothing is differentiated through them.
         let (x, w1, w2) = (x.detach(), self.conv1_w.detach(), self.conv2_w.detach());
-        let a1 = ops::channel_bias(&ops::conv2d(&x, &w1, 2, 1)?, &self.conv1_b.detach())?;
-        let a2 = ops::channel_bias(&ops::conv2d(&leaky_relu(&a1)?, &w2, 2, 1)?, &b2.detach())?;
+        let a1 = ops::conv2d_bias(&x, &w1, &self.conv1_b.detach(), 2, 1)?;
+        let a2 = ops::conv2d_bias(&leaky_relu(&a1)?, &w2, &b2.detach(), 2, 1)?;
         let slope = |a: &Tensor| a.gt(0f32)?.to_dtype(a.dtype())?.affine(0.8, 0.2);
         let g = self.fc_w.reshape(a2.shape().dims()[1..].to_vec())?.unsqueeze(0)?;
         let g = g.broadcast_mul(&slope(&a2)?)?;

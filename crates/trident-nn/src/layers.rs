@@ -256,10 +256,9 @@ impl Conv2d {
 
     /// Convolves `x`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = ops::conv2d(x, &self.weight, self.stride, self.padding)?;
         match &self.bias {
-            Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
-            None => Ok(y),
+            Some(b) => ops::conv2d_bias(x, &self.weight, b, self.stride, self.padding),
+            None => ops::conv2d(x, &self.weight, self.stride, self.padding),
         }
     }
 }

@@ -1217,24 +1217,56 @@ impl CustomOp3 for ChannelAffine {
 /// (k = c·k·k, 9 to 288 in the Fashion CNN), where bf16 packing costs more than it saves
 /// (measured: the CNN step 24 ms in f32, 39 ms with its convolutions in bf16 on AVX512-BF16).
 pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    let (_, c, h, w) = x.dims4()?;
-    let (_, wc, k, k2) = weight.dims4()?;
-    if wc != c || k != k2 {
+    let op = Conv::checked(x, weight, stride, padding)?;
+    x.contiguous()?.apply_op2(&weight.contiguous()?, op)
+}
+
+/// [`conv2d`] plus `bias[o]` on each output channel, in the same op ([`Biased`]).
+pub fn conv2d_bias(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let op = Biased(Conv::checked(x, weight, stride, padding)?);
+    check_bias(bias, weight.dim(0)?, "conv2d")?;
+    x.contiguous()?
+        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+}
+
+/// A bias `[channels]` of a convolution's output, or an error naming `op`.
+fn check_bias(bias: &Tensor, channels: usize, op: &str) -> Result<()> {
+    if bias.dims() != [channels] {
         bail!(
-            "conv2d: weight {:?} does not fit input channels {c}",
-            weight.dims()
+            "{op}: bias {:?} does not fit {channels} output channels",
+            bias.dims()
         )
     }
-    if h + 2 * padding < k || w + 2 * padding < k || stride == 0 {
-        bail!("conv2d: kernel {k} does not fit input {h}x{w} with padding {padding}")
+    Ok(())
+}
+
+impl Conv {
+    /// The convolution of `weight` `[o, c, k, k]` over `x` `[b, c, h, w]`, its shapes checked.
+    fn checked(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Self> {
+        let (_, c, h, w) = x.dims4()?;
+        let (_, wc, k, k2) = weight.dims4()?;
+        if wc != c || k != k2 {
+            bail!(
+                "conv2d: weight {:?} does not fit input channels {c}",
+                weight.dims()
+            )
+        }
+        if h + 2 * padding < k || w + 2 * padding < k || stride == 0 {
+            bail!("conv2d: kernel {k} does not fit input {h}x{w} with padding {padding}")
+        }
+        Ok(Conv {
+            k,
+            stride,
+            padding,
+            layer: crate::trace::current_layer(),
+        })
     }
-    let op = Conv {
-        k,
-        stride,
-        padding,
-        layer: crate::trace::current_layer(),
-    };
-    x.contiguous()?.apply_op2(&weight.contiguous()?, op)
 }
 
 /// The convolution of [`conv2d`], image by image (see there): a square `k × k` kernel,
@@ -1724,6 +1756,69 @@ fn per_group_backward(
     total
 }
 
+/// A convolution (`T`: [`Conv`] or [`ConvTranspose`]) with a bias per output channel added
+/// in the same op: the biased output is written once, and the backward pass sums the
+/// output gradient per channel for the bias beside the convolution's own gradients. (A
+/// separate bias op keeps one more tensor of the output's size, and candle zero-fills and
+/// adds the gradient of each.)
+struct Biased<T>(T);
+
+impl<T: CustomOp2> CustomOp3 for Biased<T> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (out, shape) = self.0.cpu_fwd(s1, l1, s2, l2)?;
+        let (CpuStorage::F32(mut y), &[_, c, h, w]) = (out, shape.dims()) else {
+            bail!("{}: expected an f32 [b, c, h, w] output", self.name())
+        };
+        let bias = f32_slice(s3, l3, "convolution bias")?;
+        if bias.len() != c {
+            bail!(
+                "{}: a bias of {} for {c} output channels",
+                self.name(),
+                bias.len()
+            )
+        }
+        for_rows(&mut y, (h * w).max(1), |plane, r| {
+            let v = bias[plane % c];
+            r.iter_mut().for_each(|y| *y += v)
+        });
+        Ok((CpuStorage::F32(y), shape))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw) = self.0.bwd(x, weight, res, grad)?;
+        let db = if bias.track_op() {
+            let (b, c, h, w) = grad.dims4()?;
+            let sums = with_f32(&grad.contiguous()?, |g| {
+                channel_sums(g, g, (b, c, h * w), |_| |_, _| 0.0)
+            })?;
+            let db: Vec<f32> = sums.iter().map(|s| s.0).collect();
+            Some(Tensor::from_vec(db, c, grad.device())?)
+        } else {
+            None
+        };
+        Ok((dx, dw, db))
+    }
+}
+
 // ---------------------------------------------------------------- transposed convolution
 
 /// Transposed 2-D convolution (PyTorch's `conv_transpose2d` without output padding,
@@ -1737,24 +1832,46 @@ fn per_group_backward(
 /// (`W · patches`, a convolution) and for the weight (`x · patchesᵀ`). candle's own
 /// `conv_transpose2d` is a direct loop on CPU.
 pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    let (_, i, ih, iw) = x.dims4()?;
-    let (wi, _, k, k2) = weight.dims4()?;
-    if wi != i || k != k2 {
-        bail!(
-            "conv_transpose2d: weight {:?} does not fit input channels {i}",
-            weight.dims()
-        )
-    }
-    if stride == 0 || ih == 0 || iw == 0 || (ih.min(iw) - 1) * stride + k <= 2 * padding {
-        bail!("conv_transpose2d: kernel {k}, stride {stride} and padding {padding} leave no output of {ih}x{iw}")
-    }
-    let op = ConvTranspose(Conv {
-        k,
-        stride,
-        padding,
-        layer: crate::trace::current_layer(),
-    });
+    let op = ConvTranspose::checked(x, weight, stride, padding)?;
     x.contiguous()?.apply_op2(&weight.contiguous()?, op)
+}
+
+/// [`conv_transpose2d`] plus `bias[o]` on each output channel, in the same op ([`Biased`]).
+pub fn conv_transpose2d_bias(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let op = Biased(ConvTranspose::checked(x, weight, stride, padding)?);
+    check_bias(bias, weight.dim(1)?, "conv_transpose2d")?;
+    x.contiguous()?
+        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+}
+
+impl ConvTranspose {
+    /// The transposed convolution of `weight` `[i, o, k, k]` over `x` `[b, i, ih, iw]`, its
+    /// shapes checked.
+    fn checked(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Self> {
+        let (_, i, ih, iw) = x.dims4()?;
+        let (wi, _, k, k2) = weight.dims4()?;
+        if wi != i || k != k2 {
+            bail!(
+                "conv_transpose2d: weight {:?} does not fit input channels {i}",
+                weight.dims()
+            )
+        }
+        if stride == 0 || ih == 0 || iw == 0 || (ih.min(iw) - 1) * stride + k <= 2 * padding {
+            bail!("conv_transpose2d: kernel {k}, stride {stride} and padding {padding} leave no output of {ih}x{iw}")
+        }
+        Ok(ConvTranspose(Conv {
+            k,
+            stride,
+            padding,
+            layer: crate::trace::current_layer(),
+        }))
+    }
 }
 
 /// [`conv_transpose2d`]: the [`Conv`] whose input gradient it is.
@@ -2939,6 +3056,68 @@ mod tests {
         for _ in 0..30 {
             assert!(grads() == first, "the weight gradients changed between runs");
         }
+    }
+
+    #[test]
+    fn biased_convolutions_equal_the_convolution_then_the_bias() {
+        // Values and the three gradients of conv2d_bias / conv_transpose2d_bias against the
+        // convolution followed by channel_bias; a frozen bias gets no gradient.
+        let dev = &Device::Cpu;
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for transposed in [false, true] {
+            let x = Var::randn(0f32, 1.0, (5, 3, 6, 7), dev).unwrap();
+            let (w, b) = if transposed {
+                (
+                    Var::randn(0f32, 1.0, (3, 4, 4, 4), dev).unwrap(),
+                    Var::randn(0f32, 1.0, 4, dev).unwrap(),
+                )
+            } else {
+                (
+                    Var::randn(0f32, 1.0, (4, 3, 3, 3), dev).unwrap(),
+                    Var::randn(0f32, 1.0, 4, dev).unwrap(),
+                )
+            };
+            let (x, w, bt) = (x.as_tensor(), w.as_tensor(), b.as_tensor());
+            let (one, two) = if transposed {
+                (
+                    conv_transpose2d_bias(x, w, bt, 2, 1).unwrap(),
+                    channel_bias(&conv_transpose2d(x, w, 2, 1).unwrap(), bt).unwrap(),
+                )
+            } else {
+                (
+                    conv2d_bias(x, w, bt, 2, 1).unwrap(),
+                    channel_bias(&conv2d(x, w, 2, 1).unwrap(), bt).unwrap(),
+                )
+            };
+            close(&flat(&one), &flat(&two), 1e-6);
+            let probe = Tensor::randn(0f32, 1.0, one.shape(), dev).unwrap();
+            let g1 = (one * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let g2 = (two * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            for v in [x, w, bt] {
+                close(&flat(g1.get(v).unwrap()), &flat(g2.get(v).unwrap()), 1e-4);
+            }
+            let frozen = bt.detach();
+            let y = if transposed {
+                conv_transpose2d_bias(x, w, &frozen, 2, 1).unwrap()
+            } else {
+                conv2d_bias(x, w, &frozen, 2, 1).unwrap()
+            };
+            let g3 = y.sum_all().unwrap().backward().unwrap();
+            assert!(g3.get(&frozen).is_none() && g3.get(w).is_some());
+        }
+        // A bias that does not fit the output channels is refused by name.
+        let x = Tensor::zeros((1, 3, 5, 5), candle_core::DType::F32, dev).unwrap();
+        let w = Tensor::zeros((4, 3, 3, 3), candle_core::DType::F32, dev).unwrap();
+        let e = conv2d_bias(
+            &x,
+            &w,
+            &Tensor::zeros(3, candle_core::DType::F32, dev).unwrap(),
+            1,
+            1,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("bias [3] does not fit 4 output channels"), "{e}");
     }
 
     #[test]
