@@ -1229,21 +1229,28 @@ pub fn conv2d_bias(
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
-    let op = Biased(Conv::checked(x, weight, stride, padding)?);
-    check_bias(bias, weight.dim(0)?, "conv2d")?;
-    x.contiguous()?
-        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+    let op = Conv::checked(x, weight, stride, padding)?;
+    biased(x, weight, bias, weight.dim(0)?, op)
 }
 
-/// A bias `[channels]` of a convolution's output, or an error naming `op`.
-fn check_bias(bias: &Tensor, channels: usize, op: &str) -> Result<()> {
+/// `op` (a convolution of `weight` over `x` with `channels` outputs) with `bias` added
+/// inside it ([`Biased`]), the bias's shape checked.
+fn biased<T: CustomOp2 + Send + Sync + 'static>(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    channels: usize,
+    op: T,
+) -> Result<Tensor> {
     if bias.dims() != [channels] {
         bail!(
-            "{op}: bias {:?} does not fit {channels} output channels",
+            "{}: bias {:?} does not fit {channels} output channels",
+            op.name(),
             bias.dims()
         )
     }
-    Ok(())
+    x.contiguous()?
+        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, Biased(op))
 }
 
 impl Conv {
@@ -1569,25 +1576,8 @@ impl CustomOp2 for Conv {
                     (wide, j * ohw),
                 );
             }
-            if imgs == 1 {
-                // y [o, ohw] = W [o, ckk] · cols_t [ckk, ohw]
-                blas::gemm_serial(o, ohw, ckk, 1.0, Mat::new(wt, ckk), Mat::new(&cols, ohw), 0.0, y);
-            } else {
-                // [o, imgs·ohw], then each image's columns to its place in [imgs, o, ohw].
-                let mut prod = crate::scratch::take(o * wide);
-                blas::gemm_serial(
-                    o,
-                    wide,
-                    ckk,
-                    1.0,
-                    Mat::new(wt, ckk),
-                    Mat::new(&cols, wide),
-                    0.0,
-                    &mut prod,
-                );
-                apart(&prod, (imgs, o, ohw), y);
-                crate::scratch::give(prod);
-            }
+            // y [imgs, o, ohw] = W [o, ckk] · cols_t [ckk, imgs·ohw], image by image
+            product_apart(wt, &cols, (o, ckk, ohw, imgs), y);
             crate::scratch::give(cols);
         });
         Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))))
@@ -1697,6 +1687,30 @@ fn side_by_side(src: &[f32], (imgs, rows, cols): (usize, usize, usize)) -> Optio
         }
     }
     Some(out)
+}
+
+/// `w [m, k] · cols [k, imgs·n]`, each image's `n` columns written to its place in `out`
+/// (`[imgs, m, n]`): straight into `out` for one image, through a scratch product
+/// otherwise.
+fn product_apart(w: &[f32], cols: &[f32], (m, k, n, imgs): (usize, usize, usize, usize), out: &mut [f32]) {
+    if imgs == 1 {
+        blas::gemm_serial(m, n, k, 1.0, Mat::new(w, k), Mat::new(cols, n), 0.0, out);
+        return;
+    }
+    let wide = imgs * n;
+    let mut prod = crate::scratch::take(m * wide);
+    blas::gemm_serial(
+        m,
+        wide,
+        k,
+        1.0,
+        Mat::new(w, k),
+        Mat::new(cols, wide),
+        0.0,
+        &mut prod,
+    );
+    apart(&prod, (imgs, m, n), out);
+    crate::scratch::give(prod);
 }
 
 /// The inverse of [`side_by_side`]: each image's columns of `wide` (`[rows, imgs·cols]`)
@@ -1844,10 +1858,8 @@ pub fn conv_transpose2d_bias(
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
-    let op = Biased(ConvTranspose::checked(x, weight, stride, padding)?);
-    check_bias(bias, weight.dim(1)?, "conv_transpose2d")?;
-    x.contiguous()?
-        .apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)
+    let op = ConvTranspose::checked(x, weight, stride, padding)?;
+    biased(x, weight, bias, weight.dim(1)?, op)
 }
 
 impl ConvTranspose {
@@ -1988,24 +2000,8 @@ impl CustomOp2 for ConvTranspose {
                 crate::scratch::give(side.unwrap_or_default());
             }
             if let Some(d) = d {
-                // dx [i, wide] = W [i, okk] · cols [okk, wide], each image's columns to its place
-                if imgs == 1 {
-                    blas::gemm_serial(i, ihw, okk, 1.0, Mat::new(wv, okk), Mat::new(&cols, ihw), 0.0, d);
-                } else {
-                    let mut prod = crate::scratch::take(i * wide);
-                    blas::gemm_serial(
-                        i,
-                        wide,
-                        okk,
-                        1.0,
-                        Mat::new(wv, okk),
-                        Mat::new(&cols, wide),
-                        0.0,
-                        &mut prod,
-                    );
-                    apart(&prod, (imgs, i, ihw), d);
-                    crate::scratch::give(prod);
-                }
+                // dx [imgs, i, ihw] = W [i, okk] · cols [okk, imgs·ihw], image by image
+                product_apart(wv, &cols, (i, okk, ihw, imgs), d);
             }
             crate::scratch::give(cols);
         };
