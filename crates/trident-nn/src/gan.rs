@@ -81,7 +81,7 @@ impl Generator {
         let n = z.dim(0)?;
         let x = {
             let _layer = layer(|| "generator.fc".into());
-            let x = z.matmul(&self.fc_w.t()?)?.broadcast_add(&self.fc_b)?;
+            let x = crate::dense::linear(z, &self.fc_w, Some(&self.fc_b))?;
             let x = x.reshape((n, 2 * self.shape.width, h / 4, w / 4))?;
             self.bn0.forward_act(&x, ctx, Act::Relu)?
         };
@@ -148,10 +148,7 @@ impl Discriminator {
             }
         };
         let _layer = layer(|| "discriminator.fc".into());
-        h.flatten_from(1)?
-            .matmul(&self.fc_w.t()?)?
-            .broadcast_add(&self.fc_b)?
-            .squeeze(1)
+        crate::dense::linear(&h.flatten_from(1)?, &self.fc_w, Some(&self.fc_b))?.squeeze(1)
     }
 
     /// The gradient of the summed scores with respect to the images `x` `[n, c, h, w]`, as a
