@@ -1661,15 +1661,7 @@ impl CustomOp2 for Conv {
         // task, the weight gradient of its groups, summed at the end.
         let dw_len = if need_dw { o * ckk } else { 0 };
         let dw = per_group_backward(need_dx.then_some((&mut dx[..], chw)), b, g, dw_len, group);
-        let dev = x.device();
-        Ok((
-            need_dx
-                .then(|| Tensor::from_vec(dx, x.shape(), dev))
-                .transpose()?,
-            need_dw
-                .then(|| Tensor::from_vec(dw, weight.shape(), dev))
-                .transpose()?,
-        ))
+        input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
     }
 }
 
@@ -1721,6 +1713,22 @@ fn apart(wide: &[f32], (imgs, rows, cols): (usize, usize, usize), dst: &mut [f32
             r.copy_from_slice(&w[j * cols..(j + 1) * cols]);
         }
     }
+}
+
+/// A convolution's input and weight gradients (`dx`, `dw`: their values where wanted) as
+/// the tensors candle expects, in the shapes of `x` and `weight`.
+fn input_and_weight_grads(
+    x: &Tensor,
+    dx: Option<Vec<f32>>,
+    weight: &Tensor,
+    dw: Option<Vec<f32>>,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let dev = x.device();
+    Ok((
+        dx.map(|dx| Tensor::from_vec(dx, x.shape(), dev)).transpose()?,
+        dw.map(|dw| Tensor::from_vec(dw, weight.shape(), dev))
+            .transpose()?,
+    ))
 }
 
 /// The backward pass the convolutions share: `group(n0, imgs, their slice of dx (when
@@ -2007,15 +2015,7 @@ impl CustomOp2 for ConvTranspose {
         };
         let dw_len = if need_dw { i * okk } else { 0 };
         let dw = per_group_backward(need_dx.then_some((&mut dx[..], i * ihw)), b, g, dw_len, group);
-        let dev = x.device();
-        Ok((
-            need_dx
-                .then(|| Tensor::from_vec(dx, x.shape(), dev))
-                .transpose()?,
-            need_dw
-                .then(|| Tensor::from_vec(dw, weight.shape(), dev))
-                .transpose()?,
-        ))
+        input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
     }
 }
 
@@ -2493,13 +2493,7 @@ impl CustomOp2 for Depthwise {
             }
             dw
         };
-        let dev = x.device();
-        Ok((
-            need_dx
-                .then(|| Tensor::from_vec(dx, x.shape(), dev))
-                .transpose()?,
-            Some(Tensor::from_vec(dw, weight.shape(), dev)?),
-        ))
+        input_and_weight_grads(&x, need_dx.then_some(dx), &weight, Some(dw))
     }
 }
 
