@@ -41,7 +41,7 @@ pub struct GanStep<'a> {
     /// weights in the generator's update (PyTorch's DCGAN example computes those and
     /// throws them away). Batch norm's running statistics are the same variables, updated
     /// as before; samples are drawn from it too.
-    frozen: Model,
+    frozen: Box<Gan>,
     /// The data's normalisation (pixel = x·std + mean).
     mean: f32,
     std: f32,
@@ -56,21 +56,16 @@ impl<'a> GanStep<'a> {
         let InputSpec::Image { mean, std, .. } = model.card.input else {
             bail!("a gan takes image input")
         };
+        let Net::Gan(frozen) = model.inference_twin()?.net else {
+            bail!("the twin of a gan is a gan")
+        };
         Ok(GanStep {
             model,
             gan,
-            frozen: model.inference_twin()?,
+            frozen,
             mean,
             std,
         })
-    }
-
-    /// [`Self::frozen`]'s GAN.
-    fn frozen(&self) -> &Gan {
-        match &self.frozen.net {
-            Net::Gan(gan) => gan,
-            _ => unreachable!("the twin of a gan"),
-        }
     }
 
     /// Real images in the generator's range [−1, 1] from normalised ones.
@@ -94,7 +89,7 @@ impl<'a> GanStep<'a> {
         for (k, start) in (0..n).step_by(CHUNK).enumerate() {
             let m = CHUNK.min(n - start);
             let z = trident_nn::gan::latent(m, self.gan.shape.z, trident_nn::ops::splitmix(seed ^ k as u64))?;
-            let x = self.frozen().generator.forward(&z, &Ctx::eval())?;
+            let x = self.frozen.generator.forward(&z, &Ctx::eval())?;
             out.extend(x.affine(0.5, 0.5)?.flatten_all()?.to_vec1::<f32>()?);
         }
         Ok(out)
@@ -134,7 +129,7 @@ impl AdversarialStep for GanStep<'_> {
         let real = self.to_tanh(x)?;
         let z = trident_nn::gan::latent(n, self.gan.shape.z, ctx.seed)?;
         // Only the critic learns from this loss: the generated images are constants here.
-        let fake = self.frozen().generator.forward(&z, ctx)?;
+        let fake = self.frozen.generator.forward(&z, ctx)?;
         let d = &self.gan.discriminator;
         let (sr, sf) = (d.forward(&real, ctx)?, d.forward(&fake, ctx)?);
         let mut loss = self.gan.loss.critic(&sr, &sf)?;
@@ -155,7 +150,7 @@ impl AdversarialStep for GanStep<'_> {
         // Only the generator learns from this loss.
         self.gan
             .loss
-            .generator(&self.frozen().discriminator.forward(&fake, ctx)?)
+            .generator(&self.frozen.discriminator.forward(&fake, ctx)?)
     }
 
     fn after_critic_update(&self) -> candle_core::Result<()> {
