@@ -648,6 +648,50 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
     )
 }
 
+/// ReLU, `max(x, 0)`, one parallel pass each way; NaN stays NaN and the gradient passes
+/// where `x > 0` (and at NaN), as PyTorch's. Other dtypes than f32 (the f64 gradient
+/// checks) take candle's `relu`. (candle's own f32 rule is a unary map on one thread
+/// forward and `ge(zeros) → to_dtype → mul` backward: three passes, two buffers.)
+pub fn relu(x: &Tensor) -> Result<Tensor> {
+    if x.dtype() != candle_core::DType::F32 {
+        return x.relu();
+    }
+    pointwise(
+        x,
+        ["trident-relu", "trident-relu-grad"],
+        crate::math::relu,
+        crate::math::relu_grad,
+    )
+}
+
+/// The logistic function σ(x) = 1 / (1 + e^−x), one parallel vectorised pass each way,
+/// exact at both ends (no overflow of e^−x, so no NaN gradient for very negative x).
+/// Other dtypes than f32 go through [`crate::custom::elementwise`] in f64.
+pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
+    if x.dtype() != candle_core::DType::F32 {
+        return crate::custom::elementwise("sigmoid", logistic_f64, |v| {
+            let s = logistic_f64(v);
+            s * (1.0 - s)
+        })(x);
+    }
+    pointwise(
+        x,
+        ["trident-sigmoid", "trident-sigmoid-grad"],
+        crate::math::sigmoid,
+        crate::math::sigmoid_grad,
+    )
+}
+
+/// 1 / (1 + e^−x) in f64 without overflow on either side.
+fn logistic_f64(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
 /// ReLU6, `min(max(x, 0), 6)` (MobileNet's and EfficientNet-Lite's activation), one
 /// parallel pass each way; the gradient passes where `0 < x < 6`, as PyTorch's
 /// `hardtanh` backward; NaN stays NaN. (Written through [`crate::custom::elementwise`]
@@ -826,6 +870,38 @@ mod tests {
             .to_dtype(candle_core::DType::F32)?;
         let gg = (got * &r)?.sum_all()?.backward()?;
         assert_eq!(max_diff(gg.get(&x).unwrap(), &(r * inside)?), 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn relu_and_sigmoid_ops_match_candle_and_their_gradients() -> Result<()> {
+        let dev = Device::Cpu;
+        // A long random tensor: the parallel path, blocks and their remainder.
+        let x = Var::randn(0f32, 5.0, (3, 50_001), &dev)?;
+        let r = Tensor::randn(0f32, 1.0, (3, 50_001), &dev)?;
+        let got = relu(x.as_tensor())?;
+        assert_eq!(max_diff(&x.as_tensor().relu()?, &got), 0.0);
+        let gg = (got * &r)?.sum_all()?.backward()?;
+        let pass = x.as_tensor().gt(0f32)?.to_dtype(candle_core::DType::F32)?;
+        assert_eq!(max_diff(gg.get(&x).unwrap(), &(&r * pass)?), 0.0);
+        // The sigmoid against candle's composition (fine where exp(-x) does not overflow).
+        let s = sigmoid(x.as_tensor())?;
+        let want = (x.as_tensor().neg()?.exp()? + 1.0)?.recip()?;
+        assert!(max_diff(&want, &s) < 1e-6, "{}", max_diff(&want, &s));
+        let gg = (&s * &r)?.sum_all()?.backward()?;
+        let want = (&r * (&want * (1.0 - &want)?)?)?;
+        assert!(max_diff(gg.get(&x).unwrap(), &want) < 1e-6);
+        // f64 (the gradient checks' dtype) takes the other paths and agrees.
+        let x64 = x.as_tensor().to_dtype(candle_core::DType::F64)?;
+        let s64 = sigmoid(&x64)?.to_dtype(candle_core::DType::F32)?;
+        assert!(max_diff(&s64, &s) < 1e-6);
+        assert_eq!(
+            max_diff(
+                &relu(&x64)?.to_dtype(candle_core::DType::F32)?,
+                &relu(x.as_tensor())?
+            ),
+            0.0
+        );
         Ok(())
     }
 

@@ -426,7 +426,7 @@ impl Activation {
     /// Applies the function.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Activation::Relu => x.relu(),
+            Activation::Relu => crate::dense::relu(x),
             Activation::Gelu => crate::dense::gelu(x),
             Activation::Sigmoid => sigmoid(x),
             Activation::Tanh => x.tanh(),
@@ -436,25 +436,13 @@ impl Activation {
     }
 }
 
-/// The logistic function as one graph node with its derivative σ(1 − σ). Composed from
-/// primitives (`recip(1 + exp(−x))`) its backward pass is NaN below x ≈ −88 in f32, where
-/// `exp(−x)` overflows and the chain multiplies 0 by ∞: a sigmoid decoder pushing black
-/// pixels towards 0 got there (a conv autoencoder's loss became NaN in its fifth epoch).
+/// The logistic function as one graph node with its derivative σ(1 − σ) ([`crate::dense::sigmoid`]).
+/// Composed from primitives (`recip(1 + exp(−x))`) its backward pass is NaN below x ≈ −88
+/// in f32, where `exp(−x)` overflows and the chain multiplies 0 by ∞: a sigmoid decoder
+/// pushing black pixels towards 0 got there (a conv autoencoder's loss became NaN in its
+/// fifth epoch).
 pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    crate::custom::elementwise("sigmoid", logistic, |x| {
-        let s = logistic(x);
-        s * (1.0 - s)
-    })(x)
-}
-
-/// 1 / (1 + e^−x) without overflow on either side.
-fn logistic(x: f64) -> f64 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
+    crate::dense::sigmoid(x)
 }
 
 /// A multi-layer perceptron: Linear → activation (→ dropout) for each hidden size, then a

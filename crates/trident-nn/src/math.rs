@@ -169,6 +169,63 @@ dispatch!(
     /// product.
     gelu_with_derivative, gelu_with_derivative_avx2, (x: &mut [f32], out: &mut [f32]) -> (), gelu_with_derivative_loop
 );
+/// `out = max(x, 0)` (ReLU), element-wise; NaN stays NaN, as in PyTorch (candle's
+/// `relu` turns it into 0).
+pub fn relu(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = if v <= 0.0 { 0.0 } else { v };
+    }
+}
+
+/// `out = 0` where `x ≤ 0`, else `g`: ReLU's gradient as PyTorch's `threshold_backward`
+/// (nothing passes at 0, where candle's rule passes all of `g`).
+pub fn relu_grad(x: &[f32], g: &[f32], out: &mut [f32]) {
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
+        *o = if v <= 0.0 { 0.0 } else { g };
+    }
+}
+
+/// σ(v) = 1 / (1 + e^−v) without overflow on either side: from e = e^−|v| (never above
+/// 1), σ = 1 / (1 + e) for v ≥ 0 and e / (1 + e) below; exactly 0 or 1 beyond |v| ≈ 87,
+/// where [`exp`] flushes to zero; NaN stays NaN.
+#[inline(always)]
+fn logistic(v: f32) -> f32 {
+    let e = exp(-v.abs());
+    let s = 1.0 / (1.0 + e);
+    if v >= 0.0 {
+        s
+    } else {
+        e * s
+    }
+}
+
+#[inline(always)]
+fn sigmoid_loop(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = logistic(v);
+    }
+}
+
+#[inline(always)]
+fn sigmoid_grad_loop(x: &[f32], g: &[f32], out: &mut [f32]) {
+    // σ(1 − σ) = e / (1 + e)² with e = e^−|v|, on either side: no 1 − σ cancelling
+    // where σ is near 1. NaN stays NaN.
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
+        let e = exp(-v.abs());
+        let s = 1.0 / (1.0 + e);
+        *o = g * e * s * s;
+    }
+}
+
+dispatch!(
+    /// `out = σ(x)`, the logistic function, element-wise.
+    sigmoid, sigmoid_avx2, (x: &[f32], out: &mut [f32]) -> (), sigmoid_loop
+);
+dispatch!(
+    /// `out = g · σ(x)(1 − σ(x))`, element-wise.
+    sigmoid_grad, sigmoid_grad_avx2, (x: &[f32], g: &[f32], out: &mut [f32]) -> (), sigmoid_grad_loop
+);
+
 /// `out = min(max(x, 0), 6)` (ReLU6), element-wise; NaN stays NaN.
 pub fn relu6(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
@@ -219,6 +276,60 @@ dispatch!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sigmoid_matches_f64_and_saturates_without_overflow() {
+        // Both the dispatched (AVX2 where present) and the baseline loops; values within
+        // about twice the smallest normal f32 of zero may be flushed to zero (exp does).
+        let x: Vec<f32> = (-100_000..=100_000).map(|i| i as f32 * 1e-3).collect(); // [-100, 100]
+        let g: Vec<f32> = x.iter().map(|v| 0.5 + (v * 7.0).sin().abs()).collect();
+        let (mut s, mut s0, mut d, mut d0) = (
+            vec![0.0; x.len()],
+            vec![0.0; x.len()],
+            vec![0.0; x.len()],
+            vec![0.0; x.len()],
+        );
+        sigmoid(&x, &mut s);
+        sigmoid_loop(&x, &mut s0);
+        sigmoid_grad(&x, &g, &mut d);
+        sigmoid_grad_loop(&x, &g, &mut d0);
+        for i in 0..x.len() {
+            let want = 1.0 / (1.0 + (-(x[i] as f64)).exp());
+            let want_d = g[i] as f64 * want * (1.0 - want);
+            for (got, got_d) in [(s[i], d[i]), (s0[i], d0[i])] {
+                assert!(
+                    ((got as f64) - want).abs() <= 1e-6 * want + 2.0 * f32::MIN_POSITIVE as f64,
+                    "σ({}) = {got}, want {want}",
+                    x[i]
+                );
+                assert!(
+                    ((got_d as f64) - want_d).abs() <= 1e-6 * want_d.abs() + 1e-7,
+                    "σ'({}) = {got_d}, want {want_d}",
+                    x[i]
+                );
+            }
+        }
+        let mut out = [0f32; 4];
+        sigmoid(&[f32::NAN, -1e30, 1e30, 0.0], &mut out);
+        assert!(out[0].is_nan());
+        assert_eq!(out[1..], [0.0, 1.0, 0.5]);
+        sigmoid_grad(&[-1e30, 1e30, 0.0, f32::NAN], &[1.0; 4], &mut out);
+        assert_eq!(out[..3], [0.0, 0.0, 0.25]);
+        assert!(out[3].is_nan());
+    }
+
+    #[test]
+    fn relu_keeps_nan_and_passes_no_gradient_at_zero() {
+        let x = [-1.0, 0.0, 2.0, f32::NAN, -0.0];
+        let mut out = [9f32; 5];
+        relu(&x, &mut out);
+        assert_eq!(out[..3], [0.0, 0.0, 2.0]);
+        assert!(out[3].is_nan());
+        assert_eq!(out[4], 0.0);
+        relu_grad(&x, &[5.0; 5], &mut out);
+        // PyTorch's threshold_backward: `x <= 0 ? 0 : g`, so NaN inputs pass the gradient.
+        assert_eq!(out, [0.0, 0.0, 5.0, 5.0, 0.0]);
+    }
 
     #[test]
     fn exp_and_erf_match_libm() {

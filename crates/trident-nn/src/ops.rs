@@ -971,7 +971,7 @@ impl Act {
     /// The activation as its own op (evaluation mode, where batch norm is an affine map).
     pub fn apply(self, y: &Tensor) -> Result<Tensor> {
         match self {
-            Act::Relu => y.relu(),
+            Act::Relu => crate::dense::relu(y),
             Act::Relu6 => crate::dense::relu6(y),
             Act::LeakyRelu => crate::dense::leaky_relu(y),
         }

@@ -172,7 +172,7 @@ impl Cnn {
         let h = {
             let _layer = layer(|| "fc1".into());
             self.drop
-                .forward(&self.fc1.forward(&h.flatten_from(1)?)?.relu()?, ctx)?
+                .forward(&crate::dense::relu(&self.fc1.forward(&h.flatten_from(1)?)?)?, ctx)?
         };
         let _layer = layer(|| "fc2".into());
         self.fc2.forward(&h)
@@ -184,7 +184,7 @@ impl Cnn {
         let ctx = Ctx::eval();
         let h = self.bn1.forward_relu_pool(&self.conv1.forward(x)?, &ctx, 2)?;
         let h = self.bn2.forward_relu_pool(&self.conv2.forward(&h)?, &ctx, 2)?;
-        let f = self.fc1.forward(&h.flatten_from(1)?)?.relu()?;
+        let f = crate::dense::relu(&self.fc1.forward(&h.flatten_from(1)?)?)?;
         let logits = self.fc2.forward(&f)?;
         Ok((f, logits))
     }
