@@ -50,3 +50,18 @@ pub fn candle_on_one_thread() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
 }
+
+/// Runs a training loop on a worker of rayon's global pool rather than on the calling
+/// thread. The kernels' parallel loops then share their work with the other workers
+/// directly; called from outside the pool, every one of them queued its work, woke the
+/// workers and put the caller to sleep until they finished — a context switch each way per
+/// op and one more thread than cores (the dense autoencoder's epoch 10–25 % shorter on
+/// 2 cores). The loaders, monitor and sampler are threads of their own; should one of them
+/// ever hand rayon work to the pool while the loop waits for it, another worker runs it —
+/// with a single worker the loop stays on the calling thread, where no wait can deadlock.
+pub fn on_pool<T: Send>(fit: impl FnOnce() -> T + Send) -> T {
+    if rayon::current_num_threads() < 2 {
+        return fit();
+    }
+    rayon::scope(|_| fit())
+}

@@ -17,8 +17,12 @@ use trident_nn::{ops, Ctx, Params};
 use trident_train::optim::{Optimizer, OptimizerConfig};
 
 fn main() -> anyhow::Result<()> {
-    // As `trident` runs (CANDLE_NUM_THREADS=2 or more to compare).
+    // As `trident` runs (CANDLE_NUM_THREADS=2 or more to compare), the loop on the pool.
     trident_nn::runtime::candle_on_one_thread();
+    trident_nn::runtime::on_pool(run)
+}
+
+fn run() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dir = std::path::PathBuf::from(args.get(1).map(String::as_str).unwrap_or("data/minilm"));
     let steps: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(10);

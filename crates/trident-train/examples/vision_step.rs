@@ -26,8 +26,12 @@ enum Net {
 }
 
 fn main() -> anyhow::Result<()> {
-    // As `trident` runs (CANDLE_NUM_THREADS=2 or more to compare).
+    // As `trident` runs (CANDLE_NUM_THREADS=2 or more to compare), the loop on the pool.
     trident_nn::runtime::candle_on_one_thread();
+    trident_nn::runtime::on_pool(run)
+}
+
+fn run() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let kind = args.get(1).map(String::as_str).unwrap_or("cnn");
     let steps: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(20);
