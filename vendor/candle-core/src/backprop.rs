@@ -711,9 +711,12 @@ impl GradStore {
     }
 
     /// Adds `grad` to the gradient of `tensor`. The first gradient to reach a tensor is stored
-    /// as it is (made contiguous), rather than added into a fresh tensor of zeros: most nodes
-    /// have one consumer, and the zero fill and the add cost a write and two reads of the
-    /// whole gradient each. [Trident patch; the design of huggingface/candle#3822.]
+    /// as it is when it is contiguous, rather than added into a fresh tensor of zeros: most
+    /// nodes have one consumer, and the zero fill and the add cost a write and two reads of
+    /// the whole gradient each. A strided first gradient (a broadcast, a transpose) is still
+    /// added into zeros, as before: that gives the same contiguous tensor, and the add has
+    /// fast paths for broadcasts that `contiguous()` lacks (it copies a broadcast element by
+    /// element). [Trident patch; after the design of huggingface/candle#3822.]
     fn accumulate(&mut self, tensor: &Tensor, grad: &Tensor) -> Result<()> {
         match self.0.entry(tensor.id()) {
             Entry::Occupied(mut entry) => {
@@ -721,7 +724,12 @@ impl GradStore {
                 *sum_grad = sum_grad.add(grad)?;
             }
             Entry::Vacant(entry) => {
-                entry.insert(grad.contiguous()?);
+                let first = if grad.is_contiguous() {
+                    grad.clone()
+                } else {
+                    tensor.zeros_like()?.add(grad)?
+                };
+                entry.insert(first);
             }
         }
         Ok(())
@@ -736,7 +744,12 @@ impl GradStore {
                 *sum_grad = sum_grad.sub(grad)?;
             }
             Entry::Vacant(entry) => {
-                entry.insert(grad.neg()?);
+                let first = if grad.is_contiguous() {
+                    grad.neg()?
+                } else {
+                    tensor.zeros_like()?.sub(grad)?
+                };
+                entry.insert(first);
             }
         }
         Ok(())
