@@ -1300,6 +1300,19 @@ struct Run {
     period: usize,
 }
 
+/// Zeroes `s`, a padding gap of one or two values written as stores: `fill` on a span of
+/// unknown length is a call to `memset`, whose set-up costs more than the value or two a
+/// gap holds — and a stride-1 convolution has a gap per output row of each of its
+/// left- and right-column taps (memset was 11 % of a conv autoencoder's samples).
+#[inline(always)]
+fn zero_short(s: &mut [f32]) {
+    match s {
+        [a] => *a = 0.0,
+        [a, b] => (*a, *b) = (0.0, 0.0),
+        _ => s.fill(0.0),
+    }
+}
+
 impl Run {
     /// The gaps, as ranges of positions from the run's start.
     fn gaps(self) -> impl Iterator<Item = std::ops::Range<usize>> {
@@ -1481,7 +1494,7 @@ impl Conv {
             let out = &mut cols_t[run.row * ld + col0 + run.at..][..run.len];
             out.copy_from_slice(&src[run.from..run.from + run.len]);
             for gap in run.gaps() {
-                out[gap].fill(0.0);
+                zero_short(&mut out[gap]);
             }
             next = (run.row, run.at + run.len);
         });
@@ -1505,7 +1518,7 @@ impl Conv {
             self.runs(c, h, w, oh, ow, |run| {
                 let g = &mut dcols_t[run.row * ld + col0 + run.at..][..run.len];
                 for gap in run.gaps() {
-                    g[gap].fill(0.0);
+                    zero_short(&mut g[gap]);
                 }
                 d[run.from..run.from + run.len]
                     .iter_mut()
