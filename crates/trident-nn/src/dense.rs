@@ -682,8 +682,8 @@ pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
     )
 }
 
-/// 1 / (1 + e^−x) in f64 without overflow on either side.
-fn logistic_f64(x: f64) -> f64 {
+/// 1 / (1 + e^−x) in f64 without overflow on either side (also softplus's derivative).
+pub(crate) fn logistic_f64(x: f64) -> f64 {
     if x >= 0.0 {
         1.0 / (1.0 + (-x).exp())
     } else {

@@ -209,15 +209,7 @@ pub fn softplus(x: &Tensor) -> Result<Tensor> {
     fn f(x: f64) -> f64 {
         x.max(0.0) + (-x.abs()).exp().ln_1p()
     }
-    fn df(x: f64) -> f64 {
-        if x >= 0.0 {
-            1.0 / (1.0 + (-x).exp())
-        } else {
-            let e = x.exp();
-            e / (1.0 + e)
-        }
-    }
-    crate::custom::elementwise("softplus", f, df)(x)
+    crate::custom::elementwise("softplus", f, crate::dense::logistic_f64)(x)
 }
 
 /// The adversarial objective.
