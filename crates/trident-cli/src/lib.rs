@@ -85,17 +85,25 @@ pub fn run() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve::run(*args),
-        Command::Train(args) => learn::train(args, false),
-        Command::Distill(args) => learn::train(args, true),
+        // The allocator's settings before any thread allocates: a thread's first allocation
+        // picks its arena, and the loop runs on a rayon worker (`runtime::on_pool`).
+        Command::Train(args) => {
+            trident_nn::runtime::keep_freed_memory();
+            learn::train(args, false)
+        }
+        Command::Distill(args) => {
+            trident_nn::runtime::keep_freed_memory();
+            learn::train(args, true)
+        }
         Command::Eval(args) => {
             quiet_on_closed_stdout();
             trident_nn::runtime::keep_freed_memory();
-            learn::eval(args)
+            trident_nn::runtime::on_pool(|| learn::eval(args))
         }
         Command::Predict(args) => {
             quiet_on_closed_stdout();
             trident_nn::runtime::keep_freed_memory();
-            learn::predict(args)
+            trident_nn::runtime::on_pool(|| learn::predict(args))
         }
         Command::Export(args) => export::run(args),
         Command::Package(args) => package::run(args),

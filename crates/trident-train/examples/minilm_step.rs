@@ -19,6 +19,7 @@ use trident_train::optim::{Optimizer, OptimizerConfig};
 fn main() -> anyhow::Result<()> {
     // As `trident` runs (CANDLE_NUM_THREADS=2 or more to compare), the loop on the pool.
     trident_nn::runtime::candle_on_one_thread();
+    trident_nn::runtime::keep_freed_memory();
     trident_nn::runtime::on_pool(run)
 }
 
@@ -29,7 +30,6 @@ fn run() -> anyhow::Result<()> {
     let batch: usize = std::env::var("BATCH").map_or(Ok(16), |v| v.parse())?;
     let seq = 64usize;
     let _precision = common::precision_from_env();
-    trident_nn::runtime::keep_freed_memory();
     eprintln!("GEMM: {}", trident_nn::blas::backend());
     let mut config = BertConfig::read(&dir.join("config.json"))?;
     // A training step as the PyTorch script runs it: train mode, dropout off.

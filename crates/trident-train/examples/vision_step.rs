@@ -28,6 +28,7 @@ enum Net {
 fn main() -> anyhow::Result<()> {
     // As `trident` runs (CANDLE_NUM_THREADS=2 or more to compare), the loop on the pool.
     trident_nn::runtime::candle_on_one_thread();
+    trident_nn::runtime::keep_freed_memory();
     trident_nn::runtime::on_pool(run)
 }
 
@@ -37,7 +38,6 @@ fn run() -> anyhow::Result<()> {
     let steps: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(20);
     let batch: usize = std::env::var("BATCH").map_or(Ok(64), |v| v.parse())?;
     let _precision = common::precision_from_env();
-    trident_nn::runtime::keep_freed_memory();
     let params = Params::new();
     let pb = params.builder(0, None);
     let net = match kind {
