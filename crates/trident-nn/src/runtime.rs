@@ -74,3 +74,16 @@ pub fn on_pool<T: Send>(fit: impl FnOnce() -> T + Send) -> T {
     }
     rayon::scope(|_| fit())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_loop_from_outside_the_pool_runs_on_one_of_its_workers() {
+        // The test's thread is no worker; on_pool hands the loop to the global pool when it
+        // has two workers or more, and keeps it on this thread otherwise.
+        assert!(rayon::current_thread_index().is_none());
+        let on_worker = super::on_pool(rayon::current_thread_index).is_some();
+        assert_eq!(on_worker, rayon::current_num_threads() >= 2);
+        assert_eq!(super::on_pool(|| 6 * 7), 42);
+    }
+}
