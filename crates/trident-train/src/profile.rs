@@ -607,8 +607,11 @@ pub fn diagnose(
 }
 
 /// Matrix-product-bound: the kernels that carry matrix products (their rows have GFLOP/s)
-/// take ≥ 50 % of the profiled time. The suggestion depends on the precision and on
-/// whether this CPU has bf16 arithmetic (`bf16_hardware`: AMX or AVX512-BF16).
+/// take ≥ 50 % of the profiled time. The suggestion depends on the precision, on whether
+/// this CPU has bf16 arithmetic (`bf16_hardware`: AMX or AVX512-BF16) and on which kernels
+/// carry the products: convolutions keep f32 products under bf16 (`trident_nn::ops`: their
+/// inner dimensions are too small for bf16 packing to pay), so where they carry most of the
+/// product time bf16 is not the advice.
 pub fn matmul_bound(ops: &[OpRow], bf16: bool, bf16_hardware: bool) -> Option<Finding> {
     let products: Vec<&OpRow> = ops.iter().filter(|o| o.gflops.is_some()).collect();
     let share: f64 = products.iter().map(|o| o.share).sum();
@@ -620,7 +623,17 @@ pub fn matmul_bound(ops: &[OpRow], bf16: bool, bf16_hardware: bool) -> Option<Fi
         .iter()
         .map(|o| o.gflops.unwrap_or(0.0) * o.self_ms * 1e-3)
         .sum();
+    let conv_ms: f64 = products
+        .iter()
+        .filter(|o| o.name.starts_with("conv") || o.name.starts_with("depthwise"))
+        .map(|o| o.self_ms)
+        .sum();
     let suggestion = match (bf16, bf16_hardware) {
+        _ if conv_ms > 0.5 * ms => {
+            "the products are mostly convolutions', which stay f32 under train.precision = \"bf16\" \
+             (their inner dimension, channels × kernel area, is too small for bf16 to pay), so bf16 \
+             would not speed them up: fewer channels or smaller images cut the work"
+        }
         (false, true) => {
             "set train.precision = \"bf16\": this CPU multiplies bf16 in hardware (AMX or AVX512-BF16; f32 \
                           sums, f32 master weights), and the saved activations of transformer blocks halve"
@@ -1050,5 +1063,20 @@ mod tests {
         assert!(f.evidence.contains("(f32)"), "{f:?}");
         // Below half the time, no finding.
         assert!(matmul_bound(&ops[1..], false, true).is_none());
+        // Convolutions carrying most of the products (a GAN's critic): bf16 is not the advice.
+        let ops = [
+            row("conv2d", 50.0, Some(120.0)),
+            row("conv-transpose2d", 10.0, Some(110.0)),
+            row("linear", 5.0, Some(60.0)),
+            row("batch-norm", 20.0, None),
+        ];
+        for (bf16, hardware) in [(false, true), (true, true), (false, false)] {
+            let f = matmul_bound(&ops, bf16, hardware).unwrap();
+            assert!(
+                f.suggestion.contains("mostly convolutions")
+                    && !f.suggestion.starts_with("set train.precision"),
+                "{f:?}"
+            );
+        }
     }
 }
