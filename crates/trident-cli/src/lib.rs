@@ -83,26 +83,26 @@ pub fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    // The commands that run models set the allocator before any thread allocates: a thread's
+    // first allocation picks its arena, and their loops run on rayon's workers
+    // (`runtime::on_pool`).
+    if matches!(
+        command,
+        Command::Train(_) | Command::Distill(_) | Command::Eval(_) | Command::Predict(_)
+    ) {
+        trident_nn::runtime::keep_freed_memory();
+    }
+    match command {
         Command::Serve(args) => serve::run(*args),
-        // The allocator's settings before any thread allocates: a thread's first allocation
-        // picks its arena, and the loop runs on a rayon worker (`runtime::on_pool`).
-        Command::Train(args) => {
-            trident_nn::runtime::keep_freed_memory();
-            learn::train(args, false)
-        }
-        Command::Distill(args) => {
-            trident_nn::runtime::keep_freed_memory();
-            learn::train(args, true)
-        }
+        Command::Train(args) => learn::train(args, false),
+        Command::Distill(args) => learn::train(args, true),
         Command::Eval(args) => {
             quiet_on_closed_stdout();
-            trident_nn::runtime::keep_freed_memory();
             trident_nn::runtime::on_pool(|| learn::eval(args))
         }
         Command::Predict(args) => {
             quiet_on_closed_stdout();
-            trident_nn::runtime::keep_freed_memory();
             trident_nn::runtime::on_pool(|| learn::predict(args))
         }
         Command::Export(args) => export::run(args),

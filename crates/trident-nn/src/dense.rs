@@ -665,8 +665,11 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 }
 
 /// The logistic function σ(x) = 1 / (1 + e^−x), one parallel vectorised pass each way,
-/// exact at both ends (no overflow of e^−x, so no NaN gradient for very negative x).
-/// Other dtypes than f32 go through [`crate::custom::elementwise`] in f64.
+/// exact at both ends: composed from primitives (`recip(1 + exp(−x))`) its backward pass is
+/// NaN below x ≈ −88 in f32, where `exp(−x)` overflows and the chain multiplies 0 by ∞ (a
+/// sigmoid decoder pushing black pixels towards 0 got there: a conv autoencoder's loss
+/// became NaN in its fifth epoch). Other dtypes than f32 go through
+/// [`crate::custom::elementwise`] in f64.
 pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
     if x.dtype() != candle_core::DType::F32 {
         return crate::custom::elementwise("sigmoid", logistic_f64, |v| {

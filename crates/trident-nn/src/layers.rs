@@ -6,6 +6,9 @@ use crate::params::{Init, ParamBuilder, Params};
 use candle_core::{Result, Tensor, D};
 use std::sync::Arc;
 
+/// The logistic function as one graph node (autoencoder outputs, `Activation::Sigmoid`).
+pub use crate::dense::sigmoid;
+
 /// What a forward pass needs besides its input: training or evaluation, and the seed of
 /// this step's dropout masks (derived from the run seed and the step number, so a resumed
 /// run draws the same masks as an uninterrupted one).
@@ -434,15 +437,6 @@ impl Activation {
             Activation::Custom(f) => f(x),
         }
     }
-}
-
-/// The logistic function as one graph node with its derivative σ(1 − σ) ([`crate::dense::sigmoid`]).
-/// Composed from primitives (`recip(1 + exp(−x))`) its backward pass is NaN below x ≈ −88
-/// in f32, where `exp(−x)` overflows and the chain multiplies 0 by ∞: a sigmoid decoder
-/// pushing black pixels towards 0 got there (a conv autoencoder's loss became NaN in its
-/// fifth epoch).
-pub fn sigmoid(x: &Tensor) -> Result<Tensor> {
-    crate::dense::sigmoid(x)
 }
 
 /// A multi-layer perceptron: Linear → activation (→ dropout) for each hidden size, then a
