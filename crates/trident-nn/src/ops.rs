@@ -11,6 +11,7 @@ use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
 };
 use rayon::prelude::*;
+use std::sync::OnceLock;
 
 /// Rows below this many elements in total are not worth splitting across threads.
 pub(crate) const PAR_MIN: usize = 1 << 14;
@@ -1265,6 +1266,7 @@ impl Conv {
             stride,
             padding,
             layer: crate::trace::current_layer(),
+            plan: OnceLock::new(),
         })
     }
 }
@@ -1277,6 +1279,17 @@ struct Conv {
     padding: usize,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
     layer: Option<std::sync::Arc<str>>,
+    /// The runs of [`Conv::runs`] for the geometry this op met first, worked out once: they
+    /// are the same for every image of the batch and in both passes, and working them out
+    /// (divisions, the phase of each tap) for each image cost as much as the copies they
+    /// drive in a convolution of small planes.
+    plan: OnceLock<Plan>,
+}
+
+/// [`Conv::runs`] collected for one geometry `(c, h, w, oh, ow)`.
+struct Plan {
+    dims: (usize, usize, usize, usize, usize),
+    runs: Vec<Run>,
 }
 
 /// One run of [`Conv::runs`]: output positions `at..at + len` of patch row `row` read
@@ -1406,6 +1419,27 @@ impl Conv {
         }
     }
 
+    /// Calls `f` with the runs ([`Self::runs`]) of the geometry `(c, h, w, oh, ow)`, in
+    /// their order: from [`Self::plan`] when that is its geometry (the first one asked
+    /// for), else worked out for this call.
+    fn with_runs<R>(&self, dims: (usize, usize, usize, usize, usize), f: impl FnOnce(&[Run]) -> R) -> R {
+        let collect = || {
+            let (c, h, w, oh, ow) = dims;
+            let mut runs = Vec::new();
+            self.runs(c, h, w, oh, ow, |run| runs.push(run));
+            runs
+        };
+        let plan = self.plan.get_or_init(|| Plan {
+            dims,
+            runs: collect(),
+        });
+        if plan.dims == dims {
+            f(&plan.runs)
+        } else {
+            f(&collect())
+        }
+    }
+
     /// Values of the phase layout of a `[c, h, w]` input ([`Self::runs`]).
     fn phase_len(&self, c: usize, h: usize, w: usize) -> usize {
         let (hp, wp) = self.phase_plane(h, w);
@@ -1482,14 +1516,16 @@ impl Conv {
             }
         };
         let mut next = (0, 0);
-        self.runs(c, h, w, oh, ow, |run| {
-            zero_to(cols_t, &mut next, (run.row, run.at));
-            let out = &mut cols_t[run.row * ld + col0 + run.at..][..run.len];
-            out.copy_from_slice(&src[run.from..run.from + run.len]);
-            for gap in run.gaps() {
-                zero_short(&mut out[gap]);
+        self.with_runs(dims, |runs| {
+            for &run in runs {
+                zero_to(cols_t, &mut next, (run.row, run.at));
+                let out = &mut cols_t[run.row * ld + col0 + run.at..][..run.len];
+                out.copy_from_slice(&src[run.from..run.from + run.len]);
+                for gap in run.gaps() {
+                    zero_short(&mut out[gap]);
+                }
+                next = (run.row, run.at + run.len);
             }
-            next = (run.row, run.at + run.len);
         });
         zero_to(cols_t, &mut next, (c * self.k * self.k, 0));
         crate::scratch::give(phases);
@@ -1506,17 +1542,19 @@ impl Conv {
         (ld, col0): (usize, usize),
         d: &mut [f32],
     ) {
-        let (c, h, w, oh, ow) = dims;
+        let (c, h, w, _, _) = dims;
         let mut add = |d: &mut [f32]| {
-            self.runs(c, h, w, oh, ow, |run| {
-                let g = &mut dcols_t[run.row * ld + col0 + run.at..][..run.len];
-                for gap in run.gaps() {
-                    zero_short(&mut g[gap]);
+            self.with_runs(dims, |runs| {
+                for &run in runs {
+                    let g = &mut dcols_t[run.row * ld + col0 + run.at..][..run.len];
+                    for gap in run.gaps() {
+                        zero_short(&mut g[gap]);
+                    }
+                    d[run.from..run.from + run.len]
+                        .iter_mut()
+                        .zip(&*g)
+                        .for_each(|(d, g)| *d += g);
                 }
-                d[run.from..run.from + run.len]
-                    .iter_mut()
-                    .zip(&*g)
-                    .for_each(|(d, g)| *d += g);
             })
         };
         if self.stride == 1 {
@@ -1896,6 +1934,7 @@ impl ConvTranspose {
             stride,
             padding,
             layer: crate::trace::current_layer(),
+            plan: OnceLock::new(),
         }))
     }
 }
@@ -3164,6 +3203,36 @@ mod tests {
         for (got, want) in run(true).iter().zip(run(false)) {
             close(got, &want, 1e-3);
         }
+    }
+
+    #[test]
+    fn a_convolution_met_with_a_second_geometry_unfolds_it_as_a_fresh_one_does() {
+        // One op keeps the runs of the first geometry it meets; a second geometry must get
+        // its own, not those.
+        let conv = || Conv {
+            k: 3,
+            stride: 2,
+            padding: 1,
+            layer: None,
+            plan: OnceLock::new(),
+        };
+        let unfold = |conv: &Conv, (c, h, w): (usize, usize, usize)| {
+            let (_, _, _, _, oh, ow) = conv.geometry(&[1, c, h, w]).unwrap();
+            let img: Vec<f32> = (0..c * h * w).map(|i| i as f32 + 1.0).collect();
+            let mut cols = vec![f32::NAN; c * 9 * oh * ow];
+            conv.patches(&img, (c, h, w, oh, ow), &mut cols, (oh * ow, 0));
+            cols
+        };
+        let used = conv();
+        unfold(&used, (2, 5, 5));
+        let (second, fresh) = (unfold(&used, (3, 6, 4)), unfold(&conv(), (3, 6, 4)));
+        assert!(second.iter().all(|v| v.is_finite()));
+        assert_eq!(second, fresh);
+        assert_ne!(
+            second,
+            unfold(&conv(), (3, 4, 6)),
+            "the geometries give different patches"
+        );
     }
 
     #[test]
