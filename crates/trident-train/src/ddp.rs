@@ -366,16 +366,14 @@ impl Zero1 {
 
     /// Multiplies this rank's part of the gradients by `c` (gradient accumulation's mean).
     pub fn scale(&self, acc: &mut [Vec<f32>], c: f32) {
-        self.each_mine(acc, |g| g.iter_mut().for_each(|v| *v *= c));
+        self.each_mine(acc, |g| crate::optim::scale(g, c));
     }
 
     /// Clips the global gradient norm to `max_norm`, as [`crate::optim::clip_grad_norm`]
     /// does on whole gradients; returns the norm.
     pub fn clip(&self, dp: &DataParallel, acc: &mut [Vec<f32>], max_norm: f64) -> Result<f64> {
         let mut local = 0f64;
-        self.each_mine(acc, |g| {
-            local += g.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()
-        });
+        self.each_mine(acc, |g| local += crate::optim::sum_squares(g));
         // f64 through an f32 collective: high and low parts.
         let hi = local as f32;
         let mut parts = [hi, (local - hi as f64) as f32];
