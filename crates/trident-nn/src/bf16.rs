@@ -356,6 +356,9 @@ pub fn gemm(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: 
 /// memory and is as fast as f32, not slower.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(bf16: bool, m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+    if k >= MIN_BF16_DEPTH {
+        crate::trace::count_bf16_ready(2 * (m * n * k) as u64);
+    }
     if bf16 && bf16_products(k) {
         return gemm(m, n, k, a, b, beta, c);
     }

@@ -41,6 +41,8 @@ pub struct Event {
 pub struct Recorder {
     origin: Instant,
     events: Mutex<Vec<Event>>,
+    /// FLOPs of the products deep enough to run in bf16 ([`count_bf16_ready`]).
+    bf16_ready: AtomicU64,
 }
 
 impl Recorder {
@@ -62,6 +64,25 @@ impl Recorder {
     /// Takes the events recorded so far.
     pub fn take(&self) -> Vec<Event> {
         std::mem::take(&mut *self.events.lock().expect("trace lock"))
+    }
+
+    /// FLOPs counted by [`count_bf16_ready`] while this recorder recorded.
+    pub fn bf16_ready_flops(&self) -> u64 {
+        self.bf16_ready.load(Ordering::Relaxed)
+    }
+}
+
+/// Counts `flops` of matrix products deep enough that mixed precision runs them in bf16
+/// where the CPU has bf16 arithmetic (`bf16::matmul` calls this for an inner dimension of
+/// at least `bf16::MIN_BF16_DEPTH`, whatever the run's precision), while recording: the
+/// profiler compares them with all the products' FLOPs before it advises bf16.
+#[inline]
+pub fn count_bf16_ready(flops: u64) {
+    if !enabled() {
+        return;
+    }
+    if let Some(r) = current() {
+        r.bf16_ready.fetch_add(flops, Ordering::Relaxed);
     }
 }
 
@@ -96,6 +117,7 @@ pub fn start() -> Arc<Recorder> {
     let r = Arc::new(Recorder {
         origin: Instant::now(),
         events: Mutex::new(Vec::new()),
+        bf16_ready: AtomicU64::new(0),
     });
     *CURRENT.lock().expect("trace lock") = Some(r.clone());
     ON.store(true, Ordering::Release);

@@ -417,12 +417,15 @@ fn layer_rows(kernels: &[Event], selft: &[u64], step_total: f64) -> Vec<LayerRow
         .collect()
 }
 
-/// Builds the report from the timer's rows, the recorded events and the monitor's samples.
+/// Builds the report from the timer's rows, the recorded events and the monitor's samples;
+/// `bf16_ready_flops`, where counted ([`Recorder::bf16_ready_flops`]), are the products'
+/// FLOPs deep enough to run in bf16.
 pub fn analyse(
     rows: &[StepPhases],
     events: &[Event],
     samples: &[crate::monitor::Sample],
     opts: &ProfileOptions,
+    bf16_ready_flops: Option<u64>,
 ) -> ProfileReport {
     let step_total: f64 = rows.iter().map(|r| r.total_ms).sum::<f64>().max(1e-9);
     let steady = &rows[rows.len().min(1)..];
@@ -473,7 +476,13 @@ pub fn analyse(
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         findings.extend(oversubscribed(m, cores));
     }
-    findings.extend(matmul_bound(&ops, opts.bf16, trident_nn::bf16::accelerated()));
+    let bf16_ready_gflop = bf16_ready_flops.map(|f| f as f64 * 1e-9);
+    findings.extend(matmul_bound(
+        &ops,
+        opts.bf16,
+        trident_nn::bf16::accelerated(),
+        bf16_ready_gflop,
+    ));
     ProfileReport {
         sampled: None,
         monitor,
@@ -610,9 +619,16 @@ pub fn diagnose(
 /// take ≥ 50 % of the profiled time. The suggestion depends on the precision, on whether
 /// this CPU has bf16 arithmetic (`bf16_hardware`: AMX or AVX512-BF16) and on which kernels
 /// carry the products: convolutions keep f32 products under bf16 (`trident_nn::ops`: their
-/// inner dimensions are too small for bf16 packing to pay), so where they carry most of the
-/// product time bf16 is not the advice.
-pub fn matmul_bound(ops: &[OpRow], bf16: bool, bf16_hardware: bool) -> Option<Finding> {
+/// inner dimensions are too small for bf16 packing to pay), and so do products of inner
+/// dimension below `trident_nn::bf16::MIN_BF16_DEPTH` (a narrow transformer's); where
+/// either carries most of the product work bf16 is not the advice. `bf16_ready_gflop`: the
+/// products' GFLOP deep enough for bf16, where counted.
+pub fn matmul_bound(
+    ops: &[OpRow],
+    bf16: bool,
+    bf16_hardware: bool,
+    bf16_ready_gflop: Option<f64>,
+) -> Option<Finding> {
     let products: Vec<&OpRow> = ops.iter().filter(|o| o.gflops.is_some()).collect();
     let share: f64 = products.iter().map(|o| o.share).sum();
     if share < 0.5 {
@@ -628,34 +644,46 @@ pub fn matmul_bound(ops: &[OpRow], bf16: bool, bf16_hardware: bool) -> Option<Fi
         .filter(|o| o.name.starts_with("conv") || o.name.starts_with("depthwise"))
         .map(|o| o.self_ms)
         .sum();
+    // The share of the product work bf16 could run (1 where not counted).
+    let ready = bf16_ready_gflop.map_or(1.0, |r| (r / gflop.max(1e-12)).min(1.0));
     let suggestion = match (bf16, bf16_hardware) {
         _ if conv_ms > 0.5 * ms => {
             "the products are mostly convolutions', which stay f32 under train.precision = \"bf16\" \
              (their inner dimension, channels × kernel area, is too small for bf16 to pay), so bf16 \
              would not speed them up: fewer channels or smaller images cut the work"
+                .to_string()
         }
-        (false, true) => {
-            "set train.precision = \"bf16\": this CPU multiplies bf16 in hardware (AMX or AVX512-BF16; f32 \
-                          sums, f32 master weights), and the saved activations of transformer blocks halve"
-        }
-        (true, true) => {
-            "the products already run in bf16: a smaller student (trident distill), shorter sequences \
-                      (less padding) or more cores cut the remaining work"
-        }
-        (_, false) => {
-            "this CPU has no bf16 arithmetic (AMX, AVX512-BF16), so bf16 keeps f32 products and saves only \
-                           activation memory here: a smaller student (trident distill) or shorter sequences cut \
-                           the work itself"
-        }
-    }
-    .to_string();
+        (_, true) if ready < 0.5 => format!(
+            "only {:.0} % of the product work has an inner dimension of {} or more; the rest (a narrow \
+             model's products, attention's per-head ones) stays f32 under train.precision = \"bf16\", \
+             where rounding and packing such short products cost what faster arithmetic saves, so bf16 \
+             saves activation memory here but not time: fewer layers or shorter sequences cut the work",
+            100.0 * ready,
+            trident_nn::bf16::MIN_BF16_DEPTH
+        ),
+        (false, true) => "set train.precision = \"bf16\": this CPU multiplies bf16 in hardware (AMX or \
+                          AVX512-BF16; f32 sums, f32 master weights), and the saved activations of transformer \
+                          blocks halve"
+            .to_string(),
+        (true, true) => "the products already run in bf16: a smaller student (trident distill), shorter \
+                         sequences (less padding) or more cores cut the remaining work"
+            .to_string(),
+        (_, false) => "this CPU has no bf16 arithmetic (AMX, AVX512-BF16), so bf16 keeps f32 products and saves \
+                       only activation memory here: a smaller student (trident distill) or shorter sequences \
+                       cut the work itself"
+            .to_string(),
+    };
     Some(Finding {
         rule: "matmul-bound",
         evidence: format!(
             "kernels with matrix products take {:.0} % of the profiled time, at {:.0} GFLOP/s overall ({})",
             100.0 * share,
             gflop / (ms * 1e-3).max(1e-12),
-            if bf16 && bf16_hardware { "bf16" } else { "f32" }
+            if bf16 && bf16_hardware && ready >= 0.5 {
+                "bf16"
+            } else {
+                "f32"
+            }
         ),
         suggestion,
     })
@@ -846,7 +874,7 @@ mod tests {
     }
 
     fn rules(rows: &[StepPhases]) -> Vec<&'static str> {
-        analyse(rows, &[], &[], &ProfileOptions::default())
+        analyse(rows, &[], &[], &ProfileOptions::default(), None)
             .findings
             .iter()
             .map(|f| f.rule)
@@ -863,7 +891,7 @@ mod tests {
             .map(|s| row(s, [40.0, 30.0, 60.0, 5.0, 0.0, 1.0]))
             .collect();
         assert_eq!(rules(&data), ["data-bound"]);
-        let f = &analyse(&data, &[], &[], &ProfileOptions::default()).findings[0];
+        let f = &analyse(&data, &[], &[], &ProfileOptions::default(), None).findings[0];
         assert!(f.suggestion.contains("num_workers = 2"), "{f:?}");
         // A long wait in the first profiled step alone (the profiler starting) is not.
         let mut first = balanced.clone();
@@ -882,7 +910,7 @@ mod tests {
         swing[4] = row(5, [0.5, 30.0, 600.0, 5.0, 0.0, 1.0]);
         swing[2] = row(3, [0.5, 30.0, 200.0, 5.0, 0.0, 1.0]);
         assert_eq!(rules(&swing), ["high-variance"]);
-        let f = &analyse(&swing, &[], &[], &ProfileOptions::default()).findings[0];
+        let f = &analyse(&swing, &[], &[], &ProfileOptions::default(), None).findings[0];
         assert!(
             f.evidence.contains("step 5") && f.evidence.contains("backward"),
             "{f:?}"
@@ -892,7 +920,7 @@ mod tests {
         let mut ckpt = balanced.clone();
         ckpt[5] = row(6, [0.5, 30.0, 60.0, 5.0, 0.0, 700.0]);
         ckpt[2] = row(3, [0.5, 30.0, 60.0, 5.0, 0.0, 150.0]);
-        let f = &analyse(&ckpt, &[], &[], &ProfileOptions::default()).findings[0];
+        let f = &analyse(&ckpt, &[], &[], &ProfileOptions::default(), None).findings[0];
         assert!(
             f.rule == "high-variance" && f.suggestion.contains("checkpoint"),
             "{f:?}"
@@ -922,7 +950,7 @@ mod tests {
         ];
         assert_eq!(self_times(&events), [70, 30, 50]);
         let rows = [row(1, [0.0, 0.0, 0.0002, 0.0, 0.0, 0.0])];
-        let r = analyse(&rows, &events, &[], &ProfileOptions::default());
+        let r = analyse(&rows, &events, &[], &ProfileOptions::default(), None);
         let softmax = r.ops.iter().find(|o| o.name == "softmax").unwrap();
         assert_eq!(
             (softmax.self_ms, softmax.total_ms, softmax.calls),
@@ -954,7 +982,7 @@ mod tests {
             ev("gather", false, None, 600, 7, 0),
         ];
         let rows = [row(1, [0.0, 0.0, 0.001, 0.0, 0.0, 0.0])];
-        let r = analyse(&rows, &events, &[], &ProfileOptions::default());
+        let r = analyse(&rows, &events, &[], &ProfileOptions::default(), None);
         let names: Vec<&str> = r.layers.iter().map(|l| l.layer.as_str()).collect();
         assert_eq!(names, ["embeddings", "encoder.0", "loss", "(none)"]);
         let enc = &r.layers[1];
@@ -987,7 +1015,7 @@ mod tests {
             ..Default::default()
         };
         let analyse_with = |b: f64| {
-            let r = analyse(&data, &[], &[], &opts);
+            let r = analyse(&data, &[], &[], &opts, None);
             diagnose(&data, &r.phases, r.median_step_ms, Some(&busy(b)), &opts)
         };
         assert!(analyse_with(0.5)[0].suggestion.contains("num_workers = 3"));
@@ -1043,26 +1071,44 @@ mod tests {
             row("layer-norm", 30.0, None),
         ];
         // 60 % of the time in products: 40 ms at 100 and 20 ms at 50 GFLOP/s = 5 GFLOP in 60 ms.
-        let f = matmul_bound(&ops, false, true).unwrap();
+        let f = matmul_bound(&ops, false, true, None).unwrap();
         assert_eq!(f.rule, "matmul-bound");
         assert!(
             f.evidence.contains("60 %") && f.evidence.contains("83 GFLOP/s"),
             "{f:?}"
         );
         assert!(f.suggestion.contains("precision = \"bf16\""), "{f:?}");
-        assert!(matmul_bound(&ops, false, false)
+        assert!(matmul_bound(&ops, false, false, None)
             .unwrap()
             .suggestion
             .contains("no bf16 arithmetic"));
-        assert!(matmul_bound(&ops, true, true)
+        assert!(matmul_bound(&ops, true, true, None)
             .unwrap()
             .suggestion
             .contains("already run in bf16"));
-        let f = matmul_bound(&ops, true, false).unwrap();
+        let f = matmul_bound(&ops, true, false, None).unwrap();
         assert!(f.suggestion.contains("keeps f32 products"), "{f:?}");
         assert!(f.evidence.contains("(f32)"), "{f:?}");
         // Below half the time, no finding.
-        assert!(matmul_bound(&ops[1..], false, true).is_none());
+        assert!(matmul_bound(&ops[1..], false, true, None).is_none());
+        // Most of the 5 GFLOP too shallow for bf16 products (a narrow ViT): bf16 is not
+        // the advice, on or off, and the products are reported as f32.
+        for bf16 in [false, true] {
+            let f = matmul_bound(&ops, bf16, true, Some(1.0)).unwrap();
+            assert!(
+                f.suggestion.starts_with("only 20 % of the product work")
+                    && f.suggestion.contains("not time")
+                    && f.evidence.contains("(f32)"),
+                "{f:?}"
+            );
+        }
+        // Most of it deep enough (MiniLM): the advice stands.
+        let f = matmul_bound(&ops, false, true, Some(4.5)).unwrap();
+        assert!(f.suggestion.starts_with("set train.precision"), "{f:?}");
+        assert!(matmul_bound(&ops, true, true, Some(4.5))
+            .unwrap()
+            .evidence
+            .contains("(bf16)"));
         // Convolutions carrying most of the products (a GAN's critic): bf16 is not the advice.
         let ops = [
             row("conv2d", 50.0, Some(120.0)),
@@ -1071,7 +1117,7 @@ mod tests {
             row("batch-norm", 20.0, None),
         ];
         for (bf16, hardware) in [(false, true), (true, true), (false, false)] {
-            let f = matmul_bound(&ops, bf16, hardware).unwrap();
+            let f = matmul_bound(&ops, bf16, hardware, None).unwrap();
             assert!(
                 f.suggestion.contains("mostly convolutions")
                     && !f.suggestion.starts_with("set train.precision"),

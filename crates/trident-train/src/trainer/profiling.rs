@@ -102,7 +102,7 @@ impl<'a> StepProfiler<'a> {
         };
         let samples = self.monitor.take().map(|m| m.finish()).unwrap_or_default();
         let rows = &self.timer.rows;
-        let mut report = crate::profile::analyse(rows, &events, &samples, opts);
+        let mut report = crate::profile::analyse(rows, &events, &samples, opts, Some(rec.bf16_ready_flops()));
         match sampled {
             Some(Ok(rows)) => report.sampled = Some(Sampled { rows }),
             Some(Err(e)) if progress => eprintln!("sampling profiler: {e}; no samples.csv"),
