@@ -77,15 +77,6 @@ pub fn widen(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
 
-/// Rounds `src` to bf16 into `dst` (same length), on rayon's threads.
-pub fn round_into(src: &[f32], dst: &mut [bf16]) {
-    assert_eq!(src.len(), dst.len(), "bf16::round_into: lengths differ");
-    // SAFETY: bf16 is a transparent u16, and an initialised value may be overwritten
-    // through `MaybeUninit`.
-    let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len()) };
-    round_uninit(src, dst);
-}
-
 /// `src` rounded to bf16, in a new buffer written once (not zero-filled first: `vec![bf16::ZERO;
 /// n]` is a `memset`, as bf16 is not a primitive the allocator can hand out zeroed).
 pub fn rounded(src: &[f32]) -> Vec<bf16> {
@@ -939,9 +930,6 @@ mod tests {
         let bits = |v: &[bf16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
         // The dispatched loop (AVX512-BF16 rounds subnormals to zero: none here).
         assert_eq!(bits(&rounded(&src)), want);
-        let mut into = vec![bf16::from_bits(0x1234); src.len()];
-        round_into(&src, &mut into);
-        assert_eq!(bits(&into), want);
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             let mut dst = vec![MaybeUninit::new(0x1234u16); src.len()];
