@@ -39,6 +39,31 @@ fn train_eval_predict_and_the_run_directory() {
     }
     let events: Vec<_> = std::fs::read_dir(run.join("tensorboard")).unwrap().collect();
     assert_eq!(events.len(), 1);
+    // The real TensorBoard reads the step scalars back, the gradient norm before clipping
+    // among them (the run clips: max_grad_norm = 1.0), one per optimizer step.
+    let script = r#"
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1]); acc.Reload()
+for tag in ("train/loss", "train/grad_norm"):
+    v = [e.value for e in acc.Scalars(tag)]
+    print(tag, len(v), min(v))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, run.join("tensorboard").to_str().unwrap()])
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let counts: Vec<(usize, f64)> = text
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[1].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .collect();
+    assert!(counts[0].0 > 0 && counts[1].0 == counts[0].0, "{text}");
+    assert!(counts[1].1 > 0.0 && counts[1].1.is_finite(), "{text}");
     let lines = epoch_records(&run);
     assert_eq!(lines.len(), 3);
     let loss = |i: usize| lines[i]["train_loss"].as_f64().unwrap();

@@ -231,7 +231,7 @@ impl Trainer {
                 stop.steps_this_process += 1;
                 let n = state.optimizer_step;
                 if n.is_multiple_of(c.log_every.max(1)) {
-                    log.step_scalars(n, d_loss, lr)?;
+                    log.step_scalars(n, d_loss, lr, critic.grad_norm())?;
                 }
                 let (loss_sum, loss_n, _, seen) = state.epoch_sums;
                 let rate = (seen - seen_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);

@@ -125,14 +125,25 @@ impl RunLog {
         bar.set_message(msg);
     }
 
-    /// TensorBoard scalars of optimizer step `step` (1-based): the last micro-batch's loss
-    /// and the step's learning rate.
-    pub fn step_scalars(&mut self, step: u64, loss: f64, lr: f64) -> Result<(), TrainError> {
+    /// TensorBoard scalars of optimizer step `step` (1-based): the last micro-batch's loss,
+    /// the step's learning rate and, when the run clips, the gradients' global norm before
+    /// clipping (`train/grad_norm`: spikes show instability before the loss does).
+    pub fn step_scalars(
+        &mut self,
+        step: u64,
+        loss: f64,
+        lr: f64,
+        grad_norm: Option<f64>,
+    ) -> Result<(), TrainError> {
         if let Some(tb) = self.tb.as_mut() {
             tb.scalar("train/loss", step as i64, loss as f32)
                 .map_err(io_err(tb.path()))?;
             tb.scalar("train/lr", step as i64, lr as f32)
                 .map_err(io_err(tb.path()))?;
+            if let Some(norm) = grad_norm {
+                tb.scalar("train/grad_norm", step as i64, norm as f32)
+                    .map_err(io_err(tb.path()))?;
+            }
         }
         Ok(())
     }

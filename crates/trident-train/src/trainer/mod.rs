@@ -792,7 +792,8 @@ impl Run<'_> {
         self.stop.steps_this_process += 1;
         let n = self.state.optimizer_step;
         if n.is_multiple_of(c.log_every.max(1)) {
-            self.log.step_scalars(n, last_loss, lr)?;
+            self.log
+                .step_scalars(n, last_loss, lr, self.updater.grad_norm())?;
         }
         let stop_now = s.stop > 0.0;
         let periodic = c.checkpoint_every > 0 && n.is_multiple_of(c.checkpoint_every);

@@ -22,6 +22,8 @@ pub struct Updater {
     zero: Option<Zero1>,
     schedule: Schedule,
     max_grad_norm: Option<f64>,
+    /// The global gradient norm before clipping of the last update, when it clipped.
+    norm: Option<f64>,
     /// Micro-batches gathered since the last update.
     gathered: u64,
 }
@@ -85,6 +87,7 @@ impl Updater {
                 decay: config.decay,
             },
             max_grad_norm: config.max_grad_norm,
+            norm: None,
             gathered: 0,
         })
     }
@@ -135,7 +138,7 @@ impl Updater {
                     z.scale(&mut self.acc, 1.0 / n as f32);
                 }
                 if let Some(max) = self.max_grad_norm {
-                    z.clip(d, &mut self.acc, max)?;
+                    self.norm = Some(z.clip(d, &mut self.acc, max)?);
                 }
                 z.step(d, &self.params, &self.acc, lr, step + 1)?;
             }
@@ -147,13 +150,20 @@ impl Updater {
                         .for_each(|a| a.iter_mut().for_each(|v| *v *= scale));
                 }
                 if let Some(max) = self.max_grad_norm {
-                    clip_grad_norm(&mut self.acc, max);
+                    self.norm = Some(clip_grad_norm(&mut self.acc, max));
                 }
                 self.optimizer.step(&self.params, &self.acc, lr)?;
             }
         }
         self.gathered = 0;
         Ok(lr)
+    }
+
+    /// The global norm of the averaged gradients before clipping, of the last update, when
+    /// the run clips (`max_grad_norm`; the norm costs a pass over the gradients, so it is
+    /// not computed otherwise).
+    pub fn grad_norm(&self) -> Option<f64> {
+        self.norm
     }
 
     /// The optimizer (its state is checkpointed unless ZeRO-1 shards it).
@@ -228,8 +238,10 @@ mod tests {
         let mut u = Updater::new(&store, &config(Some(1.0)), 10, None, false).unwrap();
         gather(&mut u, &store, &w, &[6.0, 8.0]);
         gather(&mut u, &store, &w, &[6.0, 8.0]);
+        assert_eq!(u.grad_norm(), None);
         u.update(None, 0).unwrap();
         // mean (6, 8) has norm 10, clipped to 1: (0.6, 0.8); times lr 0.5.
+        assert_eq!(u.grad_norm(), Some(10.0));
         let got = w.to_vec1::<f32>().unwrap();
         assert!(
             (got[0] + 0.3).abs() < 1e-6 && (got[1] + 0.4).abs() < 1e-6,
