@@ -131,3 +131,39 @@ fn fused_adamw_matches_candle_nn() {
         "fused, resumed from its state"
     );
 }
+
+#[test]
+fn a_scaled_step_is_the_step_on_gradients_scaled_first_to_the_bit() {
+    // Gradient clipping's coefficient applied as the optimizer reads the gradients (fused
+    // AdamW in its pass, the others from a scaled copy) against clip_grad_norm's in-place
+    // scaling, for every optimizer kind; and scale 1 is the plain step.
+    let sgd = OptimizerConfig::Sgd {
+        momentum: 0.9,
+        weight_decay: 0.01,
+        nesterov: false,
+    };
+    for config in [adamw(true), adamw(false), sgd] {
+        let run = |scaled_inside: bool, scale: f32| {
+            let p = params();
+            let mut opt = Optimizer::new(config.clone());
+            for (step, lr) in LRS.iter().enumerate() {
+                let mut g = grads(step as u64);
+                if scaled_inside {
+                    opt.step_scaled(&p.trainable(), &g, *lr, scale).unwrap();
+                } else {
+                    g.iter_mut().for_each(|g| g.iter_mut().for_each(|x| *x *= scale));
+                    opt.step(&p.trainable(), &g, *lr).unwrap();
+                }
+            }
+            values(&p)
+        };
+        let bits = |v: Vec<Vec<f32>>| v.concat().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(run(true, 0.37)), bits(run(false, 0.37)), "{config:?}");
+        assert_eq!(bits(run(true, 1.0)), bits(run(false, 1.0)), "{config:?}");
+        assert_ne!(
+            bits(run(true, 0.37)),
+            bits(run(true, 1.0)),
+            "{config:?}: the scale is used"
+        );
+    }
+}

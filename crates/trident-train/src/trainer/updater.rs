@@ -7,7 +7,7 @@
 
 use super::{human_bytes, TrainConfig, TrainError};
 use crate::ddp::{DataParallel, Zero1};
-use crate::optim::{clip_grad_norm, Optimizer, Schedule};
+use crate::optim::{clip_coefficient, Optimizer, Schedule};
 use candle_core::backprop::GradStore;
 use trident_nn::{Param, Params};
 
@@ -149,10 +149,14 @@ impl Updater {
                         .iter_mut()
                         .for_each(|a| a.iter_mut().for_each(|v| *v *= scale));
                 }
+                // Clipping's coefficient, applied as the optimizer reads the gradients.
+                let mut scale = 1.0;
                 if let Some(max) = self.max_grad_norm {
-                    self.norm = Some(clip_grad_norm(&mut self.acc, max));
+                    let (norm, coef) = clip_coefficient(&self.acc, max);
+                    self.norm = Some(norm);
+                    scale = coef;
                 }
-                self.optimizer.step(&self.params, &self.acc, lr)?;
+                self.optimizer.step_scaled(&self.params, &self.acc, lr, scale)?;
             }
         }
         self.gathered = 0;
