@@ -3576,10 +3576,18 @@ mod tests {
         let dev = Device::Cpu;
         for act in [Act::Relu6, Act::Relu, Act::LeakyRelu] {
             for dims in [[3, 4, 7, 9], [2, 5, 130, 131]] {
-                let x = Var::randn(0.3f32, 1.0, &dims, &dev).unwrap();
-                // Scales up to 4: part of each channel lands above 6, part below 0.
-                let g = Var::randn(2.5f32, 1.0, dims[1], &dev).unwrap();
-                let b = Var::randn(1f32, 1.0, dims[1], &dev).unwrap();
+                // Fixed values, not candle's (unseeded) randn, whose draws could leave an edge
+                // unreached in the small case: each channel spread evenly over about ±1.7
+                // standard deviations, scales of 3.5 and more and shifts near 1, so part of
+                // every channel lands above 6 and part below 0.
+                let n: usize = dims.iter().product();
+                let xs: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7919) % 1009) as f32 / 1009.0 * 5.0 - 2.2)
+                    .collect();
+                let x = Var::from_vec(xs, &dims, &dev).unwrap();
+                let c = dims[1];
+                let g = Var::from_vec((0..c).map(|i| 3.5 + 0.25 * i as f32).collect(), c, &dev).unwrap();
+                let b = Var::from_vec((0..c).map(|i| 1.0 - 0.1 * i as f32).collect(), c, &dev).unwrap();
                 let two = batch_norm_train(&x, &g, &b, 1e-3).unwrap();
                 let two = (act.apply(&two.0).unwrap(), two.1, two.2);
                 let one = batch_norm_act_train(&x, &g, &b, 1e-3, act).unwrap();
