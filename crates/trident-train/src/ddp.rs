@@ -369,9 +369,15 @@ impl Zero1 {
         self.each_mine(acc, |g| crate::optim::scale(g, c));
     }
 
-    /// Clips the global gradient norm to `max_norm`, as [`crate::optim::clip_grad_norm`]
-    /// does on whole gradients; returns the norm.
-    pub fn clip(&self, dp: &DataParallel, acc: &mut [Vec<f32>], max_norm: f64) -> Result<f64> {
+    /// The global gradient norm over every rank's part and the factor that clips it to
+    /// `max_norm`, as [`crate::optim::clip_coefficient`] gives them for whole gradients;
+    /// [`step`](Self::step) applies the factor.
+    pub fn clip_coefficient(
+        &self,
+        dp: &DataParallel,
+        acc: &mut [Vec<f32>],
+        max_norm: f64,
+    ) -> Result<(f64, f32)> {
         let mut local = 0f64;
         self.each_mine(acc, |g| local += crate::optim::sum_squares(g));
         // f64 through an f32 collective: high and low parts.
@@ -380,10 +386,7 @@ impl Zero1 {
         dp.sum(&mut parts)?;
         let norm = (parts[0] as f64 + parts[1] as f64).sqrt();
         let coef = max_norm / (norm + 1e-6);
-        if coef < 1.0 {
-            self.scale(acc, coef as f32);
-        }
-        Ok(norm)
+        Ok((norm, if coef < 1.0 { coef as f32 } else { 1.0 }))
     }
 
     /// Calls `f(param index, range within the parameter, range within `part`)` for each
@@ -404,8 +407,9 @@ impl Zero1 {
     }
 
     /// Optimizer step `t` (1-based) at `lr`: this rank updates its part of the weights in
-    /// place from its part of `acc` and its moments, then every replica receives every
-    /// updated part, bucket by bucket.
+    /// place from its part of `acc` times `scale` (clipping's coefficient) and its moments,
+    /// then every replica receives every updated part, bucket by bucket.
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
         dp: &DataParallel,
@@ -413,6 +417,7 @@ impl Zero1 {
         acc: &[Vec<f32>],
         lr: f64,
         t: u64,
+        scale: f32,
     ) -> Result<()> {
         let mut at = 0;
         for b in &self.buckets {
@@ -438,7 +443,7 @@ impl Zero1 {
                     } else {
                         &mut m[at..at + n]
                     };
-                    config.update_slice(w, m, v, g, lr, t);
+                    config.update_slice(w, m, v, g, lr, t, scale);
                     part[dst.clone()].copy_from_slice(w);
                 });
             });

@@ -132,18 +132,20 @@ impl Optimizer {
     /// coefficient), the same values as scaling them first: fused AdamW multiplies each as
     /// it reads it, in its one pass (a separate pass over every gradient was ~4 ms of a
     /// MiniLM fine-tune's step, whose gradients are clipped at every step); the other
-    /// optimizers read a scaled copy.
+    /// optimizers read a scaled copy ([`OptimizerConfig::update_slice`]).
     pub fn step_scaled(&mut self, params: &[Param], grads: &[Vec<f32>], lr: f64, scale: f32) -> Result<()> {
         self.steps += 1;
         let t = self.steps as i32;
-        let fused_adamw = matches!(self.config, OptimizerConfig::Adamw { fused: true, .. });
+        // candle-nn's op chain reads a scaled copy; the passes of `update_slice` scale as
+        // they read.
+        let unfused = matches!(self.config, OptimizerConfig::Adamw { fused: false, .. });
         for (p, g) in params.iter().zip(grads) {
             let scaled: Vec<f32>;
-            let g: &[f32] = if scale == 1.0 || fused_adamw {
-                g
-            } else {
+            let g: &[f32] = if unfused && scale != 1.0 {
                 scaled = g.iter().map(|x| x * scale).collect();
                 &scaled
+            } else {
+                g
             };
             let n = p.var.elem_count();
             if n != g.len() {
@@ -189,18 +191,14 @@ impl Optimizer {
                     p.var.set(&next_theta)?;
                     self.tensors.insert(p.name.clone(), (next_m, next_v));
                 }
-                OptimizerConfig::Adamw {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay,
-                    fused: true,
-                } => {
+                OptimizerConfig::Adamw { fused: true, .. } => {
                     let m = self.m.entry(p.name.clone()).or_insert_with(m);
                     let v = self.v.entry(p.name.clone()).or_insert_with(|| vec![0.0; n]);
                     // One pass over each buffer, updating the weight where it lives.
-                    let pass = AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t, scale);
-                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| pass.run(w, m, v, g))?;
+                    let config = &self.config;
+                    trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
+                        config.update_slice(w, m, v, g, lr, t as u64, scale)
+                    })?;
                 }
                 OptimizerConfig::Rmsprop { momentum, .. } => {
                     let v = &mut self.v.entry(p.name.clone()).or_insert_with(m)[..];
@@ -210,7 +208,7 @@ impl Optimizer {
                     };
                     let config = &self.config;
                     trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
-                        config.update_slice(w, buf, v, g, lr, t as u64)
+                        config.update_slice(w, buf, v, g, lr, t as u64, scale)
                     })?;
                 }
                 OptimizerConfig::Sgd { momentum, .. } => {
@@ -221,7 +219,7 @@ impl Optimizer {
                     };
                     let config = &self.config;
                     trident_nn::ops::update_f32(p.var.as_tensor(), |w| {
-                        config.update_slice(w, buf, &mut [], g, lr, t as u64)
+                        config.update_slice(w, buf, &mut [], g, lr, t as u64, scale)
                     })?;
                 }
             }
@@ -271,8 +269,28 @@ impl OptimizerConfig {
     /// (the update is element-wise, so any slicing gives the same values). AdamW runs the
     /// fused pass with moments `m` and `v`; SGD uses `m` as its momentum buffer (empty
     /// without momentum) and ignores `v`; RMSprop keeps its squared-gradient average in
-    /// `v` and its momentum buffer in `m` (empty without momentum).
-    pub fn update_slice(&self, w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], lr: f64, t: u64) {
+    /// `v` and its momentum buffer in `m` (empty without momentum). The gradient is used
+    /// times `scale` (gradient clipping's coefficient; 1: as it is): AdamW multiplies each
+    /// value as it reads it, SGD and RMSprop read a scaled copy.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update_slice(
+        &self,
+        w: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[f32],
+        lr: f64,
+        t: u64,
+        scale: f32,
+    ) {
+        let scaled: Vec<f32>;
+        let g = match self {
+            OptimizerConfig::Sgd { .. } | OptimizerConfig::Rmsprop { .. } if scale != 1.0 => {
+                scaled = g.iter().map(|x| x * scale).collect();
+                &scaled[..]
+            }
+            _ => g,
+        };
         match *self {
             OptimizerConfig::Adamw {
                 beta1,
@@ -280,7 +298,7 @@ impl OptimizerConfig {
                 eps,
                 weight_decay,
                 ..
-            } => AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t as i32, 1.0).run(w, m, v, g),
+            } => AdamwPass::new(beta1, beta2, eps, weight_decay, lr, t as i32, scale).run(w, m, v, g),
             OptimizerConfig::Sgd {
                 momentum,
                 weight_decay,

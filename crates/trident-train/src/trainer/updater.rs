@@ -137,17 +137,19 @@ impl Updater {
                 if n > 1 {
                     z.scale(&mut self.acc, 1.0 / n as f32);
                 }
+                // Clipping's coefficient, applied as the shard's update reads the gradients.
+                let mut scale = 1.0;
                 if let Some(max) = self.max_grad_norm {
-                    self.norm = Some(z.clip(d, &mut self.acc, max)?);
+                    let (norm, coef) = z.clip_coefficient(d, &mut self.acc, max)?;
+                    self.norm = Some(norm);
+                    scale = coef;
                 }
-                z.step(d, &self.params, &self.acc, lr, step + 1)?;
+                z.step(d, &self.params, &self.acc, lr, step + 1, scale)?;
             }
             _ => {
                 if n > 1 {
                     let scale = 1.0 / n as f32;
-                    self.acc
-                        .iter_mut()
-                        .for_each(|a| a.iter_mut().for_each(|v| *v *= scale));
+                    self.acc.iter_mut().for_each(|a| crate::optim::scale(a, scale));
                 }
                 // Clipping's coefficient, applied as the optimizer reads the gradients.
                 let mut scale = 1.0;
