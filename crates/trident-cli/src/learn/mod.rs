@@ -618,9 +618,7 @@ fn train_gan(
             .review(epoch)
             .map_err(|e| trident_train::TrainError::Invalid(format!("{e:#}")))
     };
-    let summary = trident_nn::runtime::on_pool(|| {
-        trainer.fit_adversarial(&step, &splits.train, args.resume, &data_hash, &mut judge)
-    })?;
+    let summary = trainer.fit_adversarial(&step, &splits.train, args.resume, &data_hash, &mut judge)?;
     let dir = &c.run.dir;
     if summary.interrupted {
         eprintln!(
@@ -815,9 +813,7 @@ fn train_up_to(c: &RunConfig, n: usize, origin: usize) -> anyhow::Result<(Model,
     trainer.checkpoint_files = model.checkpoint_files()?;
     let hash = format!("{:?}|{:?}|{:?}|{}|refit", c.data, c.loader, c.model, c.run.seed);
     let resume = dir.join("last").exists();
-    trident_nn::runtime::on_pool(|| {
-        trainer.fit(&model, &s.splits.train, s.splits.val.as_ref(), resume, &hash)
-    })?;
+    trainer.fit(&model, &s.splits.train, s.splits.val.as_ref(), resume, &hash)?;
     trident_train::checkpoint::load_weights(&dir.join("best"), &model.params)?;
     Ok((model, s.spec))
 }
@@ -904,9 +900,7 @@ where
             bail!("--zero 1 shards the optimizer state across data-parallel ranks: add --data-parallel N or --dist mpi")
         }
         Replicas::One => {
-            let s = trident_nn::runtime::on_pool(|| {
-                trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, data_hash)
-            })?;
+            let s = trainer.fit(&model, &splits.train, splits.val.as_ref(), resume, data_hash)?;
             Ok((s, model))
         }
         #[cfg(feature = "mpi")]
@@ -924,9 +918,7 @@ where
             let mut t = trainer.clone();
             t.data_parallel = Some(dp(comm.clone()));
             let train = splits.train.sharded(rank, world);
-            match trident_nn::runtime::on_pool(|| {
-                t.fit(&model, &train, splits.val.as_ref(), resume, data_hash)
-            }) {
+            match t.fit(&model, &train, splits.val.as_ref(), resume, data_hash) {
                 Ok(s) => Ok((s, model)),
                 Err(e) => {
                     comm.abort(&e.to_string());

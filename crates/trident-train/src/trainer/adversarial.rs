@@ -61,7 +61,8 @@ pub trait AdversarialStep {
 /// What judges an epoch's generator (sample grids, sample quality): figures for the epoch's
 /// record, and the one (lower is better) that picks the `best` checkpoint and drives early
 /// stopping; without one, the latest epoch is the best.
-pub type EpochJudge<'a> = dyn FnMut(u64) -> Result<(BTreeMap<String, f64>, Option<f64>), TrainError> + 'a;
+pub type EpochJudge<'a> =
+    dyn FnMut(u64) -> Result<(BTreeMap<String, f64>, Option<f64>), TrainError> + Send + 'a;
 
 /// The running sums of an epoch beyond `TrainerState::epoch_sums` (the critic's loss, its
 /// batches and the real examples live there).
@@ -136,8 +137,25 @@ fn adversarial_batch<S: AdversarialStep>(
 impl Trainer {
     /// Trains `step`'s generator and critic on the real examples of `train`; after each
     /// epoch `judge` reports on the generator. With `resume`, continues from
-    /// `run_dir/last`. `data_hash` joins the configuration hash as in [`Trainer::fit`].
+    /// `run_dir/last`. `data_hash` joins the configuration hash as in [`Trainer::fit`]; the
+    /// loop runs on a worker of the current rayon pool, as there.
     pub fn fit_adversarial<S, D>(
+        &self,
+        step: &S,
+        train: &DataLoader<D, S::Batch>,
+        resume: bool,
+        data_hash: &str,
+        judge: &mut EpochJudge<'_>,
+    ) -> Result<FitSummary, TrainError>
+    where
+        S: AdversarialStep + Sync,
+        D: Dataset + 'static,
+    {
+        trident_nn::runtime::on_pool(|| self.fit_adversarial_here(step, train, resume, data_hash, judge))
+    }
+
+    /// [`fit_adversarial`](Self::fit_adversarial) on the calling thread.
+    fn fit_adversarial_here<S, D>(
         &self,
         step: &S,
         train: &DataLoader<D, S::Batch>,

@@ -361,8 +361,27 @@ impl Trainer {
     /// [`TrainConfig`] (it joins the config hash).
     ///
     /// The loop composes the parts: [`Updater`] (gradients to update), [`Checkpoints`],
-    /// [`RunLog`], [`StepProfiler`], [`StopRequest`] and [`EarlyStopping`].
+    /// [`RunLog`], [`StepProfiler`], [`StopRequest`] and [`EarlyStopping`]. It runs on a
+    /// worker of the current rayon pool ([`trident_nn::runtime::on_pool`]), where the
+    /// kernels' parallel loops share their work without waking the pool from outside.
     pub fn fit<S, D, V>(
+        &self,
+        step: &S,
+        train: &DataLoader<D, S::Batch>,
+        val: Option<&DataLoader<V, S::Batch>>,
+        resume: bool,
+        data_hash: &str,
+    ) -> Result<FitSummary, TrainError>
+    where
+        S: TrainStep + Sync,
+        D: Dataset + 'static,
+        V: Dataset + 'static,
+    {
+        trident_nn::runtime::on_pool(|| self.fit_here(step, train, val, resume, data_hash))
+    }
+
+    /// [`fit`](Self::fit) on the calling thread.
+    fn fit_here<S, D, V>(
         &self,
         step: &S,
         train: &DataLoader<D, S::Batch>,
