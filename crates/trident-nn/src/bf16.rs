@@ -121,12 +121,7 @@ mod simd {
             // SAFETY: the CPU has the features the function is compiled for.
             return unsafe { x86::round_slice(src, dst) };
         }
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            // SAFETY: as above.
-            return unsafe { round_slice_avx2(src, dst) };
-        }
-        round_portable(src, dst)
+        round_vectorised(src, dst)
     }
 
     #[inline(always)]
@@ -136,20 +131,12 @@ mod simd {
         });
     }
 
-    /// The portable loop compiled for AVX2, 8 lanes (the baseline build vectorises it 4
-    /// wide): where there is no AVX512-BF16 this rounding is all bf16 costs.
-    /// SAFETY: the CPU has AVX2.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn round_slice_avx2(src: &[f32], dst: &mut [MaybeUninit<u16>]) {
-        round_portable(src, dst)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    fn has_avx2() -> bool {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
-    }
+    crate::math::dispatch!(
+        /// The portable loop, compiled for AVX2 (8 lanes; the baseline build vectorises it
+        /// 4 wide) where the CPU has it: where there is no AVX512-BF16 this rounding is all
+        /// bf16 costs.
+        round_vectorised, round_avx2, (src: &[f32], dst: &mut [MaybeUninit<u16>]) -> (), round_portable
+    );
 
     /// `dst[i] = round(lo[i]) | round(hi[i]) << 16`: the pairs AMX's right operand holds.
     pub(super) fn pair_slices(lo: &[f32], hi: &[f32], dst: &mut [u32]) {
@@ -930,17 +917,14 @@ mod tests {
         let bits = |v: &[bf16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
         // The dispatched loop (AVX512-BF16 rounds subnormals to zero: none here).
         assert_eq!(bits(&rounded(&src)), want);
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            let mut dst = vec![MaybeUninit::new(0x1234u16); src.len()];
-            // SAFETY: the CPU has AVX2.
-            unsafe { simd::round_slice_avx2(&src, &mut dst) };
-            // SAFETY: every element was initialised above.
-            assert_eq!(
-                dst.iter().map(|d| unsafe { d.assume_init() }).collect::<Vec<_>>(),
-                want
-            );
-        }
+        // The loop below AVX512-BF16 (compiled for AVX2 where the CPU has it).
+        let mut dst = vec![MaybeUninit::new(0x1234u16); src.len()];
+        simd::round_vectorised(&src, &mut dst);
+        // SAFETY: every element was initialised above.
+        assert_eq!(
+            dst.iter().map(|d| unsafe { d.assume_init() }).collect::<Vec<_>>(),
+            want
+        );
     }
 
     fn values(len: usize, seed: usize) -> Vec<f32> {

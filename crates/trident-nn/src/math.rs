@@ -154,6 +154,7 @@ macro_rules! dispatch {
         }
     };
 }
+pub(crate) use dispatch;
 
 dispatch!(
     /// `out = GELU(x)` (exact form), element-wise.
