@@ -191,13 +191,20 @@ pub fn relu_grad(x: &[f32], g: &[f32], out: &mut [f32]) {
 /// where [`exp`] flushes to zero; NaN stays NaN.
 #[inline(always)]
 fn logistic(v: f32) -> f32 {
-    let e = exp(-v.abs());
-    let s = 1.0 / (1.0 + e);
+    let (e, s) = logistic_parts(v);
     if v >= 0.0 {
         s
     } else {
         e * s
     }
+}
+
+/// `(e, σ(|v|))` with e = e^−|v|: the logistic function and its derivative are built from
+/// these on either side.
+#[inline(always)]
+fn logistic_parts(v: f32) -> (f32, f32) {
+    let e = exp(-v.abs());
+    (e, 1.0 / (1.0 + e))
 }
 
 #[inline(always)]
@@ -212,8 +219,7 @@ fn sigmoid_grad_loop(x: &[f32], g: &[f32], out: &mut [f32]) {
     // σ(1 − σ) = e / (1 + e)² with e = e^−|v|, on either side: no 1 − σ cancelling
     // where σ is near 1. NaN stays NaN.
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-        let e = exp(-v.abs());
-        let s = 1.0 / (1.0 + e);
+        let (e, s) = logistic_parts(v);
         *o = g * e * s * s;
     }
 }
