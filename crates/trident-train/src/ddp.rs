@@ -356,37 +356,32 @@ impl Zero1 {
         Ok(())
     }
 
-    /// Calls `f` on each piece of `acc` that belongs to this rank's part.
-    fn each_mine(&self, acc: &mut [Vec<f32>], mut f: impl FnMut(&mut [f32])) {
+    /// Calls `f(parameter index, range within it)` for each piece of the gradients that
+    /// belongs to this rank's part.
+    fn each_mine(&self, mut f: impl FnMut(usize, Range<usize>)) {
         for b in &self.buckets {
             let global = b.start + b.mine.start..b.start + b.mine.end;
-            Self::pieces(&self.offsets, b, global, |p, src, _| f(&mut acc[p][src]));
+            Self::pieces(&self.offsets, b, global, |p, src, _| f(p, src));
         }
     }
 
     /// Multiplies this rank's part of the gradients by `c` (gradient accumulation's mean).
     pub fn scale(&self, acc: &mut [Vec<f32>], c: f32) {
-        self.each_mine(acc, |g| crate::optim::scale(g, c));
+        self.each_mine(|p, r| crate::optim::scale(&mut acc[p][r], c));
     }
 
     /// The global gradient norm over every rank's part and the factor that clips it to
     /// `max_norm`, as [`crate::optim::clip_coefficient`] gives them for whole gradients;
     /// [`step`](Self::step) applies the factor.
-    pub fn clip_coefficient(
-        &self,
-        dp: &DataParallel,
-        acc: &mut [Vec<f32>],
-        max_norm: f64,
-    ) -> Result<(f64, f32)> {
+    pub fn clip_coefficient(&self, dp: &DataParallel, acc: &[Vec<f32>], max_norm: f64) -> Result<(f64, f32)> {
         let mut local = 0f64;
-        self.each_mine(acc, |g| local += crate::optim::sum_squares(g));
+        self.each_mine(|p, r| local += crate::optim::sum_squares(&acc[p][r]));
         // f64 through an f32 collective: high and low parts.
         let hi = local as f32;
         let mut parts = [hi, (local - hi as f64) as f32];
         dp.sum(&mut parts)?;
         let norm = (parts[0] as f64 + parts[1] as f64).sqrt();
-        let coef = max_norm / (norm + 1e-6);
-        Ok((norm, if coef < 1.0 { coef as f32 } else { 1.0 }))
+        Ok((norm, crate::optim::clip_factor(norm, max_norm)))
     }
 
     /// Calls `f(param index, range within the parameter, range within `part`)` for each

@@ -469,22 +469,23 @@ fn par_zip4(
         });
 }
 
-/// Scales all gradients so their global L2 norm is at most `max_norm` (as
-/// `torch.nn.utils.clip_grad_norm_`); returns the norm before clipping.
-pub fn clip_grad_norm(grads: &mut [Vec<f32>], max_norm: f64) -> f64 {
-    let (norm, coef) = clip_coefficient(grads, max_norm);
-    if coef != 1.0 {
-        grads.iter_mut().for_each(|g| scale(g, coef));
-    }
-    norm
-}
-
-/// The global norm of `grads` and the factor [`clip_grad_norm`] multiplies them by: 1 when
-/// the norm is within `max_norm`, else `max_norm / (norm + 1e-6)` in f32.
+/// The global L2 norm of `grads` and the factor that clips them to `max_norm` (as
+/// `torch.nn.utils.clip_grad_norm_` scales them; [`clip_factor`]). The optimizer applies
+/// the factor as it reads the gradients ([`Optimizer::step_scaled`]).
 pub fn clip_coefficient(grads: &[Vec<f32>], max_norm: f64) -> (f64, f32) {
     let norm = grads.iter().map(|g| sum_squares(g)).sum::<f64>().sqrt();
+    (norm, clip_factor(norm, max_norm))
+}
+
+/// What gradients of global norm `norm` are multiplied by to clip them to `max_norm`: 1
+/// within it, else `max_norm / (norm + 1e-6)` in f32 (PyTorch's rule).
+pub fn clip_factor(norm: f64, max_norm: f64) -> f32 {
     let coef = max_norm / (norm + 1e-6);
-    (norm, if coef < 1.0 { coef as f32 } else { 1.0 })
+    if coef < 1.0 {
+        coef as f32
+    } else {
+        1.0
+    }
 }
 
 /// Values per task of [`sum_squares`] and [`scale`].
@@ -611,7 +612,8 @@ mod tests {
     #[test]
     fn clipping_caps_the_global_norm() {
         let mut g = vec![vec![3.0f32], vec![4.0f32]];
-        let n = clip_grad_norm(&mut g, 1.0);
+        let (n, c) = clip_coefficient(&g, 1.0);
+        g.iter_mut().for_each(|g| scale(g, c));
         assert!((n - 5.0).abs() < 1e-9);
         assert!((g[0][0] - 0.6).abs() < 1e-5 && (g[1][0] - 0.8).abs() < 1e-5);
     }

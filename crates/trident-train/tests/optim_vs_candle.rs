@@ -135,8 +135,8 @@ fn fused_adamw_matches_candle_nn() {
 #[test]
 fn a_scaled_step_is_the_step_on_gradients_scaled_first_to_the_bit() {
     // Gradient clipping's coefficient applied as the optimizer reads the gradients (fused
-    // AdamW in its pass, the others from a scaled copy) against clip_grad_norm's in-place
-    // scaling, for every optimizer kind; and scale 1 is the plain step.
+    // AdamW in its pass, the others from a scaled copy) against scaling them in place first,
+    // for every optimizer kind; and scale 1 is the plain step.
     let sgd = OptimizerConfig::Sgd {
         momentum: 0.9,
         weight_decay: 0.01,

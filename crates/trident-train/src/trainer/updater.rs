@@ -140,7 +140,7 @@ impl Updater {
                 // Clipping's coefficient, applied as the shard's update reads the gradients.
                 let mut scale = 1.0;
                 if let Some(max) = self.max_grad_norm {
-                    let (norm, coef) = z.clip_coefficient(d, &mut self.acc, max)?;
+                    let (norm, coef) = z.clip_coefficient(d, &self.acc, max)?;
                     self.norm = Some(norm);
                     scale = coef;
                 }
