@@ -24,6 +24,7 @@ pub mod blas;
 pub mod blocks;
 pub mod custom;
 pub mod dense;
+mod direct_conv;
 pub mod efficientnet;
 pub mod forecast;
 pub mod gan;

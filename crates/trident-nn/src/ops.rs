@@ -1581,6 +1581,27 @@ impl Conv {
         columns.min(in_cache).min(share).max(1)
     }
 
+    /// This convolution of `(b, c, h, w, oh, ow)` ([`Self::geometry`]) to `o` channels in
+    /// [`crate::direct_conv`]'s terms.
+    fn direct(
+        &self,
+        (b, c, h, w, oh, ow): (usize, usize, usize, usize, usize, usize),
+        o: usize,
+    ) -> crate::direct_conv::Geometry {
+        crate::direct_conv::Geometry {
+            b,
+            c,
+            h,
+            w,
+            o,
+            k: self.k,
+            stride: self.stride,
+            padding: self.padding,
+            oh,
+            ow,
+        }
+    }
+
     fn flops(&self, b: usize, o: usize, ckk: usize, ohw: usize) -> u64 {
         2 * (b * o * ckk * ohw) as u64
     }
@@ -1605,6 +1626,11 @@ impl CustomOp2 for Conv {
         let (ckk, ohw) = (c * self.k * self.k, oh * ow);
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", self.flops(b, o, ckk, ohw));
         let mut out = vec![0f32; b * o * ohw];
+        let geometry = self.direct((b, c, h, w, oh, ow), o);
+        if crate::direct_conv::available() && crate::direct_conv::suits(&geometry) {
+            crate::direct_conv::forward(x, wt, geometry, &mut out);
+            return Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))));
+        }
         let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
         out.par_chunks_mut(g * o * ohw).enumerate().for_each(|(t, y)| {
             // Images t·g.. side by side: cols_t [ckk, imgs·ohw].
@@ -1650,6 +1676,14 @@ impl CustomOp2 for Conv {
         let (need_dx, need_dw) = (x.track_op(), weight.track_op());
         let chw = c * h * w;
         let mut dx = vec![0f32; if need_dx { b * chw } else { 0 }];
+        // The input gradient directly where that runs faster (then the groups below only
+        // unfold the patches the weight gradient needs).
+        let geometry = self.direct((b, c, h, w, oh, ow), o);
+        let direct_dx =
+            need_dx && crate::direct_conv::available() && crate::direct_conv::suits_input_gradient(&geometry);
+        if direct_dx {
+            crate::direct_conv::backward_input(gv, wv, geometry, &mut dx);
+        }
         // A group of images n0.. (as in the forward pass): adds their weight gradient into
         // `dw` and, with `d` (their slice of dx), writes their input gradients there.
         let g = Self::group(b, ckk, ohw);
@@ -1704,7 +1738,12 @@ impl CustomOp2 for Conv {
         // Each group with its slice of `dx` (none when the input needs no gradient); per
         // task, the weight gradient of its groups, summed at the end.
         let dw_len = if need_dw { o * ckk } else { 0 };
-        let dw = per_group_backward(need_dx.then_some((&mut dx[..], chw)), b, g, dw_len, group);
+        let dx_by_groups = need_dx && !direct_dx;
+        let dw = if need_dw || dx_by_groups {
+            per_group_backward(dx_by_groups.then_some((&mut dx[..], chw)), b, g, dw_len, group)
+        } else {
+            Vec::new()
+        };
         input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
     }
 }
@@ -1973,6 +2012,12 @@ impl CustomOp2 for ConvTranspose {
         let (okk, ihw) = (o * conv.k * conv.k, ih * iw);
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", conv.flops(b, i, okk, ihw));
         let mut out = vec![0f32; b * o * h * w];
+        // The input gradient of the convolution from [b, o, h, w] to x's [b, i, ih, iw].
+        let geometry = conv.direct((b, o, h, w, ih, iw), i);
+        if crate::direct_conv::available() && crate::direct_conv::suits_input_gradient(&geometry) {
+            crate::direct_conv::backward_input(x, wt, geometry, &mut out);
+            return Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))));
+        }
         // Images in groups as the convolution's (its patch rows `okk`, its output plane the
         // input's `ihw`).
         let g = Conv::group(b, okk, ihw);
@@ -3233,6 +3278,66 @@ mod tests {
             unfold(&conv(), (3, 4, 6)),
             "the geometries give different patches"
         );
+    }
+
+    /// Shapes wide enough for the direct kernels (`direct_conv`, on AVX-512 CPUs; elsewhere
+    /// these run unfolded): the convolution, its input gradient, and the transposed
+    /// convolution (the same input-gradient pass) against candle's own convolutions.
+    #[test]
+    fn direct_convolutions_match_candle_values_and_gradients() {
+        let dev = &Device::Cpu;
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        // Sizes the stride divides (candle's own input gradient has the wrong shape where a
+        // stride-2 convolution drops the last row or column).
+        for (k, stride, padding, (h, wd)) in [(3, 1, 1, (9, 10)), (4, 2, 1, (10, 8)), (3, 2, 0, (9, 11))] {
+            // conv2d 16 → 32 channels.
+            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (3, 16, h, wd), dev).unwrap()).unwrap();
+            let w = Var::from_tensor(&Tensor::randn(0f32, 0.3, (32, 16, k, k), dev).unwrap()).unwrap();
+            let geometry = Conv::checked(x.as_tensor(), w.as_tensor(), stride, padding)
+                .unwrap()
+                .direct((3, 16, h, wd, 0, 0), 32);
+            assert!(
+                crate::direct_conv::suits(&geometry) && crate::direct_conv::suits_input_gradient(&geometry)
+            );
+            let ours = conv2d(x.as_tensor(), w.as_tensor(), stride, padding).unwrap();
+            let theirs = x
+                .as_tensor()
+                .conv2d(w.as_tensor(), padding, stride, 1, 1)
+                .unwrap();
+            close(&flat(&ours), &flat(&theirs), 1e-4);
+            let probe = Tensor::randn(0f32, 1.0, ours.shape(), dev).unwrap();
+            let g1 = (ours * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let g2 = (theirs * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            for v in [&x, &w] {
+                close(
+                    &flat(g1.get(v.as_tensor()).unwrap()),
+                    &flat(g2.get(v.as_tensor()).unwrap()),
+                    1e-4,
+                );
+            }
+            // A frozen weight: the input gradient alone (no groups run), the same.
+            let frozen = w.as_tensor().detach();
+            let g3 = (conv2d(x.as_tensor(), &frozen, stride, padding).unwrap() * &probe)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            assert!(g3.get(&frozen).is_none());
+            close(
+                &flat(g3.get(x.as_tensor()).unwrap()),
+                &flat(g2.get(x.as_tensor()).unwrap()),
+                1e-4,
+            );
+            // The transposed convolution of `probe` ([3, 32, ·, ·]) back to 16 channels is
+            // the convolution's input gradient, and candle's transposed convolution.
+            let up = conv_transpose2d(&probe, w.as_tensor(), stride, padding).unwrap();
+            close(&flat(&up), &flat(g2.get(x.as_tensor()).unwrap()), 1e-4);
+            let theirs_up = probe
+                .conv_transpose2d(w.as_tensor(), padding, 0, stride, 1)
+                .unwrap();
+            close(&flat(&up), &flat(&theirs_up), 1e-4);
+        }
     }
 
     #[test]

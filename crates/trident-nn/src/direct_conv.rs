@@ -1,0 +1,659 @@
+//! A convolution's forward pass computed directly, without unfolding patches.
+//!
+//! [`crate::ops::conv2d`] unfolds each image's patches (`[c·k·k, oh·ow]`) and hands them to
+//! the GEMM, which copies them once more into its own packed panels: two passes over a
+//! matrix `k·k/s²` times the image's size before the first multiply. Here the output
+//! channels lie across AVX-512's 16 lanes and each input value is broadcast from a
+//! zero-padded copy of the image, so the only copies are that image and the weight,
+//! re-laid once per call as `[⌈o/16⌉, c, k, k, 16]`. A tile of up to 3 lane-blocks of
+//! output channels by up to 7 output positions of one row is held in 21 of the 32 vector
+//! registers over the whole `c·k·k` reduction and written out once; the positions are read
+//! `stride` apart along the padded row (no gather).
+//!
+//! Used where it measured faster than unfolding (`conv_bench` against itself and oneDNN,
+//! docs/PERFORMANCE.md): on AVX-512, for kernels larger than 1 × 1 with enough output
+//! channels to fill the lanes, over a reduction (`c·k·k`) long enough to pay for writing
+//! the tile out. An AVX2 form (8 lanes, tiles of 2 × 6 in 16 registers) ran level with
+//! unfolding onto OpenBLAS's Haswell kernels, or 1.2x slower (Fashion CNN conv2), and was
+//! not kept. `TRIDENT_CONV=unfold` turns it off (comparisons).
+
+use rayon::prelude::*;
+
+/// A convolution's shape: input `[b, c, h, w]`, `o` output channels of a square `k × k`
+/// kernel at `stride` with zero `padding`, output `[b, o, oh, ow]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Geometry {
+    pub b: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub padding: usize,
+    pub oh: usize,
+    pub ow: usize,
+}
+
+/// Output channels per vector: AVX-512's 16 lanes of f32.
+const LANES: usize = 16;
+
+/// Whether direct convolutions run here: a CPU with AVX-512F, unless
+/// `TRIDENT_CONV=unfold` (any other value is an error).
+pub(crate) fn available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("TRIDENT_CONV") {
+        Err(_) => cpu_has_avx512(),
+        Ok(v) if v.eq_ignore_ascii_case("unfold") => false,
+        Ok(v) => panic!("TRIDENT_CONV={v}: expected `unfold` (or unset)"),
+    })
+}
+
+/// Whether this CPU has AVX-512F, which [`forward`] needs.
+pub(crate) fn cpu_has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the direct pass is the faster one for `g`: a kernel larger than
+/// 1 × 1 (a 1 × 1 convolution's patches are the image itself, a plain product), output
+/// channels filling at least half the lanes (one output channel would leave 15 of 16
+/// lanes idle), and at least 128 multiply-adds per output (`c·k·k`): the first
+/// convolutions of the Fashion networks (one input channel, 9–16) and EfficientNet's stem
+/// (27) ran 1.2–2x slower direct, as each tile's writing-out weighs on so short a sum.
+pub(crate) fn suits(g: &Geometry) -> bool {
+    g.k > 1 && 2 * g.o >= LANES && g.c * g.k * g.k >= 128
+}
+
+/// One direct pass over an image, in the terms the kernel knows: an input of `c_in`
+/// planes `in_h × in_w` (already zero-padded), a `kh × kw` kernel stepping `step` input
+/// columns (and rows) per output position, and `rows × cols` output positions per output
+/// channel, each written to `out[ch · out_plane + out_base + r · out_rs + q · out_cs]`.
+/// Output row `r`, tap `(dy, dx)` at position `q` read input `(r·step + row_off + dy,
+/// q·step + col_off + dx)`.
+#[derive(Clone, Copy, Debug)]
+struct Pass {
+    c_in: usize,
+    in_h: usize,
+    in_w: usize,
+    kh: usize,
+    kw: usize,
+    step: usize,
+    row_off: usize,
+    col_off: usize,
+    out_c: usize,
+    rows: usize,
+    cols: usize,
+    out_plane: usize,
+    out_base: usize,
+    out_rs: usize,
+    out_cs: usize,
+}
+
+impl Pass {
+    /// Panics unless every input the pass reads lies in its padded planes.
+    fn check(&self) {
+        assert!(self.rows > 0 && self.cols > 0 && self.kh > 0 && self.kw > 0);
+        assert!(
+            (self.rows - 1) * self.step + self.row_off + self.kh <= self.in_h,
+            "{self:?}: rows"
+        );
+        assert!(
+            (self.cols - 1) * self.step + self.col_off + self.kw <= self.in_w,
+            "{self:?}: columns"
+        );
+    }
+}
+
+/// Whether [`backward_input`] is the faster way to `g`'s input gradient (and so to the
+/// transposed convolution's forward pass): as [`suits`] with the roles turned round, the
+/// input channels across the lanes and, per phase, about `o·⌈k/s⌉²` multiply-adds.
+pub(crate) fn suits_input_gradient(g: &Geometry) -> bool {
+    let taps = g.k.div_ceil(g.stride);
+    g.k > 1 && 2 * g.c >= LANES && g.o * taps * taps >= 128
+}
+
+/// `out` (`[b, o, oh, ow]`, every value written) = the convolution `g` of `x`
+/// (`[b, c, h, w]`) with `wt` (`[o, c, k, k]`), images in parallel on rayon's pool.
+///
+/// # Panics
+/// Unless the CPU has AVX-512F ([`cpu_has_avx512`]) and the slices hold the geometry.
+pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry, out: &mut [f32]) {
+    let Geometry {
+        b,
+        c,
+        h,
+        w,
+        o,
+        k,
+        stride,
+        padding: p,
+        oh,
+        ow,
+    } = g;
+    assert!(x.len() >= b * c * h * w && wt.len() >= o * c * k * k && out.len() >= b * o * oh * ow);
+    assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
+    let pass = Pass {
+        c_in: c,
+        in_h: h + 2 * p,
+        in_w: w + 2 * p,
+        kh: k,
+        kw: k,
+        step: stride,
+        row_off: 0,
+        col_off: 0,
+        out_c: o,
+        rows: oh,
+        cols: ow,
+        out_plane: oh * ow,
+        out_base: 0,
+        out_rs: ow,
+        out_cs: 1,
+    };
+    pass.check();
+    let packed = pack_weight((o, c), (k, k), |oc, ch, dy, dx| {
+        wt[((oc * c + ch) * k + dy) * k + dx]
+    });
+    out[..b * o * oh * ow]
+        .par_chunks_mut(o * oh * ow)
+        .enumerate()
+        .for_each(|(n, y)| {
+            let padded = pad(&x[n * c * h * w..(n + 1) * c * h * w], (c, h, w), [p, p, p, p]);
+            run(&pass, &padded, &packed, y);
+            crate::scratch::give(padded);
+        });
+}
+
+/// `dx` (`[b, c, h, w]`, every value written) = the input gradient of the convolution
+/// `g` (weight `wt` `[o, c, k, k]`) for the output gradient `dy` (`[b, o, oh, ow]`): the
+/// transposed convolution, images in parallel on rayon's pool.
+///
+/// At stride `s`, the inputs of one phase `(iy mod s, ix mod s)` are reached by the taps
+/// `kh ≡ iy + p (mod s)` only, from output rows one apart: each phase is a stride-1
+/// convolution of `dy` with that phase's taps (flipped), written to every `s`-th input.
+/// A phase no tap reaches (a kernel smaller than the stride) is zero.
+///
+/// # Panics
+/// Unless the CPU has AVX-512F ([`cpu_has_avx512`]) and the slices hold the geometry.
+pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]) {
+    let Geometry {
+        b,
+        c,
+        h,
+        w,
+        o,
+        k,
+        stride: s,
+        padding: p,
+        oh,
+        ow,
+    } = g;
+    assert!(dy.len() >= b * o * oh * ow && wt.len() >= o * c * k * k && dx.len() >= b * c * h * w);
+    assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
+    // Along one axis, for phase r: the first tap (kh0 ≡ r + p mod s), the number of taps,
+    // the output index of the last tap at phase index 0 (e = (r + p) div s), the number of
+    // inputs in the phase.
+    let axis = |r: usize, n: usize| {
+        let first = (r + p) % s;
+        let taps = if first < k { (k - first).div_ceil(s) } else { 0 };
+        (
+            first,
+            taps,
+            (r + p) / s,
+            if r < n { (n - r).div_ceil(s) } else { 0 },
+        )
+    };
+    // Padding of dy: output index qy + e − (taps − 1) + a, a < taps, must land inside.
+    let pads = |n: usize, outs: usize| {
+        let (mut lo, mut hi) = (0usize, 0usize);
+        for r in 0..s {
+            let (_, taps, e, count) = axis(r, n);
+            if taps == 0 || count == 0 {
+                continue;
+            }
+            lo = lo.max((taps - 1).saturating_sub(e));
+            hi = hi.max((count - 1 + e + 1).saturating_sub(outs));
+        }
+        (lo, hi)
+    };
+    let ((top, bottom), (left, right)) = (pads(h, oh), pads(w, ow));
+    let (in_h, in_w) = (oh + top + bottom, ow + left + right);
+    // One pass and packed weight per phase that has taps and inputs; the rest zero.
+    let mut passes = Vec::new();
+    let mut empty = Vec::new();
+    for ry in 0..s {
+        for rx in 0..s {
+            let (fy, ty, ey, ny) = axis(ry, h);
+            let (fx, tx, ex, nx) = axis(rx, w);
+            if ny == 0 || nx == 0 {
+                continue;
+            }
+            if ty == 0 || tx == 0 {
+                empty.push((ry, rx, ny, nx));
+                continue;
+            }
+            let pass = Pass {
+                c_in: o,
+                in_h,
+                in_w,
+                kh: ty,
+                kw: tx,
+                step: 1,
+                row_off: ey + top - (ty - 1),
+                col_off: ex + left - (tx - 1),
+                out_c: c,
+                rows: ny,
+                cols: nx,
+                out_plane: h * w,
+                out_base: ry * w + rx,
+                out_rs: s * w,
+                out_cs: s,
+            };
+            pass.check();
+            // Tap (a, b) of the pass is kernel tap (first + s·(taps − 1 − a), …): flipped.
+            let packed = pack_weight((c, o), (ty, tx), |ch, oc, a, bb| {
+                wt[((oc * c + ch) * k + fy + s * (ty - 1 - a)) * k + fx + s * (tx - 1 - bb)]
+            });
+            passes.push((pass, packed));
+        }
+    }
+    dx[..b * c * h * w]
+        .par_chunks_mut(c * h * w)
+        .enumerate()
+        .for_each(|(n, d)| {
+            let padded = pad(
+                &dy[n * o * oh * ow..(n + 1) * o * oh * ow],
+                (o, oh, ow),
+                [top, left, bottom, right],
+            );
+            for (pass, packed) in &passes {
+                run(pass, &padded, packed, d);
+            }
+            for &(ry, rx, ny, nx) in &empty {
+                for plane in d.chunks_mut(h * w) {
+                    for qy in 0..ny {
+                        for qx in 0..nx {
+                            plane[(qy * s + ry) * w + qx * s + rx] = 0.0;
+                        }
+                    }
+                }
+            }
+            crate::scratch::give(padded);
+        });
+}
+
+/// Runs `pass` over one padded input into `out`.
+fn run(pass: &Pass, padded: &[f32], packed: &[f32], out: &mut [f32]) {
+    assert!(padded.len() >= pass.c_in * pass.in_h * pass.in_w);
+    assert!(packed.len() >= pass.out_c.div_ceil(LANES) * pass.c_in * pass.kh * pass.kw * LANES);
+    let last = (pass.out_c - 1) * pass.out_plane
+        + pass.out_base
+        + (pass.rows - 1) * pass.out_rs
+        + (pass.cols - 1) * pass.out_cs;
+    assert!(out.len() > last, "{pass:?}: output");
+    // SAFETY: the CPU has AVX-512F (the callers assert it); the asserts here and in
+    // `Pass::check` bound every index the kernel reads or writes.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        x86::image(pass, padded, packed, out)
+    }
+}
+
+/// The weight `[out_c, c_in, kh, kw]`, read through `at(out channel, in channel, dy,
+/// dx)`, as `[⌈out_c/16⌉, c_in, kh, kw, 16]`, channels past `out_c` zero.
+fn pack_weight(
+    (out_c, c_in): (usize, usize),
+    (kh, kw): (usize, usize),
+    at: impl Fn(usize, usize, usize, usize) -> f32,
+) -> Vec<f32> {
+    let per = c_in * kh * kw;
+    let blocks = out_c.div_ceil(LANES);
+    let mut packed = vec![0f32; blocks * per * LANES];
+    for oc in 0..out_c {
+        let dst = &mut packed[(oc / LANES) * per * LANES..][..per * LANES];
+        let lane = oc % LANES;
+        let mut i = 0;
+        for ch in 0..c_in {
+            for dy in 0..kh {
+                for dx in 0..kw {
+                    dst[i * LANES + lane] = at(oc, ch, dy, dx);
+                    i += 1;
+                }
+            }
+        }
+    }
+    packed
+}
+
+/// Planes `img` (`[c, h, w]`) with zeros around them, `[top, left, bottom, right]`:
+/// `[c, h + top + bottom, w + left + right]`.
+fn pad(img: &[f32], (c, h, w): (usize, usize, usize), [top, left, bottom, right]: [usize; 4]) -> Vec<f32> {
+    let (hp, wp) = (h + top + bottom, w + left + right);
+    let mut out = crate::scratch::take(c * hp * wp);
+    if hp == h && wp == w {
+        out.copy_from_slice(&img[..c * h * w]);
+        return out;
+    }
+    for (plane, src) in out.chunks_mut(hp * wp).zip(img.chunks(h * w)) {
+        plane[..top * wp].fill(0.0);
+        plane[(top + h) * wp..].fill(0.0);
+        for (row, s) in plane[top * wp..(top + h) * wp].chunks_mut(wp).zip(src.chunks(w)) {
+            row[..left].fill(0.0);
+            row[left..left + w].copy_from_slice(s);
+            row[left + w..].fill(0.0);
+        }
+    }
+    out
+}
+
+/// Splits `n` positions (or lane-blocks) into the fewest tiles of at most `max`, as even
+/// as can be: a row of 7 on 6-wide tiles is 4 + 3, not 6 + 1 (a one-wide tile runs at a
+/// fraction of the rate).
+fn tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = n.div_ceil(max);
+    let (base, extra) = (n / count, n % count);
+    (0..count).map(move |i| (i * base + i.min(extra), base + usize::from(i < extra)))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{tiles, Pass, LANES};
+    use std::arch::x86_64::*;
+
+    /// Lane-blocks of output channels per tile, and output positions per tile: 21
+    /// accumulators, 3 weight vectors and a broadcast in the 32 registers (4 × 7 spilled).
+    const BLOCKS: usize = 3;
+    const POSITIONS: usize = 7;
+
+    /// Every tile of one image: lane-blocks of output channels at most [`BLOCKS`] at a
+    /// time, each output row in tiles of at most [`POSITIONS`].
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `run`'s asserts hold.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn image(pass: &Pass, padded: &[f32], packed: &[f32], y: &mut [f32]) {
+        // Lane-blocks split as evenly as positions: 4 blocks as 2 + 2, not 3 + 1.
+        for (b0, nb) in tiles(pass.out_c.div_ceil(LANES), BLOCKS) {
+            for r in 0..pass.rows {
+                for (q0, t) in tiles(pass.cols, POSITIONS) {
+                    let at = Tile { b0, r, q0 };
+                    // One monomorphised kernel per (blocks, positions): the accumulators
+                    // must be a fixed set of registers.
+                    macro_rules! run {
+                        ($($nb:literal => [$($t:literal),*]),*) => {
+                            match (nb, t) {
+                                $($(($nb, $t) => tile::<$nb, $t>(pass, padded, packed, at, y),)*)*
+                                _ => unreachable!("tile {nb} x {t} beyond {BLOCKS} x {POSITIONS}"),
+                            }
+                        };
+                    }
+                    run!(1 => [1, 2, 3, 4, 5, 6, 7], 2 => [1, 2, 3, 4, 5, 6, 7], 3 => [1, 2, 3, 4, 5, 6, 7])
+                }
+            }
+        }
+    }
+
+    /// Where a tile lies: its first lane-block of output channels, its output row, its
+    /// first position in that row.
+    #[derive(Clone, Copy)]
+    struct Tile {
+        b0: usize,
+        r: usize,
+        q0: usize,
+    }
+
+    /// `NB` lane-blocks of output channels from `at.b0` by `NT` positions from `at.q0` of
+    /// output row `at.r`: the whole reduction over `c_in · kh · kw` in registers, then
+    /// written out, channels past `out_c` dropped.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile<const NB: usize, const NT: usize>(
+        pass: &Pass,
+        padded: &[f32],
+        packed: &[f32],
+        at: Tile,
+        y: &mut [f32],
+    ) {
+        let (kh, kw, s) = (pass.kh, pass.kw, pass.step);
+        let per = pass.c_in * kh * kw;
+        let mut acc = [[_mm512_setzero_ps(); NT]; NB];
+        let xp = padded.as_ptr();
+        let wb = packed.as_ptr().add(at.b0 * per * LANES);
+        for ch in 0..pass.c_in {
+            for dy in 0..kh {
+                // The input row that tap row `dy` of this output row reads, from the tile's
+                // first position's first tap.
+                let row = xp.add(
+                    (ch * pass.in_h + at.r * s + pass.row_off + dy) * pass.in_w + at.q0 * s + pass.col_off,
+                );
+                let wrow = wb.add((ch * kh + dy) * kw * LANES);
+                for dx in 0..kw {
+                    let mut wv = [_mm512_setzero_ps(); NB];
+                    for (j, v) in wv.iter_mut().enumerate() {
+                        *v = _mm512_loadu_ps(wrow.add(j * per * LANES + dx * LANES));
+                    }
+                    // Each broadcast feeds every block's accumulator at that position.
+                    #[allow(clippy::needless_range_loop)]
+                    for t in 0..NT {
+                        let xv = _mm512_set1_ps(*row.add(t * s + dx));
+                        for j in 0..NB {
+                            acc[j][t] = _mm512_fmadd_ps(wv[j], xv, acc[j][t]);
+                        }
+                    }
+                }
+            }
+        }
+        let mut lane_values = [0f32; LANES];
+        for (j, accs) in acc.iter().enumerate() {
+            let ch0 = (at.b0 + j) * LANES;
+            let live = pass.out_c.saturating_sub(ch0).min(LANES);
+            for (t, &v) in accs.iter().enumerate() {
+                _mm512_storeu_ps(lane_values.as_mut_ptr(), v);
+                let pos = pass.out_base + at.r * pass.out_rs + (at.q0 + t) * pass.out_cs;
+                for (lane, &value) in lane_values[..live].iter().enumerate() {
+                    *y.get_unchecked_mut((ch0 + lane) * pass.out_plane + pos) = value;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The convolution by its definition, in f64.
+    fn reference(x: &[f32], wt: &[f32], g: &Geometry) -> Vec<f32> {
+        let mut out = vec![0f32; g.b * g.o * g.oh * g.ow];
+        for n in 0..g.b {
+            for oc in 0..g.o {
+                for oy in 0..g.oh {
+                    for ox in 0..g.ow {
+                        let mut sum = 0f64;
+                        for ch in 0..g.c {
+                            for dy in 0..g.k {
+                                for dx in 0..g.k {
+                                    let iy = (oy * g.stride + dy) as isize - g.padding as isize;
+                                    let ix = (ox * g.stride + dx) as isize - g.padding as isize;
+                                    if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
+                                        continue;
+                                    }
+                                    let xv = x[((n * g.c + ch) * g.h + iy as usize) * g.w + ix as usize];
+                                    let wv = wt[((oc * g.c + ch) * g.k + dy) * g.k + dx];
+                                    sum += f64::from(xv) * f64::from(wv);
+                                }
+                            }
+                        }
+                        out[((n * g.o + oc) * g.oh + oy) * g.ow + ox] = sum as f32;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn geometry(
+        b: usize,
+        c: usize,
+        hw: (usize, usize),
+        o: usize,
+        k: usize,
+        stride: usize,
+        padding: usize,
+    ) -> Geometry {
+        let (h, w) = hw;
+        Geometry {
+            b,
+            c,
+            h,
+            w,
+            o,
+            k,
+            stride,
+            padding,
+            oh: (h + 2 * padding - k) / stride + 1,
+            ow: (w + 2 * padding - k) / stride + 1,
+        }
+    }
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tiles_cover_a_row_evenly() {
+        let all = |n, max| tiles(n, max).collect::<Vec<_>>();
+        assert_eq!(all(7, 6), vec![(0, 4), (4, 3)]);
+        assert_eq!(all(14, 7), vec![(0, 7), (7, 7)]);
+        assert_eq!(all(28, 6), vec![(0, 6), (6, 6), (12, 6), (18, 5), (23, 5)]);
+        assert_eq!(all(3, 7), vec![(0, 3)]);
+    }
+
+    #[test]
+    fn direct_convolutions_match_the_definition() {
+        if !cpu_has_avx512() {
+            eprintln!("no AVX-512 on this CPU: the direct convolution does not run here");
+            return;
+        }
+        // Strides 1 and 2, padding 0–2, output channels below, at and past a lane-block
+        // and past four of them, rows of 1–15 positions (every tile width, remainders).
+        let shapes = [
+            geometry(2, 3, (9, 11), 5, 3, 1, 1),
+            geometry(3, 4, (14, 14), 16, 4, 2, 1),
+            geometry(2, 2, (13, 15), 70, 3, 2, 0),
+            geometry(1, 5, (8, 8), 33, 2, 1, 0),
+            geometry(2, 1, (28, 28), 8, 3, 2, 2),
+            geometry(1, 3, (5, 30), 17, 5, 1, 2),
+            geometry(2, 2, (6, 6), 9, 1, 1, 0),
+        ];
+        for (i, g) in shapes.iter().enumerate() {
+            let x = values(g.b * g.c * g.h * g.w, i as u64);
+            let wt = values(g.o * g.c * g.k * g.k, 100 + i as u64);
+            let want = reference(&x, &wt, g);
+            // Unwritten values would show as NaN.
+            let mut out = vec![f32::NAN; want.len()];
+            forward(&x, &wt, *g, &mut out);
+            for (j, (a, b)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "{g:?} value {j}: {a} against {b}"
+                );
+            }
+        }
+    }
+
+    /// The input gradient by its definition, in f64: the adjoint of [`reference`].
+    fn reference_input_gradient(dy: &[f32], wt: &[f32], g: &Geometry) -> Vec<f32> {
+        let mut dx = vec![0f64; g.b * g.c * g.h * g.w];
+        for n in 0..g.b {
+            for oc in 0..g.o {
+                for oy in 0..g.oh {
+                    for ox in 0..g.ow {
+                        let gv = f64::from(dy[((n * g.o + oc) * g.oh + oy) * g.ow + ox]);
+                        for ch in 0..g.c {
+                            for ky in 0..g.k {
+                                for kx in 0..g.k {
+                                    let iy = (oy * g.stride + ky) as isize - g.padding as isize;
+                                    let ix = (ox * g.stride + kx) as isize - g.padding as isize;
+                                    if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
+                                        continue;
+                                    }
+                                    let wv = f64::from(wt[((oc * g.c + ch) * g.k + ky) * g.k + kx]);
+                                    dx[((n * g.c + ch) * g.h + iy as usize) * g.w + ix as usize] += gv * wv;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        dx.into_iter().map(|v| v as f32).collect()
+    }
+
+    #[test]
+    fn direct_input_gradients_match_the_definition() {
+        if !cpu_has_avx512() {
+            eprintln!("no AVX-512 on this CPU: the direct convolution does not run here");
+            return;
+        }
+        // Strides 1–3 (every phase, phases no tap reaches: k 1 or 2 at stride 3),
+        // padding 0–2, input sizes not a multiple of the stride, channels past a block.
+        let shapes = [
+            geometry(2, 5, (9, 11), 3, 3, 1, 1),
+            geometry(2, 17, (14, 14), 6, 4, 2, 1),
+            geometry(2, 20, (13, 15), 4, 3, 2, 0),
+            geometry(1, 33, (8, 8), 5, 2, 1, 0),
+            geometry(2, 3, (28, 27), 8, 3, 2, 2),
+            geometry(1, 18, (10, 12), 3, 2, 3, 1),
+            geometry(1, 4, (7, 9), 2, 1, 3, 0),
+            geometry(2, 9, (11, 10), 7, 5, 3, 2),
+        ];
+        for (i, g) in shapes.iter().enumerate() {
+            let dy = values(g.b * g.o * g.oh * g.ow, 200 + i as u64);
+            let wt = values(g.o * g.c * g.k * g.k, 300 + i as u64);
+            let want = reference_input_gradient(&dy, &wt, g);
+            let mut dx = vec![f32::NAN; want.len()];
+            backward_input(&dy, &wt, *g, &mut dx);
+            for (j, (a, b)) in dx.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "{g:?} value {j}: {a} against {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_kernels_larger_than_one_with_enough_channels_go_direct() {
+        let g = geometry(1, 16, (8, 8), 32, 3, 1, 1);
+        assert!(suits(&g) && suits(&Geometry { o: 8, ..g }));
+        assert!(!suits(&Geometry { c: 3, ..g }));
+        assert!(!suits(&Geometry { k: 1, ..g }));
+        assert!(!suits(&Geometry { o: 7, ..g }));
+        // The input gradient: input channels across the lanes, o·⌈k/s⌉² per phase.
+        let critic = geometry(1, 64, (14, 14), 128, 4, 2, 1);
+        assert!(suits_input_gradient(&critic));
+        assert!(!suits_input_gradient(&Geometry { c: 1, ..critic }));
+        assert!(
+            !suits_input_gradient(&Geometry { o: 31, ..critic })
+                && suits_input_gradient(&Geometry { o: 32, ..critic })
+        );
+    }
+}
