@@ -145,6 +145,19 @@ class TridentServer:
             lines = self.lines if last is None else self.lines[-last:]
             return "\n".join(lines)
 
+    def wait_log(self, needle: str, timeout: float = 10.0) -> bool:
+        """Whether `needle` appears in the log within `timeout` seconds. The server may
+        answer a request before its log line about it has reached the reader thread, so a
+        test that checks the log right after an answer waits for the line."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not any(needle in line for line in self.lines):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.2))
+            return True
+
     # -- start / stop ------------------------------------------------------------
 
     def wait_started(self, timeout: float = STARTUP_TIMEOUT_S) -> None:

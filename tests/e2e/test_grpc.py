@@ -476,7 +476,7 @@ def test_load_with_config_override_and_files(start_server, protocol):
         c.load_model("simple", config='{"max_batch_size": 16, "no_such_field": 1}')
     assert "failed to load 'simple'" in e.value.message() and "Invalid config override" in e.value.message()
     assert c.is_model_ready("simple"), "a failed override keeps the loaded version serving"
-    assert "Invalid config override" in srv.log()
+    assert srv.wait_log("Invalid config override"), srv.log(last=20)
     # A model delivered entirely by the request, as a fresh directory.
     onnx_bytes = (FIXTURE_MODELS / "mlp" / "1" / "model.onnx").read_bytes()
     mlp_config = (FIXTURE_MODELS / "mlp" / "config.pbtxt").read_text()

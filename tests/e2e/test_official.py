@@ -177,6 +177,6 @@ def test_model_control_example(tmp_path, script, without, protocol):
         srv.wait_started()
         url = srv.url if protocol == "http" else srv.grpc_url
         run_example(script, ["-u", url], "PASS: model control")
-        assert "Invalid config override" in srv.log(), "Triton's QA greps the server log for this"
+        assert srv.wait_log("Invalid config override"), "Triton's QA greps the server log for this"
     finally:
         assert srv.stop() == 0, srv.log(last=60)

@@ -15,15 +15,6 @@ import numpy as np
 MODEL = "simple_batched"  # max_queue_delay 200 ms: a lone request waits in the queue
 
 
-def wait_for_log(srv, needle: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if needle in srv.log():
-            return True
-        time.sleep(0.005)
-    return False
-
-
 def connection_refused(port: int, timeout: float) -> bool:
     """Whether a new connection to `port` is refused (or dropped unanswered) within
     `timeout` seconds of trying."""
@@ -73,7 +64,7 @@ def test_sigterm_drains_in_flight_request(start_server):
         srv.proc.send_signal(signal.SIGTERM)
 
         # The listener closes at once, while the queued request is still being served.
-        assert wait_for_log(srv, "shutting down", timeout=5), srv.log(last=20)
+        assert srv.wait_log("shutting down", timeout=5), srv.log(last=20)
         assert connection_refused(srv.http_port, timeout=1), (
             "a new connection was still served after SIGTERM:\n" + srv.log(last=20)
         )
