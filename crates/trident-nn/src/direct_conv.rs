@@ -13,7 +13,10 @@
 //! Used where it measured faster than unfolding (`conv_bench` against itself and oneDNN,
 //! docs/PERFORMANCE.md): on AVX-512, for kernels larger than 1 × 1 with enough output
 //! channels to fill the lanes, over a reduction (`c·k·k`) long enough to pay for writing
-//! the tile out. An AVX2 form (8 lanes, tiles of 2 × 6 in 16 registers) ran level with
+//! the tile out; [`forward`] for convolutions, [`backward_input`] for transposed
+//! convolutions and for the input gradient of a convolution whose weight is frozen (with
+//! a weight gradient wanted too, the unfolded backward pass shares its products' inputs
+//! and was as fast). An AVX2 form (8 lanes, tiles of 2 × 6 in 16 registers) ran level with
 //! unfolding onto OpenBLAS's Haswell kernels, or 1.2x slower (Fashion CNN conv2), and was
 //! not kept. `TRIDENT_CONV=unfold` turns it off (comparisons).
 
