@@ -471,34 +471,56 @@ mod x86 {
 mod tests {
     use super::*;
 
-    /// The convolution by its definition, in f64.
-    fn reference(x: &[f32], wt: &[f32], g: &Geometry) -> Vec<f32> {
-        let mut out = vec![0f32; g.b * g.o * g.oh * g.ow];
+    /// Calls `f(x index, weight index, output index)` for every multiply-add of the
+    /// convolution `g` by its definition (taps in the padding skipped).
+    fn each_product(g: &Geometry, mut f: impl FnMut(usize, usize, usize)) {
         for n in 0..g.b {
             for oc in 0..g.o {
                 for oy in 0..g.oh {
                     for ox in 0..g.ow {
-                        let mut sum = 0f64;
+                        let out = ((n * g.o + oc) * g.oh + oy) * g.ow + ox;
                         for ch in 0..g.c {
-                            for dy in 0..g.k {
-                                for dx in 0..g.k {
-                                    let iy = (oy * g.stride + dy) as isize - g.padding as isize;
-                                    let ix = (ox * g.stride + dx) as isize - g.padding as isize;
+                            for ky in 0..g.k {
+                                for kx in 0..g.k {
+                                    let iy = (oy * g.stride + ky) as isize - g.padding as isize;
+                                    let ix = (ox * g.stride + kx) as isize - g.padding as isize;
                                     if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
                                         continue;
                                     }
-                                    let xv = x[((n * g.c + ch) * g.h + iy as usize) * g.w + ix as usize];
-                                    let wv = wt[((oc * g.c + ch) * g.k + dy) * g.k + dx];
-                                    sum += f64::from(xv) * f64::from(wv);
+                                    let input = ((n * g.c + ch) * g.h + iy as usize) * g.w + ix as usize;
+                                    f(input, ((oc * g.c + ch) * g.k + ky) * g.k + kx, out);
                                 }
                             }
                         }
-                        out[((n * g.o + oc) * g.oh + oy) * g.ow + ox] = sum as f32;
                     }
                 }
             }
         }
-        out
+    }
+
+    /// The convolution by its definition, in f64.
+    fn reference(x: &[f32], wt: &[f32], g: &Geometry) -> Vec<f32> {
+        let mut out = vec![0f64; g.b * g.o * g.oh * g.ow];
+        each_product(g, |i, k, o| out[o] += f64::from(x[i]) * f64::from(wt[k]));
+        out.into_iter().map(|v| v as f32).collect()
+    }
+
+    /// The input gradient by its definition, in f64: the adjoint of [`reference`].
+    fn reference_input_gradient(dy: &[f32], wt: &[f32], g: &Geometry) -> Vec<f32> {
+        let mut dx = vec![0f64; g.b * g.c * g.h * g.w];
+        each_product(g, |i, k, o| dx[i] += f64::from(dy[o]) * f64::from(wt[k]));
+        dx.into_iter().map(|v| v as f32).collect()
+    }
+
+    /// Every value of `got` within 1e-4 (relative, above 1) of `want`'s.
+    fn assert_close(got: &[f32], want: &[f32], g: &Geometry) {
+        assert_eq!(got.len(), want.len());
+        for (j, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{g:?} value {j}: {a} against {b}"
+            );
+        }
     }
 
     fn geometry(
@@ -573,41 +595,8 @@ mod tests {
             // Unwritten values would show as NaN.
             let mut out = vec![f32::NAN; want.len()];
             forward(&x, &wt, *g, &mut out);
-            for (j, (a, b)) in out.iter().zip(&want).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                    "{g:?} value {j}: {a} against {b}"
-                );
-            }
+            assert_close(&out, &want, g);
         }
-    }
-
-    /// The input gradient by its definition, in f64: the adjoint of [`reference`].
-    fn reference_input_gradient(dy: &[f32], wt: &[f32], g: &Geometry) -> Vec<f32> {
-        let mut dx = vec![0f64; g.b * g.c * g.h * g.w];
-        for n in 0..g.b {
-            for oc in 0..g.o {
-                for oy in 0..g.oh {
-                    for ox in 0..g.ow {
-                        let gv = f64::from(dy[((n * g.o + oc) * g.oh + oy) * g.ow + ox]);
-                        for ch in 0..g.c {
-                            for ky in 0..g.k {
-                                for kx in 0..g.k {
-                                    let iy = (oy * g.stride + ky) as isize - g.padding as isize;
-                                    let ix = (ox * g.stride + kx) as isize - g.padding as isize;
-                                    if iy < 0 || ix < 0 || iy >= g.h as isize || ix >= g.w as isize {
-                                        continue;
-                                    }
-                                    let wv = f64::from(wt[((oc * g.c + ch) * g.k + ky) * g.k + kx]);
-                                    dx[((n * g.c + ch) * g.h + iy as usize) * g.w + ix as usize] += gv * wv;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        dx.into_iter().map(|v| v as f32).collect()
     }
 
     #[test]
@@ -634,12 +623,7 @@ mod tests {
             let want = reference_input_gradient(&dy, &wt, g);
             let mut dx = vec![f32::NAN; want.len()];
             backward_input(&dy, &wt, *g, &mut dx);
-            for (j, (a, b)) in dx.iter().zip(&want).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                    "{g:?} value {j}: {a} against {b}"
-                );
-            }
+            assert_close(&dx, &want, g);
         }
     }
 

@@ -3056,11 +3056,19 @@ mod tests {
         // Batches of 7 over planes below 128 outputs run in groups of images (the last one
         // smaller); 12 × 12 planes one image at a time; a 1 × 1 kernel without padding
         // copies whole planes.
+        // 3 → 4 channels unfold everywhere; 16 → 32 go direct on AVX-512 CPUs where the
+        // kernel is larger than 1 × 1 (`direct_conv::suits`; the frozen-weight input
+        // gradient below too, unless stride 3 leaves too few taps per phase).
         let shapes = [(2, 7, 7, 3), (7, 6, 6, 3), (7, 5, 5, 1), (3, 12, 12, 3)];
         let cases = [(1, 1), (2, 0), (1, 0), (2, 1), (3, 2)];
-        for ((b, h, wd, k), (stride, padding)) in shapes.into_iter().flat_map(|s| cases.map(|c| (s, c))) {
-            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, 3, h, wd), dev).unwrap()).unwrap();
-            let w = Var::from_tensor(&Tensor::randn(0f32, 1.0, (4, 3, k, k), dev).unwrap()).unwrap();
+        let channels = [(3, 4), (16, 32)];
+        for (((b, h, wd, k), (stride, padding)), (c, o)) in shapes
+            .into_iter()
+            .flat_map(|s| cases.map(|c| (s, c)))
+            .flat_map(|sc| channels.map(|ch| (sc, ch)))
+        {
+            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (b, c, h, wd), dev).unwrap()).unwrap();
+            let w = Var::from_tensor(&Tensor::randn(0f32, 1.0, (o, c, k, k), dev).unwrap()).unwrap();
             let probe_shape = x
                 .as_tensor()
                 .conv2d(w.as_tensor(), padding, stride, 1, 1)
@@ -3285,63 +3293,31 @@ mod tests {
         );
     }
 
-    /// Shapes wide enough for the direct kernels (`direct_conv`, on AVX-512 CPUs; elsewhere
-    /// these run unfolded): the convolution, its input gradient, and the transposed
-    /// convolution (the same input-gradient pass) against candle's own convolutions.
+    /// The transposed convolution on shapes wide enough for the direct kernel
+    /// (`direct_conv::backward_input`, on AVX-512 CPUs; elsewhere unfolded) against
+    /// candle's transposed convolution and against the input gradient of candle's
+    /// convolution, which it is.
     #[test]
-    fn direct_convolutions_match_candle_values_and_gradients() {
+    fn wide_transposed_convolutions_match_candle() {
         let dev = &Device::Cpu;
         let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         // Sizes the stride divides (candle's own input gradient has the wrong shape where a
-        // stride-2 convolution drops the last row or column).
+        // stride-2 convolution drops the last row or column with padding).
         for (k, stride, padding, (h, wd)) in [(3, 1, 1, (9, 10)), (4, 2, 1, (10, 8)), (3, 2, 0, (9, 11))] {
-            // conv2d 16 → 32 channels.
+            // The convolution 16 → 32 channels whose input gradient the transposed one is.
             let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (3, 16, h, wd), dev).unwrap()).unwrap();
-            let w = Var::from_tensor(&Tensor::randn(0f32, 0.3, (32, 16, k, k), dev).unwrap()).unwrap();
-            let geometry = Conv::checked(x.as_tensor(), w.as_tensor(), stride, padding)
+            let w = Tensor::randn(0f32, 0.3, (32, 16, k, k), dev).unwrap();
+            let geometry = Conv::checked(x.as_tensor(), &w, stride, padding)
                 .unwrap()
                 .direct((3, 16, h, wd, 0, 0), 32);
-            assert!(
-                crate::direct_conv::suits(&geometry) && crate::direct_conv::suits_input_gradient(&geometry)
-            );
-            let ours = conv2d(x.as_tensor(), w.as_tensor(), stride, padding).unwrap();
-            let theirs = x
-                .as_tensor()
-                .conv2d(w.as_tensor(), padding, stride, 1, 1)
-                .unwrap();
-            close(&flat(&ours), &flat(&theirs), 1e-4);
-            let probe = Tensor::randn(0f32, 1.0, ours.shape(), dev).unwrap();
-            let g1 = (ours * &probe).unwrap().sum_all().unwrap().backward().unwrap();
-            let g2 = (theirs * &probe).unwrap().sum_all().unwrap().backward().unwrap();
-            for v in [&x, &w] {
-                close(
-                    &flat(g1.get(v.as_tensor()).unwrap()),
-                    &flat(g2.get(v.as_tensor()).unwrap()),
-                    1e-4,
-                );
-            }
-            // A frozen weight: the input gradient alone (no groups run), the same.
-            let frozen = w.as_tensor().detach();
-            let g3 = (conv2d(x.as_tensor(), &frozen, stride, padding).unwrap() * &probe)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            assert!(g3.get(&frozen).is_none());
-            close(
-                &flat(g3.get(x.as_tensor()).unwrap()),
-                &flat(g2.get(x.as_tensor()).unwrap()),
-                1e-4,
-            );
-            // The transposed convolution of `probe` ([3, 32, ·, ·]) back to 16 channels is
-            // the convolution's input gradient, and candle's transposed convolution.
-            let up = conv_transpose2d(&probe, w.as_tensor(), stride, padding).unwrap();
-            close(&flat(&up), &flat(g2.get(x.as_tensor()).unwrap()), 1e-4);
-            let theirs_up = probe
-                .conv_transpose2d(w.as_tensor(), padding, 0, stride, 1)
-                .unwrap();
-            close(&flat(&up), &flat(&theirs_up), 1e-4);
+            assert!(crate::direct_conv::suits_input_gradient(&geometry));
+            let y = x.as_tensor().conv2d(&w, padding, stride, 1, 1).unwrap();
+            let probe = Tensor::randn(0f32, 1.0, y.shape(), dev).unwrap();
+            let grads = (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let up = conv_transpose2d(&probe, &w, stride, padding).unwrap();
+            close(&flat(&up), &flat(grads.get(x.as_tensor()).unwrap()), 1e-4);
+            let theirs = probe.conv_transpose2d(&w, padding, 0, stride, 1).unwrap();
+            close(&flat(&up), &flat(&theirs), 1e-4);
         }
     }
 
