@@ -1,4 +1,5 @@
-//! A convolution's forward pass computed directly, without unfolding patches.
+//! A convolution's forward pass and input gradient computed directly, without unfolding
+//! patches.
 //!
 //! [`crate::ops::conv2d`] unfolds each image's patches (`[c·k·k, oh·ow]`) and hands them to
 //! the GEMM, which copies them once more into its own packed panels: two passes over a
@@ -79,7 +80,7 @@ pub(crate) fn suits(g: &Geometry) -> bool {
 /// columns (and rows) per output position, and `rows × cols` output positions per output
 /// channel, each written to `out[ch · out_plane + out_base + r · out_rs + q · out_cs]`.
 /// Output row `r`, tap `(dy, dx)` at position `q` read input `(r·step + row_off + dy,
-/// q·step + col_off + dx)`.
+/// q·step + col_off + dx)`. A pass without taps (`kh` or `kw` 0) writes zeros.
 #[derive(Clone, Copy, Debug)]
 struct Pass {
     c_in: usize,
@@ -102,7 +103,10 @@ struct Pass {
 impl Pass {
     /// Panics unless every input the pass reads lies in its padded planes.
     fn check(&self) {
-        assert!(self.rows > 0 && self.cols > 0 && self.kh > 0 && self.kw > 0);
+        assert!(self.rows > 0 && self.cols > 0);
+        if self.kh == 0 || self.kw == 0 {
+            return; // reads nothing
+        }
         assert!(
             (self.rows - 1) * self.step + self.row_off + self.kh <= self.in_h,
             "{self:?}: rows"
@@ -140,8 +144,7 @@ pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry, out: &mut [f32]) {
         oh,
         ow,
     } = g;
-    assert!(x.len() >= b * c * h * w && wt.len() >= o * c * k * k && out.len() >= b * o * oh * ow);
-    assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
+    assert!(wt.len() >= o * c * k * k);
     let pass = Pass {
         c_in: c,
         in_h: h + 2 * p,
@@ -159,18 +162,16 @@ pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry, out: &mut [f32]) {
         out_rs: ow,
         out_cs: 1,
     };
-    pass.check();
     let packed = pack_weight((o, c), (k, k), |oc, ch, dy, dx| {
         wt[((oc * c + ch) * k + dy) * k + dx]
     });
-    out[..b * o * oh * ow]
-        .par_chunks_mut(o * oh * ow)
-        .enumerate()
-        .for_each(|(n, y)| {
-            let padded = pad(&x[n * c * h * w..(n + 1) * c * h * w], (c, h, w), [p, p, p, p]);
-            run(&pass, &padded, &packed, y);
-            crate::scratch::give(padded);
-        });
+    run_images(
+        x,
+        (c, h, w),
+        [p; 4],
+        &[(pass, packed)],
+        (&mut out[..b * o * oh * ow], o * oh * ow),
+    );
 }
 
 /// `dx` (`[b, c, h, w]`, every value written) = the input gradient of the convolution
@@ -180,7 +181,7 @@ pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry, out: &mut [f32]) {
 /// At stride `s`, the inputs of one phase `(iy mod s, ix mod s)` are reached by the taps
 /// `kh ≡ iy + p (mod s)` only, from output rows one apart: each phase is a stride-1
 /// convolution of `dy` with that phase's taps (flipped), written to every `s`-th input.
-/// A phase no tap reaches (a kernel smaller than the stride) is zero.
+/// A phase no tap reaches (a kernel smaller than the stride) is a pass without taps: zero.
 ///
 /// # Panics
 /// Unless the CPU has AVX-512F ([`cpu_has_avx512`]) and the slices hold the geometry.
@@ -197,8 +198,7 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]
         oh,
         ow,
     } = g;
-    assert!(dy.len() >= b * o * oh * ow && wt.len() >= o * c * k * k && dx.len() >= b * c * h * w);
-    assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
+    assert!(wt.len() >= o * c * k * k);
     // Along one axis, for phase r: the first tap (kh0 ≡ r + p mod s), the number of taps,
     // the output index of the last tap at phase index 0 (e = (r + p) div s), the number of
     // inputs in the phase.
@@ -221,15 +221,14 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]
                 continue;
             }
             lo = lo.max((taps - 1).saturating_sub(e));
-            hi = hi.max((count - 1 + e + 1).saturating_sub(outs));
+            hi = hi.max((count + e).saturating_sub(outs));
         }
         (lo, hi)
     };
     let ((top, bottom), (left, right)) = (pads(h, oh), pads(w, ow));
     let (in_h, in_w) = (oh + top + bottom, ow + left + right);
-    // One pass and packed weight per phase that has taps and inputs; the rest zero.
+    // One pass and packed weight per phase that has inputs.
     let mut passes = Vec::new();
-    let mut empty = Vec::new();
     for ry in 0..s {
         for rx in 0..s {
             let (fy, ty, ey, ny) = axis(ry, h);
@@ -237,10 +236,7 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]
             if ny == 0 || nx == 0 {
                 continue;
             }
-            if ty == 0 || tx == 0 {
-                empty.push((ry, rx, ny, nx));
-                continue;
-            }
+            let taps = ty > 0 && tx > 0;
             let pass = Pass {
                 c_in: o,
                 in_h,
@@ -248,8 +244,8 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]
                 kh: ty,
                 kw: tx,
                 step: 1,
-                row_off: ey + top - (ty - 1),
-                col_off: ex + left - (tx - 1),
+                row_off: if taps { ey + top + 1 - ty } else { 0 },
+                col_off: if taps { ex + left + 1 - tx } else { 0 },
                 out_c: c,
                 rows: ny,
                 cols: nx,
@@ -258,7 +254,6 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]
                 out_rs: s * w,
                 out_cs: s,
             };
-            pass.check();
             // Tap (a, b) of the pass is kernel tap (first + s·(taps − 1 − a), …): flipped.
             let packed = pack_weight((c, o), (ty, tx), |ch, oc, a, bb| {
                 wt[((oc * c + ch) * k + fy + s * (ty - 1 - a)) * k + fx + s * (tx - 1 - bb)]
@@ -266,29 +261,37 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]
             passes.push((pass, packed));
         }
     }
-    dx[..b * c * h * w]
-        .par_chunks_mut(c * h * w)
-        .enumerate()
-        .for_each(|(n, d)| {
-            let padded = pad(
-                &dy[n * o * oh * ow..(n + 1) * o * oh * ow],
-                (o, oh, ow),
-                [top, left, bottom, right],
-            );
-            for (pass, packed) in &passes {
-                run(pass, &padded, packed, d);
-            }
-            for &(ry, rx, ny, nx) in &empty {
-                for plane in d.chunks_mut(h * w) {
-                    for qy in 0..ny {
-                        for qx in 0..nx {
-                            plane[(qy * s + ry) * w + qx * s + rx] = 0.0;
-                        }
-                    }
-                }
-            }
-            crate::scratch::give(padded);
-        });
+    run_images(
+        dy,
+        (o, oh, ow),
+        [top, left, bottom, right],
+        &passes,
+        (&mut dx[..b * c * h * w], c * h * w),
+    );
+}
+
+/// Runs `passes` (each with its packed weight) over every image of `src` (images of
+/// `[c, h, w]`, each padded by `pads` as [`pad`] does), image `n` into the `n`-th chunk of
+/// `out_per` values of `out`; images in parallel on rayon's pool.
+fn run_images(
+    src: &[f32],
+    (c, h, w): (usize, usize, usize),
+    pads: [usize; 4],
+    passes: &[(Pass, Vec<f32>)],
+    (out, out_per): (&mut [f32], usize),
+) {
+    assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
+    assert!(src.len() >= out.len() / out_per * c * h * w);
+    for (pass, _) in passes {
+        pass.check();
+    }
+    out.par_chunks_mut(out_per).enumerate().for_each(|(n, y)| {
+        let padded = pad(&src[n * c * h * w..(n + 1) * c * h * w], (c, h, w), pads);
+        for (pass, packed) in passes {
+            run(pass, &padded, packed, y);
+        }
+        crate::scratch::give(padded);
+    });
 }
 
 /// Runs `pass` over one padded input into `out`.
@@ -300,8 +303,8 @@ fn run(pass: &Pass, padded: &[f32], packed: &[f32], out: &mut [f32]) {
         + (pass.rows - 1) * pass.out_rs
         + (pass.cols - 1) * pass.out_cs;
     assert!(out.len() > last, "{pass:?}: output");
-    // SAFETY: the CPU has AVX-512F (the callers assert it); the asserts here and in
-    // `Pass::check` bound every index the kernel reads or writes.
+    // SAFETY: the CPU has AVX-512F (`run_images` asserts it); the asserts here and in
+    // `Pass::check` (run by `run_images`) bound every index the kernel reads or writes.
     #[cfg(target_arch = "x86_64")]
     unsafe {
         x86::image(pass, padded, packed, out)
@@ -388,7 +391,7 @@ mod x86 {
                     let at = Tile { b0, r, q0 };
                     // One monomorphised kernel per (blocks, positions): the accumulators
                     // must be a fixed set of registers.
-                    macro_rules! run {
+                    macro_rules! dispatch {
                         ($($nb:literal => [$($t:literal),*]),*) => {
                             match (nb, t) {
                                 $($(($nb, $t) => tile::<$nb, $t>(pass, padded, packed, at, y),)*)*
@@ -396,7 +399,7 @@ mod x86 {
                             }
                         };
                     }
-                    run!(1 => [1, 2, 3, 4, 5, 6, 7], 2 => [1, 2, 3, 4, 5, 6, 7], 3 => [1, 2, 3, 4, 5, 6, 7])
+                    dispatch!(1 => [1, 2, 3, 4, 5, 6, 7], 2 => [1, 2, 3, 4, 5, 6, 7], 3 => [1, 2, 3, 4, 5, 6, 7])
                 }
             }
         }
