@@ -299,23 +299,14 @@ impl Trainer {
                 examples_per_second: (seen - seen_before) as f64 / seconds.max(1e-9),
                 figures,
             })?;
-            state.epoch += 1;
-            state.batch_in_epoch = 0;
-            state.epoch_sums = (0.0, 0, 0, 0);
             state.extra_sums = vec![0.0; SUMS];
-            let verdict = rule.judge(&mut state, epoch, metric);
-            state.finished = state.epoch >= c.epochs || verdict.early;
+            let verdict = rule.end_epoch(&mut state, epoch, metric, c.epochs);
             checkpoints.save_epoch(params, &state, &[&generator, &critic], verdict.improved)?;
             log.plots_periodically()?;
             if verdict.early {
                 early_stopped = true;
                 if self.progress {
-                    eprintln!(
-                        "early stop: no better epoch for {} epochs (best {:.4} at epoch {})",
-                        state.epochs_without_improvement,
-                        state.best_metric.unwrap_or(f64::NAN),
-                        state.best_epoch.unwrap_or(0) + 1
-                    );
+                    eprintln!("{}", rule.stop_message(&state));
                 }
                 break;
             }

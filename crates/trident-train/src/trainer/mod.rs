@@ -438,13 +438,7 @@ impl Trainer {
             if verdict.early {
                 early_stopped = true;
                 if self.progress {
-                    eprintln!(
-                        "early stop: {:?} has not improved for {} epochs (best {:.4} at epoch {})",
-                        c.monitor,
-                        run.state.epochs_without_improvement,
-                        run.state.best_metric.unwrap_or(f64::NAN),
-                        run.state.best_epoch.unwrap_or(0)
-                    );
+                    eprintln!("{}", rule.stop_message(&run.state));
                 }
                 break;
             }
@@ -711,12 +705,7 @@ impl Run<'_> {
             }),
             None => None,
         };
-        let state = &mut self.state;
-        state.epoch += 1;
-        state.batch_in_epoch = 0;
-        state.epoch_sums = (0.0, 0, 0, 0);
-        let verdict = rule.judge(state, epoch, metric);
-        state.finished = state.epoch >= self.config.epochs || verdict.early;
+        let verdict = rule.end_epoch(&mut self.state, epoch, metric, self.config.epochs);
         self.checkpoints
             .save_epoch(params, &self.state, &[&self.updater], verdict.improved)?;
         self.log.plots_periodically()?;

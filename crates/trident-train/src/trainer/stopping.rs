@@ -72,11 +72,71 @@ impl EarlyStopping {
             .is_some_and(|p| state.epochs_without_improvement >= p);
         Verdict { improved, early }
     }
+
+    /// Ends epoch `epoch` in `state`: the counters move to the next epoch, `metric` is
+    /// judged ([`Self::judge`]), and the run is finished after the last of `epochs` or an
+    /// early stop. Both training loops end their epochs here.
+    pub fn end_epoch(
+        &self,
+        state: &mut TrainerState,
+        epoch: u64,
+        metric: Option<f64>,
+        epochs: u64,
+    ) -> Verdict {
+        state.epoch += 1;
+        state.batch_in_epoch = 0;
+        state.epoch_sums = (0.0, 0, 0, 0);
+        let verdict = self.judge(state, epoch, metric);
+        state.finished = state.epoch >= epochs || verdict.early;
+        verdict
+    }
+
+    /// What an early stop says (epochs counted from 1, as the progress bar does).
+    pub fn stop_message(&self, state: &TrainerState) -> String {
+        format!(
+            "early stop: {:?} has not improved for {} epochs (best {:.4} at epoch {})",
+            self.monitor,
+            state.epochs_without_improvement,
+            state.best_metric.unwrap_or(f64::NAN),
+            state.best_epoch.map_or(0, |e| e + 1)
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ending_an_epoch_moves_the_counters_and_finishes_on_the_last_or_an_early_stop() {
+        let mut s = super::super::checkpoints::fresh_state("h");
+        let rule = EarlyStopping {
+            monitor: Monitor::ValLoss,
+            patience: Some(1),
+        };
+        (s.batch_in_epoch, s.epoch_sums) = (7, (1.5, 3, 2, 96));
+        let v = rule.end_epoch(&mut s, 0, Some(0.5), 3);
+        assert_eq!((s.epoch, s.batch_in_epoch, s.epoch_sums), (1, 0, (0.0, 0, 0, 0)));
+        assert!(v.improved && !v.early && !s.finished);
+        let v = rule.end_epoch(&mut s, 1, Some(0.6), 3);
+        assert!(
+            !v.improved && v.early && s.finished,
+            "patience 1: the first worse epoch stops"
+        );
+        assert_eq!(
+            rule.stop_message(&s),
+            "early stop: ValLoss has not improved for 1 epochs (best 0.5000 at epoch 1)"
+        );
+        let mut s = super::super::checkpoints::fresh_state("h");
+        let patient = EarlyStopping {
+            patience: None,
+            ..rule
+        };
+        patient.end_epoch(&mut s, 0, Some(0.5), 2);
+        assert!(!s.finished);
+        patient.end_epoch(&mut s, 1, Some(0.6), 2);
+        assert!(s.finished, "the last epoch finishes the run");
+    }
 
     #[test]
     fn patience_counts_epochs_without_improvement_of_the_monitored_metric() {
