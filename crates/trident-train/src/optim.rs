@@ -140,13 +140,8 @@ impl Optimizer {
         // they read.
         let unfused = matches!(self.config, OptimizerConfig::Adamw { fused: false, .. });
         for (p, g) in params.iter().zip(grads) {
-            let scaled: Vec<f32>;
-            let g: &[f32] = if unfused && scale != 1.0 {
-                scaled = g.iter().map(|x| x * scale).collect();
-                &scaled
-            } else {
-                g
-            };
+            let g = scaled_copy(g, if unfused { scale } else { 1.0 });
+            let g: &[f32] = &g;
             let n = p.var.elem_count();
             if n != g.len() {
                 candle_core::bail!(
@@ -283,14 +278,12 @@ impl OptimizerConfig {
         t: u64,
         scale: f32,
     ) {
-        let scaled: Vec<f32>;
-        let g = match self {
-            OptimizerConfig::Sgd { .. } | OptimizerConfig::Rmsprop { .. } if scale != 1.0 => {
-                scaled = g.iter().map(|x| x * scale).collect();
-                &scaled[..]
-            }
-            _ => g,
+        let copy_scale = match self {
+            OptimizerConfig::Sgd { .. } | OptimizerConfig::Rmsprop { .. } => scale,
+            OptimizerConfig::Adamw { .. } => 1.0,
         };
+        let g = scaled_copy(g, copy_scale);
+        let g: &[f32] = &g;
         match *self {
             OptimizerConfig::Adamw {
                 beta1,
@@ -485,6 +478,16 @@ pub fn clip_factor(norm: f64, max_norm: f64) -> f32 {
         coef as f32
     } else {
         1.0
+    }
+}
+
+/// `g` times `scale`, as a copy unless `scale` is 1 (the optimizers that do not scale as
+/// they read).
+fn scaled_copy(g: &[f32], scale: f32) -> std::borrow::Cow<'_, [f32]> {
+    if scale == 1.0 {
+        std::borrow::Cow::Borrowed(g)
+    } else {
+        std::borrow::Cow::Owned(g.iter().map(|x| x * scale).collect())
     }
 }
 
