@@ -526,6 +526,7 @@ mod tests {
                 .iter()
                 .zip(&got)
                 .map(|(x, y)| (x - y).abs())
+                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
                 .fold(0f32, f32::max);
             assert!(err < 1e-4, "ta={ta} tb={tb}: max error {err}");
             // The fallback kernel, whichever backend this machine uses.
@@ -546,6 +547,7 @@ mod tests {
                 .iter()
                 .zip(&fallback)
                 .map(|(x, y)| (x - y).abs())
+                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
                 .fold(0f32, f32::max);
             assert!(err < 1e-4, "gemm crate ta={ta} tb={tb}: max error {err}");
             // beta = 1 accumulates.
@@ -554,6 +556,7 @@ mod tests {
                 .iter()
                 .zip(&got)
                 .map(|(x, y)| (2.0 * x - y).abs())
+                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
                 .fold(0f32, f32::max);
             assert!(err < 1e-4, "ta={ta} tb={tb} accumulate: max error {err}");
         }

@@ -29,7 +29,12 @@ fn vals(t: &Tensor) -> Vec<f32> {
 fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f32) {
     assert_eq!(got.dims(), want.dims(), "{what}: shape");
     let (g, w) = (vals(got), vals(want));
-    let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let worst = g
+        .iter()
+        .zip(&w)
+        .map(|(a, b)| (a - b).abs())
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
+        .fold(0f32, f32::max);
     assert!(worst <= tol, "{what}: max abs difference {worst} > {tol}");
 }
 

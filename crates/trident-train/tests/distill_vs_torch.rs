@@ -18,7 +18,11 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
         b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
     );
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
+        .fold(0.0, f32::max)
 }
 
 #[test]

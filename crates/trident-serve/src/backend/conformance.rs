@@ -34,7 +34,12 @@ fn assert_close(name: &str, got: &Tensor, want: &Tensor, tol: f32) {
     assert_eq!(got.dtype(), want.dtype(), "{name} dtype");
     if got.dtype() == DataType::F32 {
         let (g, w) = (got.to_f32().unwrap(), want.to_f32().unwrap());
-        let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let worst = g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| (a - b).abs())
+            .map(|d| if d.is_nan() { f32::INFINITY } else { d })
+            .fold(0f32, f32::max);
         assert!(worst <= tol, "{name}: max abs diff {worst} > {tol}");
     } else {
         assert_eq!(got.data(), want.data(), "{name} data");
