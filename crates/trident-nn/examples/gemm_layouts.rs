@@ -10,6 +10,7 @@
 //! mixed-precision linear layer uses them.
 //!
 //!     cargo run --release -p trident-nn --example gemm_layouts
+//!     ONLY=bf16 cargo run …   # the bf16 products alone (for tuning or profiling them)
 
 mod common;
 use common::median_ms;
@@ -30,6 +31,41 @@ fn main() -> candle_core::Result<()> {
     let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
     let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?; // PyTorch layout [out, in]
     let g = Tensor::randn(0f32, 1.0, (m, n), &dev)?;
+    let f32_too = std::env::var("ONLY").map_or(true, |v| v != "bf16");
+    if f32_too {
+        f32_products(&x, &w, &g, &report)?;
+    }
+    let (xv, wv, gv) = (
+        x.flatten_all()?.to_vec1::<f32>()?,
+        w.flatten_all()?.to_vec1::<f32>()?,
+        g.flatten_all()?.to_vec1::<f32>()?,
+    );
+    let (mut out, mut dx, mut dw) = (vec![0f32; m * n], vec![0f32; m * k], vec![0f32; n * k]);
+    println!("bf16 kernel: {}", bf16::backend());
+    let (xo, wo, go) = (
+        Operand::F32(Mat::new(&xv, k)),
+        Operand::F32(Mat::new(&wv, k)),
+        Operand::F32(Mat::new(&gv, n)),
+    );
+    report(
+        "bf16    x · wᵀ (forward)",
+        median_ms(15, || bf16::gemm(m, n, k, xo, wo.t(), 0.0, &mut out)),
+    );
+    report(
+        "bf16    g · w (input gradient)",
+        median_ms(15, || bf16::gemm(m, k, n, go, wo, 0.0, &mut dx)),
+    );
+    report(
+        "bf16    gᵀ · x (weight gradient)",
+        median_ms(15, || bf16::gemm(n, k, m, go.t(), xo, 0.0, &mut dw)),
+    );
+    Ok(())
+}
+
+/// candle's and Trident's f32 products on the feed-forward shape, then every MiniLM shape.
+fn f32_products(x: &Tensor, w: &Tensor, g: &Tensor, report: &impl Fn(&str, f64)) -> candle_core::Result<()> {
+    let (m, k) = x.dims2()?;
+    let n = w.dims2()?.0;
     let wt = w.t()?.contiguous()?;
     report(
         "candle  x · wᵀ (strided view)",
@@ -75,24 +111,6 @@ fn main() -> candle_core::Result<()> {
         }),
     );
     minilm_shapes();
-    println!("bf16 kernel: {}", bf16::backend());
-    let (xo, wo, go) = (
-        Operand::F32(Mat::new(&xv, k)),
-        Operand::F32(Mat::new(&wv, k)),
-        Operand::F32(Mat::new(&gv, n)),
-    );
-    report(
-        "bf16    x · wᵀ (forward)",
-        median_ms(15, || bf16::gemm(m, n, k, xo, wo.t(), 0.0, &mut out)),
-    );
-    report(
-        "bf16    g · w (input gradient)",
-        median_ms(15, || bf16::gemm(m, k, n, go, wo, 0.0, &mut dx)),
-    );
-    report(
-        "bf16    gᵀ · x (weight gradient)",
-        median_ms(15, || bf16::gemm(n, k, m, go.t(), xo, 0.0, &mut dw)),
-    );
     Ok(())
 }
 
