@@ -88,12 +88,7 @@ fn check(
             }
         }
         assert_eq!(got.len(), want.len(), "{name} on {}", engine.name());
-        let worst = got
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-            .fold(0f32, f32::max);
+        let worst = trident_nn::math::max_abs_diff(&got, want);
         assert!(
             worst <= tol,
             "{name} on {}: max |difference| {worst} > {tol}\n got {got:?}\nwant {want:?}",
@@ -334,12 +329,7 @@ fn gan_generator_images_match_candle() {
         assert_eq!(out[0].0, "image");
         assert_eq!(out[0].1.shape(), [3, 1, 8, 8]);
         let got = out[0].1.to_f32().unwrap();
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-            .fold(0f32, f32::max);
+        let worst = trident_nn::math::max_abs_diff(&got, &want);
         assert!(
             worst < 1e-5,
             "generator on {}: max |difference| {worst}",

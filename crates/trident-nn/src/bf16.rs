@@ -1040,15 +1040,6 @@ mod tests {
         out
     }
 
-    /// The largest difference, infinite where either holds NaN (`f32::max` would skip it).
-    fn max_err(x: &[f32], y: &[f32]) -> f32 {
-        x.iter()
-            .zip(y)
-            .map(|(a, b)| (a - b).abs())
-            .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-            .fold(0.0, f32::max)
-    }
-
     /// Every layout, ragged sizes (not multiples of the 32-wide blocks) and both output
     /// modes, on whichever kernel this machine has and on the portable one.
     #[test]
@@ -1086,11 +1077,11 @@ mod tests {
                     let mut got = vec![f32::NAN; m * n];
                     crate::scratch::poison();
                     gemm(m, n, k, lhs, b, 0.0, &mut got);
-                    let err = max_err(&want, &got);
+                    let err = crate::math::max_abs_diff(&want, &got);
                     assert!(err < 1e-4, "{m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}");
                     let mut portable = vec![f32::NAN; m * n];
                     widened(m, n, k, lhs, b, 0.0, &mut portable);
-                    let err = max_err(&want, &portable);
+                    let err = crate::math::max_abs_diff(&want, &portable);
                     assert!(
                         err < 1e-4,
                         "portable {m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}"
@@ -1098,7 +1089,10 @@ mod tests {
                     // beta = 1 accumulates onto what the output holds.
                     gemm(m, n, k, lhs, b, 1.0, &mut got);
                     let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
-                    assert!(max_err(&twice, &got) < 2e-4, "{m}x{n}x{k} accumulate");
+                    assert!(
+                        crate::math::max_abs_diff(&twice, &got) < 2e-4,
+                        "{m}x{n}x{k} accumulate"
+                    );
                 }
             }
         }
@@ -1120,7 +1114,7 @@ mod tests {
             0.0,
             &mut got,
         );
-        let err = max_err(&exact, &got);
+        let err = crate::math::max_abs_diff(&exact, &got);
         // Each operand carries a relative error of at most 2^-9; |a|,|b| ≤ 0.5, k = 256.
         assert!(
             err > 0.0 && err < 256.0 * 0.25 * 2.0 * (2f32).powi(-9),
@@ -1168,11 +1162,14 @@ mod tests {
                     };
                     let mut got = vec![f32::NAN; m * n];
                     matmul(true, m, n, k, lhs, Operand::F32(b), 0.0, &mut got);
-                    let err = max_err(&want, &got);
+                    let err = crate::math::max_abs_diff(&want, &got);
                     assert!(err < 1e-4, "{m}x{n}x{k} ta={ta} tb={tb}: error {err}");
                     matmul(true, m, n, k, lhs, Operand::F32(b), 1.0, &mut got);
                     let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
-                    assert!(max_err(&twice, &got) < 2e-4, "{m}x{n}x{k} accumulate");
+                    assert!(
+                        crate::math::max_abs_diff(&twice, &got) < 2e-4,
+                        "{m}x{n}x{k} accumulate"
+                    );
                 }
             }
         }

@@ -522,12 +522,7 @@ mod tests {
             let want = naive(m, n, k, am, bm);
             let mut got = vec![1f32; m * n];
             gemm(m, n, k, 1.0, am, bm, 0.0, &mut got);
-            let err = want
-                .iter()
-                .zip(&got)
-                .map(|(x, y)| (x - y).abs())
-                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-                .fold(0f32, f32::max);
+            let err = crate::math::max_abs_diff(&want, &got);
             assert!(err < 1e-4, "ta={ta} tb={tb}: max error {err}");
             // The fallback kernel, whichever backend this machine uses.
             let mut fallback = vec![1f32; m * n];
@@ -543,21 +538,12 @@ mod tests {
                 n,
                 gemm::Parallelism::Rayon(2),
             );
-            let err = want
-                .iter()
-                .zip(&fallback)
-                .map(|(x, y)| (x - y).abs())
-                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-                .fold(0f32, f32::max);
+            let err = crate::math::max_abs_diff(&want, &fallback);
             assert!(err < 1e-4, "gemm crate ta={ta} tb={tb}: max error {err}");
             // beta = 1 accumulates.
             gemm(m, n, k, 1.0, am, bm, 1.0, &mut got);
-            let err = want
-                .iter()
-                .zip(&got)
-                .map(|(x, y)| (2.0 * x - y).abs())
-                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-                .fold(0f32, f32::max);
+            let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();
+            let err = crate::math::max_abs_diff(&twice, &got);
             assert!(err < 1e-4, "ta={ta} tb={tb} accumulate: max error {err}");
         }
     }

@@ -18,6 +18,18 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// Below this e^x is smaller than the smallest normal f32; [`exp`] returns 0 there.
 const EXP_LOW: f32 = -87.3;
 
+/// The largest `|a[i] - b[i]|`, infinite where either side holds NaN: what tests and
+/// numerical checks compare against a tolerance. (`fold(0.0, f32::max)` alone skips NaN,
+/// so an output left NaN would pass any tolerance.)
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "max_abs_diff: lengths differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
+        .fold(0.0, f32::max)
+}
+
 /// e^x for finite x: exactly 0 below -87.3 (where e^x is no longer a normal f32), and
 /// saturating at ≈ 2.1e38 above 88.3.
 ///
@@ -283,6 +295,15 @@ dispatch!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_abs_diff_counts_nan_as_infinite() {
+        assert_eq!(max_abs_diff(&[1.0, -2.0, 3.0], &[1.5, -2.0, 0.0]), 3.0);
+        assert_eq!(max_abs_diff(&[], &[]), 0.0);
+        assert_eq!(max_abs_diff(&[1.0, f32::NAN], &[1.0, 1.0]), f32::INFINITY);
+        assert_eq!(max_abs_diff(&[1.0, 2.0], &[f32::NAN, 2.0]), f32::INFINITY);
+        assert!(std::panic::catch_unwind(|| max_abs_diff(&[1.0], &[1.0, 2.0])).is_err());
+    }
 
     #[test]
     fn sigmoid_matches_f64_and_saturates_without_overflow() {

@@ -41,12 +41,7 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
+    trident_nn::math::max_abs_diff(a, b)
 }
 
 fn bf16(x: f32) -> f32 {

@@ -67,12 +67,7 @@ fn pretrained_logits_match_pytorch() {
             got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
             want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
         );
-        let worst = g
-            .iter()
-            .zip(&w)
-            .map(|(a, b)| (a - b).abs())
-            .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-            .fold(0f32, f32::max);
+        let worst = trident_nn::math::max_abs_diff(&g, &w);
         assert!(worst < 2e-3, "{input}: max |logit difference| {worst}");
         // The same top class per image.
         let top = |v: &[f32]| -> Vec<usize> {

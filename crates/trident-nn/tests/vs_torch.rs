@@ -29,12 +29,7 @@ fn vals(t: &Tensor) -> Vec<f32> {
 fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f32) {
     assert_eq!(got.dims(), want.dims(), "{what}: shape");
     let (g, w) = (vals(got), vals(want));
-    let worst = g
-        .iter()
-        .zip(&w)
-        .map(|(a, b)| (a - b).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0f32, f32::max);
+    let worst = trident_nn::math::max_abs_diff(&g, &w);
     assert!(worst <= tol, "{what}: max abs difference {worst} > {tol}");
 }
 

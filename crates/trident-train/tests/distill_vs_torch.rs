@@ -18,11 +18,7 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
         b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
     );
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .map(|d| if d.is_nan() { f32::INFINITY } else { d })
-        .fold(0.0, f32::max)
+    trident_nn::math::max_abs_diff(&a, &b)
 }
 
 #[test]
