@@ -118,7 +118,7 @@ fn fused_adamw_matches_candle_nn() {
     );
     assert_eq!(ours(false, Some(1)), reference, "unfused, resumed from its state");
     for (got, want) in ours(true, None).iter().zip(&reference) {
-        let d = trident_nn::math::max_abs_diff(&got, want);
+        let d = trident_nn::math::max_abs_diff(got, want);
         assert!(d <= 1e-6, "fused vs candle-nn: max difference {d}");
     }
     assert_eq!(
