@@ -8,6 +8,7 @@
 
 use candle_core::{Device, Tensor, Var};
 use trident_nn::bf16::{autocast, autocast_enabled, bf16_products, round, widen};
+use trident_nn::math::max_abs_diff;
 use trident_nn::transformer::{mask_bias, EncoderConfig, EncoderLayer};
 use trident_nn::{dense, ops, Ctx, Params};
 
@@ -40,10 +41,6 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         .collect()
 }
 
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    trident_nn::math::max_abs_diff(a, b)
-}
-
 fn bf16(x: f32) -> f32 {
     widen(round(x))
 }
@@ -63,10 +60,10 @@ fn linear_runs_in_bf16_where_it_pays_under_autocast_and_its_backward_keeps_the_m
     let exact = product(&xv, &wv, m, n, k, |v| v);
     let rounded = product(&xv, &wv, m, n, k, bf16);
     // The two references differ by far more than the tolerance used below.
-    assert!(max_diff(&exact, &rounded) > 1e-3);
+    assert!(max_abs_diff(&exact, &rounded) > 1e-3);
 
     let y32 = dense::linear(x.as_tensor(), w.as_tensor(), None).unwrap();
-    assert!(max_diff(&values(&y32), &exact) < 1e-4, "f32 outside autocast");
+    assert!(max_abs_diff(&values(&y32), &exact) < 1e-4, "f32 outside autocast");
 
     let y16 = {
         let _bf16 = autocast(true);
@@ -84,7 +81,7 @@ fn linear_runs_in_bf16_where_it_pays_under_autocast_and_its_backward_keeps_the_m
     };
     let want = product(&xv, &wv, m, n, k, mode(k));
     assert!(
-        max_diff(&values(&y16), &want) < 1e-4,
+        max_abs_diff(&values(&y16), &want) < 1e-4,
         "bf16 products (f32 without bf16 arithmetic), f32 sums"
     );
 
@@ -97,8 +94,8 @@ fn linear_runs_in_bf16_where_it_pays_under_autocast_and_its_backward_keeps_the_m
     let want_dx = product(&pv, &wt, m, k, n, mode(n));
     let (pt, xt) = (transpose(&pv, m, n), transpose(&xv, m, k)); // [n, m], [k, m]
     let want_dw = product(&pt, &xt, n, k, m, mode(m));
-    assert!(max_diff(&dx, &want_dx) < 1e-4, "input gradient");
-    assert!(max_diff(&dw, &want_dw) < 1e-4, "weight gradient");
+    assert!(max_abs_diff(&dx, &want_dx) < 1e-4, "input gradient");
+    assert!(max_abs_diff(&dw, &want_dw) < 1e-4, "weight gradient");
     assert_eq!(grads.get(x.as_tensor()).unwrap().dtype(), candle_core::DType::F32);
 }
 
@@ -196,7 +193,7 @@ fn the_fused_transformer_layer_stays_within_bf16_rounding_of_f32() {
             // The floor covers the key bias, whose gradient is zero up to rounding (softmax
             // does not see a shift shared by all keys).
             let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
-            let diff = max_diff(a, b);
+            let diff = max_abs_diff(a, b);
             assert!(
                 diff <= 0.03 * scale,
                 "{name} {what}: difference {diff}, scale {scale}"

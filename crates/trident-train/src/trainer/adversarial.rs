@@ -277,28 +277,9 @@ impl Trainer {
             }
             bar.finish_and_clear();
             let seconds = started.elapsed().as_secs_f64();
-            let (mut figures, metric) = judge(epoch)?;
-            let (loss_sum, loss_n, _, seen) = state.epoch_sums;
-            let x = &state.extra_sums;
-            let per_batch = |v: f64| v / loss_n.max(1) as f64;
-            figures.insert("d_real".into(), per_batch(x[REAL_SCORE]));
-            figures.insert("d_fake".into(), per_batch(x[FAKE_SCORE]));
-            if x[GENERATOR_STEPS] > 0.0 {
-                figures.insert("generator_loss".into(), x[GENERATOR_LOSS] / x[GENERATOR_STEPS]);
-            }
-            log.epoch(EpochRecord {
-                epoch,
-                step: state.optimizer_step,
-                train_loss: loss_sum / loss_n.max(1) as f64,
-                train_accuracy: None,
-                val_loss: None,
-                val_accuracy: None,
-                val_macro_f1: None,
-                lr: critic.lr(state.optimizer_step.saturating_sub(1)),
-                epoch_seconds: seconds,
-                examples_per_second: (seen - seen_before) as f64 / seconds.max(1e-9),
-                figures,
-            })?;
+            let (figures, metric) = judge(epoch)?;
+            let lr = critic.lr(state.optimizer_step.saturating_sub(1));
+            log.epoch(epoch_record(&state, figures, lr, seconds, seen_before))?;
             state.extra_sums = vec![0.0; SUMS];
             let verdict = rule.end_epoch(&mut state, epoch, metric, c.epochs);
             checkpoints.save_epoch(params, &state, &[&generator, &critic], verdict.improved)?;
@@ -351,5 +332,37 @@ impl Trainer {
             Some((_, why)) => Err(TrainError::Invalid(why.into())),
             None => Ok(()),
         }
+    }
+}
+
+/// A GAN epoch's record from its sums: the judge's `figures` plus the critic's mean scores
+/// on real and generated batches and the generator's mean loss.
+fn epoch_record(
+    state: &crate::checkpoint::TrainerState,
+    mut figures: BTreeMap<String, f64>,
+    lr: f64,
+    seconds: f64,
+    seen_before: u64,
+) -> EpochRecord {
+    let (loss_sum, loss_n, _, seen) = state.epoch_sums;
+    let x = &state.extra_sums;
+    let per_batch = |v: f64| v / loss_n.max(1) as f64;
+    figures.insert("d_real".into(), per_batch(x[REAL_SCORE]));
+    figures.insert("d_fake".into(), per_batch(x[FAKE_SCORE]));
+    if x[GENERATOR_STEPS] > 0.0 {
+        figures.insert("generator_loss".into(), x[GENERATOR_LOSS] / x[GENERATOR_STEPS]);
+    }
+    EpochRecord {
+        epoch: state.epoch,
+        step: state.optimizer_step,
+        train_loss: per_batch(loss_sum),
+        train_accuracy: None,
+        val_loss: None,
+        val_accuracy: None,
+        val_macro_f1: None,
+        lr,
+        epoch_seconds: seconds,
+        examples_per_second: (seen - seen_before) as f64 / seconds.max(1e-9),
+        figures,
     }
 }
