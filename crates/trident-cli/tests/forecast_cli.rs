@@ -402,16 +402,56 @@ fn the_sunspots_example_beats_the_autoregression() {
     assert!(mae[0] < 11.9, "MAE {mae:?}\n{log}");
 }
 
+/// The shipped taylor example on the real series, trained with seeds 0–4: the last week
+/// from one origin, on average below the weekly seasonal naive's 370.1 MW (the anchor;
+/// reproduced exactly by the baseline column). One run is not enough: over seeds and
+/// matrix-product libraries one run's MAE spreads over 305–413 MW (docs/RESULTS.md), while
+/// the five seeds' mean stayed within 344–360 with OpenBLAS, MKL and the gemm crate.
 #[test]
-fn the_taylor_example_beats_the_weekly_seasonal_naive() {
-    let Some((m, log)) = train_example("taylor") else {
+fn the_taylor_example_beats_the_weekly_seasonal_naive_over_five_seeds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let Some(cfg) = common::real_example(
+        "examples/forecast/taylor.toml",
+        "series/taylor.csv",
+        "series",
+        "TRIDENT_SERIES_REQUIRED",
+        d,
+    ) else {
         return;
     };
-    let mae = maes(&m);
-    // The last week from one origin, against the weekly seasonal naive's 370.1 MW (the
-    // anchor; reproduced exactly by the baseline column).
-    assert!((mae[2] - 370.1).abs() < 0.1, "seasonal naive {mae:?}");
-    assert!(mae[0] < mae[2], "MAE {mae:?}\n{log}");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("seed = 0\n") && text.contains("dir = \"taylor\""));
+    let runs: Vec<(u64, Vec<f64>, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..5u64)
+            .map(|seed| {
+                let cfg = d.join(format!("taylor{seed}.toml"));
+                let seeded = text
+                    .replace("seed = 0\n", &format!("seed = {seed}\n"))
+                    .replace("dir = \"taylor\"", &format!("dir = \"taylor{seed}\""));
+                std::fs::write(&cfg, seeded).unwrap();
+                s.spawn(move || {
+                    let log = common::ok_log(&trident(&["train", "--config", cfg.to_str().unwrap()], d));
+                    let m = json(&d.join(format!("taylor{seed}/test/metrics.json")));
+                    (seed, maes(&m), log)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (seed, mae, _) in &runs {
+        assert!(
+            (mae[2] - 370.1).abs() < 0.1,
+            "seed {seed}: seasonal naive {mae:?}"
+        );
+    }
+    let model: Vec<f64> = runs.iter().map(|(_, mae, _)| mae[0]).collect();
+    let mean = model.iter().sum::<f64>() / model.len() as f64;
+    assert!(
+        mean < 370.1,
+        "mean MAE {mean:.1} over seeds 0-4 ({model:?}) is not below the seasonal naive's 370.1\n{}",
+        runs[0].2
+    );
 }
 
 /// The shipped AirPassengers example on the real series: 1958–1960 from one origin below
