@@ -22,6 +22,7 @@
 //! not kept. `TRIDENT_CONV=unfold` turns it off (comparisons).
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// A convolution's shape: input `[b, c, h, w]`, `o` output channels of a square `k × k`
 /// kernel at `stride` with zero `padding`, output `[b, o, oh, ow]`.
@@ -126,12 +127,12 @@ pub(crate) fn suits_input_gradient(g: &Geometry) -> bool {
     g.k > 1 && 2 * g.c >= LANES && g.o * taps * taps >= 128
 }
 
-/// `out` (`[b, o, oh, ow]`, every value written) = the convolution `g` of `x`
-/// (`[b, c, h, w]`) with `wt` (`[o, c, k, k]`), images in parallel on rayon's pool.
+/// The convolution `g` of `x` (`[b, c, h, w]`) with `wt` (`[o, c, k, k]`): `[b, o, oh, ow]`,
+/// images in parallel on rayon's pool.
 ///
 /// # Panics
 /// Unless the CPU has AVX-512F ([`cpu_has_avx512`]) and the slices hold the geometry.
-pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry, out: &mut [f32]) {
+pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
     let Geometry {
         b,
         c,
@@ -165,18 +166,12 @@ pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry, out: &mut [f32]) {
     let packed = pack_weight((o, c), (k, k), |oc, ch, dy, dx| {
         wt[((oc * c + ch) * k + dy) * k + dx]
     });
-    run_images(
-        x,
-        (c, h, w),
-        [p; 4],
-        &[(pass, packed)],
-        (&mut out[..b * o * oh * ow], o * oh * ow),
-    );
+    run_images(x, (c, h, w), [p; 4], &[(pass, packed)], (b, o * oh * ow))
 }
 
-/// `dx` (`[b, c, h, w]`, every value written) = the input gradient of the convolution
-/// `g` (weight `wt` `[o, c, k, k]`) for the output gradient `dy` (`[b, o, oh, ow]`): the
-/// transposed convolution, images in parallel on rayon's pool.
+/// The input gradient (`[b, c, h, w]`) of the convolution `g` (weight `wt` `[o, c, k, k]`)
+/// for the output gradient `dy` (`[b, o, oh, ow]`): the transposed convolution, images in
+/// parallel on rayon's pool.
 ///
 /// At stride `s`, the inputs of one phase `(iy mod s, ix mod s)` are reached by the taps
 /// `kh ≡ iy + p (mod s)` only, from output rows one apart: each phase is a stride-1
@@ -185,7 +180,7 @@ pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry, out: &mut [f32]) {
 ///
 /// # Panics
 /// Unless the CPU has AVX-512F ([`cpu_has_avx512`]) and the slices hold the geometry.
-pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]) {
+pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
     let Geometry {
         b,
         c,
@@ -266,36 +261,79 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, dx: &mut [f32]
         (o, oh, ow),
         [top, left, bottom, right],
         &passes,
-        (&mut dx[..b * c * h * w], c * h * w),
-    );
+        (b, c * h * w),
+    )
 }
 
-/// Runs `passes` (each with its packed weight) over every image of `src` (images of
-/// `[c, h, w]`, each padded by `pads` as [`pad`] does), image `n` into the `n`-th chunk of
-/// `out_per` values of `out`; images in parallel on rayon's pool.
+/// Runs `passes` (each with its packed weight) over each of the first `images` images of
+/// `src` (`[c, h, w]` each, padded by `pads` as [`pad`] does), image `n` into the `n`-th
+/// `out_per` values of the output; images in parallel on rayon's pool. The passes must
+/// write every output value between them (each writes `out_c` planes of `rows × cols`
+/// positions, `out_base` + `out_rs`/`out_cs` steps: one pass covers a plane, or the `s²`
+/// phases of a transposed convolution do), which `Pass::covers` checks.
 fn run_images(
     src: &[f32],
     (c, h, w): (usize, usize, usize),
     pads: [usize; 4],
     passes: &[(Pass, Vec<f32>)],
-    (out, out_per): (&mut [f32], usize),
-) {
+    (images, out_per): (usize, usize),
+) -> Vec<f32> {
     assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
-    assert!(src.len() >= out.len() / out_per * c * h * w);
+    assert!(src.len() >= images * c * h * w);
     for (pass, _) in passes {
         pass.check();
     }
-    out.par_chunks_mut(out_per).enumerate().for_each(|(n, y)| {
-        let padded = pad(&src[n * c * h * w..(n + 1) * c * h * w], (c, h, w), pads);
-        for (pass, packed) in passes {
-            run(pass, &padded, packed, y);
+    assert!(
+        covers(passes, out_per),
+        "direct convolution passes leave output values unwritten"
+    );
+    let write = |out: &mut [MaybeUninit<f32>]| {
+        out.par_chunks_mut(out_per.max(1)).enumerate().for_each(|(n, y)| {
+            let padded = pad(&src[n * c * h * w..(n + 1) * c * h * w], (c, h, w), pads);
+            for (pass, packed) in passes {
+                run(pass, &padded, packed, y);
+            }
+            crate::scratch::give(padded);
+        })
+    };
+    // SAFETY: each image's `out_per` values are written by its passes, which `covers`
+    // checked cover all of them; `run` writes only inside its chunk.
+    unsafe { crate::scratch::written(images * out_per, write) }
+}
+
+/// Whether `passes` write every one of `out_per` output values: the positions they write
+/// (`out_c` planes of `out_plane` values, in each the `rows × cols` grid from `out_base`
+/// in steps of `out_rs` and `out_cs`) counted once each add up to `out_per`, with no
+/// position written by two passes and none outside.
+fn covers(passes: &[(Pass, Vec<f32>)], out_per: usize) -> bool {
+    let Some((first, _)) = passes.first() else {
+        return out_per == 0;
+    };
+    let plane = first.out_plane;
+    if passes
+        .iter()
+        .any(|(p, _)| p.out_plane != plane || p.out_c != first.out_c)
+        || first.out_c * plane != out_per
+    {
+        return false;
+    }
+    let mut seen = vec![false; plane];
+    for (p, _) in passes {
+        for r in 0..p.rows {
+            for q in 0..p.cols {
+                let at = p.out_base + r * p.out_rs + q * p.out_cs;
+                match seen.get_mut(at) {
+                    Some(s) if !*s => *s = true,
+                    _ => return false,
+                }
+            }
         }
-        crate::scratch::give(padded);
-    });
+    }
+    seen.into_iter().all(|s| s)
 }
 
 /// Runs `pass` over one padded input into `out`.
-fn run(pass: &Pass, padded: &[f32], packed: &[f32], out: &mut [f32]) {
+fn run(pass: &Pass, padded: &[f32], packed: &[f32], out: &mut [MaybeUninit<f32>]) {
     assert!(padded.len() >= pass.c_in * pass.in_h * pass.in_w);
     assert!(packed.len() >= pass.out_c.div_ceil(LANES) * pass.c_in * pass.kh * pass.kw * LANES);
     let last = (pass.out_c - 1) * pass.out_plane
@@ -371,6 +409,7 @@ fn tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
 mod x86 {
     use super::{tiles, Pass, LANES};
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     /// Lane-blocks of output channels per tile, and output positions per tile: 21
     /// accumulators, 3 weight vectors and a broadcast in the 32 registers (4 × 7 spilled).
@@ -383,7 +422,7 @@ mod x86 {
     /// # Safety
     /// The CPU has AVX-512F; `run`'s asserts hold.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn image(pass: &Pass, padded: &[f32], packed: &[f32], y: &mut [f32]) {
+    pub(super) unsafe fn image(pass: &Pass, padded: &[f32], packed: &[f32], y: &mut [MaybeUninit<f32>]) {
         // Lane-blocks split as evenly as positions: 4 blocks as 2 + 2, not 3 + 1.
         for (b0, nb) in tiles(pass.out_c.div_ceil(LANES), BLOCKS) {
             for r in 0..pass.rows {
@@ -424,7 +463,7 @@ mod x86 {
         padded: &[f32],
         packed: &[f32],
         at: Tile,
-        y: &mut [f32],
+        y: &mut [MaybeUninit<f32>],
     ) {
         let (kh, kw, s) = (pass.kh, pass.kw, pass.step);
         let per = pass.c_in * kh * kw;
@@ -463,7 +502,8 @@ mod x86 {
                 _mm512_storeu_ps(lane_values.as_mut_ptr(), v);
                 let pos = pass.out_base + at.r * pass.out_rs + (at.q0 + t) * pass.out_cs;
                 for (lane, &value) in lane_values[..live].iter().enumerate() {
-                    *y.get_unchecked_mut((ch0 + lane) * pass.out_plane + pos) = value;
+                    y.get_unchecked_mut((ch0 + lane) * pass.out_plane + pos)
+                        .write(value);
                 }
             }
         }
@@ -574,6 +614,46 @@ mod tests {
         assert_eq!(all(3, 7), vec![(0, 3)]);
     }
 
+    /// The passes' coverage check (the output buffers are not zero-filled: every value must
+    /// be written): a whole plane passes, a missing row, a position written twice and one
+    /// outside the plane do not; the `s²` phases of a stride-2 transposed pass cover it.
+    #[test]
+    fn passes_must_write_every_output_value() {
+        let pass = |rows, cols, out_base, out_rs, out_cs| Pass {
+            c_in: 1,
+            in_h: 8,
+            in_w: 8,
+            kh: 1,
+            kw: 1,
+            step: 1,
+            row_off: 0,
+            col_off: 0,
+            out_c: 2,
+            rows,
+            cols,
+            out_plane: 4 * 6,
+            out_base,
+            out_rs,
+            out_cs,
+        };
+        let one = |p: Pass| vec![(p, Vec::new())];
+        assert!(covers(&one(pass(4, 6, 0, 6, 1)), 2 * 24));
+        assert!(
+            !covers(&one(pass(4, 6, 0, 6, 1)), 3 * 24),
+            "a third plane unwritten"
+        );
+        assert!(!covers(&one(pass(3, 6, 0, 6, 1)), 2 * 24), "a row unwritten");
+        assert!(!covers(&one(pass(4, 6, 1, 6, 1)), 2 * 24), "past the plane");
+        let phases: Vec<_> = [(0, 0), (0, 1), (1, 0), (1, 1)]
+            .into_iter()
+            .map(|(ry, rx)| (pass(2, 3, ry * 6 + rx, 12, 2), Vec::new()))
+            .collect();
+        assert!(covers(&phases, 2 * 24));
+        assert!(!covers(&phases[..3], 2 * 24), "a phase missing");
+        let twice = [phases.clone(), phases[..1].to_vec()].concat();
+        assert!(!covers(&twice, 2 * 24), "a phase written twice");
+    }
+
     #[test]
     fn direct_convolutions_match_the_definition() {
         if !cpu_has_avx512() {
@@ -596,8 +676,7 @@ mod tests {
             let wt = values(g.o * g.c * g.k * g.k, 100 + i as u64);
             let want = reference(&x, &wt, g);
             // Unwritten values would show as NaN.
-            let mut out = vec![f32::NAN; want.len()];
-            forward(&x, &wt, *g, &mut out);
+            let out = forward(&x, &wt, *g);
             assert_close(&out, &want, g);
         }
     }
@@ -624,8 +703,7 @@ mod tests {
             let dy = values(g.b * g.o * g.oh * g.ow, 200 + i as u64);
             let wt = values(g.o * g.c * g.k * g.k, 300 + i as u64);
             let want = reference_input_gradient(&dy, &wt, g);
-            let mut dx = vec![f32::NAN; want.len()];
-            backward_input(&dy, &wt, *g, &mut dx);
+            let dx = backward_input(&dy, &wt, *g);
             assert_close(&dx, &want, g);
         }
     }

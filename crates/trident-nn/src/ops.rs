@@ -11,6 +11,7 @@ use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
 };
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 /// Rows below this many elements in total are not worth splitting across threads.
@@ -708,14 +709,18 @@ fn channel_stats(x: &[f32], b: usize, c: usize, hw: usize) -> (Vec<f32>, Vec<f32
 
 /// `x · scale[ch] + shift[ch]` of `[b, c, hw]` values, each plane on its own task.
 fn affine_planes(x: &[f32], c: usize, hw: usize, scale: &[f32], shift: &[f32]) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
-    out.par_chunks_mut(hw.max(1)).enumerate().for_each(|(plane, o)| {
-        let (a, b) = (scale[plane % c], shift[plane % c]);
-        for (o, &v) in o.iter_mut().zip(&x[plane * hw..(plane + 1) * hw]) {
-            *o = v * a + b;
-        }
-    });
-    out
+    let write = |out: &mut [MaybeUninit<f32>]| {
+        out.par_chunks_mut(hw.max(1)).enumerate().for_each(|(plane, o)| {
+            let (a, b) = (scale[plane % c], shift[plane % c]);
+            let xs = &x[plane * hw..][..o.len()];
+            for (o, &v) in o.iter_mut().zip(xs) {
+                o.write(v * a + b);
+            }
+        })
+    };
+    // SAFETY: the planes cover the output and every value of each is written (`xs` is as
+    // long as the plane; a short `x` panics in the slicing instead).
+    unsafe { crate::scratch::written(x.len(), write) }
 }
 
 /// Per channel of `[b, c, hw]` gradients `g` and inputs `x`: `(Σ g, Σ f(g, x))`, with
@@ -870,18 +875,22 @@ impl BatchNorm {
             let (m, rstd) = (mean[ch], 1.0 / (var[ch] + self.eps).sqrt());
             move |g, v| g * (v - m) * rstd
         });
-        let mut dx = vec![0f32; xs.len()];
-        dx.par_chunks_mut(hw).enumerate().for_each(|(plane, d)| {
-            let ch = plane % c;
-            let rstd = 1.0 / (var[ch] + self.eps).sqrt();
-            let (sg, sgx) = sums[ch];
-            let k = gamma_v[ch] * rstd / n;
-            let r = plane * hw..(plane + 1) * hw;
-            for ((d, &g), &v) in d.iter_mut().zip(&gs[r.clone()]).zip(&xs[r]) {
-                let xhat = (v - mean[ch]) * rstd;
-                *d = k * (n * g - sg - xhat * sgx);
-            }
-        });
+        let write = |dx: &mut [MaybeUninit<f32>]| {
+            dx.par_chunks_mut(hw.max(1)).enumerate().for_each(|(plane, d)| {
+                let ch = plane % c;
+                let rstd = 1.0 / (var[ch] + self.eps).sqrt();
+                let (sg, sgx) = sums[ch];
+                let k = gamma_v[ch] * rstd / n;
+                let (g, x) = (&gs[plane * hw..][..d.len()], &xs[plane * hw..][..d.len()]);
+                for ((d, &g), &v) in d.iter_mut().zip(g).zip(x) {
+                    let xhat = (v - mean[ch]) * rstd;
+                    d.write(k * (n * g - sg - xhat * sgx));
+                }
+            })
+        };
+        // SAFETY: the planes cover dx and each is written whole (`g` and `x` are as long
+        // as the plane, or the slicing panics).
+        let dx = unsafe { crate::scratch::written(xs.len(), write) };
         let dgamma: Vec<f32> = sums.iter().map(|s| s.1).collect();
         let dbeta: Vec<f32> = sums.iter().map(|s| s.0).collect();
         (dx, dgamma, dbeta)
@@ -1625,12 +1634,12 @@ impl CustomOp2 for Conv {
         let o = l2.dims()[0];
         let (ckk, ohw) = (c * self.k * self.k, oh * ow);
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", self.flops(b, o, ckk, ohw));
-        let mut out = vec![0f32; b * o * ohw];
         let geometry = self.direct((b, c, h, w, oh, ow), o);
         if crate::direct_conv::available() && crate::direct_conv::suits(&geometry) {
-            crate::direct_conv::forward(x, wt, geometry, &mut out);
+            let out = crate::direct_conv::forward(x, wt, geometry);
             return Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))));
         }
+        let mut out = vec![0f32; b * o * ohw];
         let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
         out.par_chunks_mut(g * o * ohw).enumerate().for_each(|(t, y)| {
             // Images t·g.. side by side: cols_t [ckk, imgs·ohw].
@@ -1675,7 +1684,6 @@ impl CustomOp2 for Conv {
         // frozen critic scoring a generator's images).
         let (need_dx, need_dw) = (x.track_op(), weight.track_op());
         let chw = c * h * w;
-        let mut dx = vec![0f32; if need_dx { b * chw } else { 0 }];
         // The input gradient alone (a frozen weight, as a critic's while its generator
         // trains) directly where that runs faster: 1.07–1.37x on `conv_bench`'s shapes
         // (critic conv2 9.5–9.9 against 12.0–12.3 ms). With the weight gradient too, the
@@ -1686,9 +1694,12 @@ impl CustomOp2 for Conv {
             && !need_dw
             && crate::direct_conv::available()
             && crate::direct_conv::suits_input_gradient(&geometry);
-        if direct_dx {
-            crate::direct_conv::backward_input(gv, wv, geometry, &mut dx);
-        }
+        // Written whole by the direct kernel; else zeros for the groups' folds to add into.
+        let mut dx = match (direct_dx, need_dx) {
+            (true, _) => crate::direct_conv::backward_input(gv, wv, geometry),
+            (false, true) => vec![0f32; b * chw],
+            (false, false) => Vec::new(),
+        };
         // A group of images n0.. (as in the forward pass): adds their weight gradient into
         // `dw` and, with `d` (their slice of dx), writes their input gradients there.
         let g = Self::group(b, ckk, ohw);
@@ -2016,13 +2027,13 @@ impl CustomOp2 for ConvTranspose {
         let conv = &self.0;
         let (okk, ihw) = (o * conv.k * conv.k, ih * iw);
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", conv.flops(b, i, okk, ihw));
-        let mut out = vec![0f32; b * o * h * w];
         // The input gradient of the convolution from [b, o, h, w] to x's [b, i, ih, iw].
         let geometry = conv.direct((b, o, h, w, ih, iw), i);
         if crate::direct_conv::available() && crate::direct_conv::suits_input_gradient(&geometry) {
-            crate::direct_conv::backward_input(x, wt, geometry, &mut out);
+            let out = crate::direct_conv::backward_input(x, wt, geometry);
             return Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))));
         }
+        let mut out = vec![0f32; b * o * h * w];
         // Images in groups as the convolution's (its patch rows `okk`, its output plane the
         // input's `ihw`).
         let g = Conv::group(b, okk, ihw);
@@ -2700,14 +2711,14 @@ fn has_nan(v: &[f32]) -> bool {
 
 /// `relu(max)` of every 2 × 2 window of a `h × w` plane without NaN, into `out`
 /// (`[h / 2, w / 2]`): branch-free over each row pair, so the compiler vectorises it.
-fn relu_pool2_plane(plane: &[f32], h: usize, w: usize, out: &mut [f32]) {
+fn relu_pool2_plane(plane: &[f32], h: usize, w: usize, out: &mut [MaybeUninit<f32>]) {
     let ow = w / 2;
     for (oy, o) in out.chunks_exact_mut(ow.max(1)).take(h / 2).enumerate() {
         let top = plane[2 * oy * w..][..2 * ow].chunks_exact(2);
         let bottom = plane[(2 * oy + 1) * w..][..2 * ow].chunks_exact(2);
         for (o, (a, b)) in o.iter_mut().zip(top.zip(bottom)) {
             let m = a[0].max(a[1]).max(b[0].max(b[1]));
-            *o = if m > 0.0 { m } else { 0.0 };
+            o.write(if m > 0.0 { m } else { 0.0 });
         }
     }
 }
@@ -2845,18 +2856,25 @@ impl ReluMaxPool {
     /// The pooled `[b, c, h / k, w / k]` values of `x` (`[b, c, h, w]`).
     fn forward_slices(&self, x: &[f32], (b, c, h, w): (usize, usize, usize, usize)) -> Vec<f32> {
         let (oh, ow) = (h / self.k, w / self.k);
-        let mut out = vec![0f32; b * c * oh * ow];
-        out.par_chunks_mut(oh * ow)
-            .zip(x.par_chunks(h * w))
-            .for_each(|(o, plane)| {
-                if self.k == 2 && !has_nan(plane) {
-                    return relu_pool2_plane(plane, h, w, o);
-                }
-                self.windows(plane, h, w, |oy, ox, _, m| {
-                    o[oy * ow + ox] = if m > 0.0 || m.is_nan() { m } else { 0.0 };
+        assert!(
+            x.len() >= b * c * h * w,
+            "relu_max_pool2d: input shorter than its shape"
+        );
+        let write = |out: &mut [MaybeUninit<f32>]| {
+            out.par_chunks_mut((oh * ow).max(1))
+                .zip(x.par_chunks((h * w).max(1)))
+                .for_each(|(o, plane)| {
+                    if self.k == 2 && !has_nan(plane) {
+                        return relu_pool2_plane(plane, h, w, o);
+                    }
+                    self.windows(plane, h, w, |oy, ox, _, m| {
+                        o[oy * ow + ox].write(if m > 0.0 || m.is_nan() { m } else { 0.0 });
+                    })
                 })
-            });
-        out
+        };
+        // SAFETY: one input plane per output plane (asserted), and both ways of pooling a
+        // plane visit each of its `oh × ow` windows.
+        unsafe { crate::scratch::written(b * c * oh * ow, write) }
     }
 
     /// The input gradient (`[b, c, h, w]`) from the output gradient `g`.
