@@ -75,6 +75,11 @@ def main():
         og, od = (torch.optim.RMSprop(m.parameters(), lr=5e-5) for m in (g, d))
     else:
         og, od = (torch.optim.Adam(m.parameters(), lr=2e-4, betas=(0.5, 0.999)) for m in (g, d))
+    if gp and os.environ.get("COMPILE") == "1":
+        # Measured 2026-12-06 with PyTorch 2.15: the gradient penalty differentiates the
+        # critic's compiled backward again (create_graph=True), which AOTAutograd refuses
+        # ("does not currently support double backward"), with donated buffers off too.
+        sys.exit("torch_gan.py: torch.compile cannot train wgan-gp (no double backward); run it without COMPILE=1")
     gs, ds = (torch.compile(g), torch.compile(d)) if os.environ.get("COMPILE") == "1" else (g, d)
     sp = nn.functional.softplus
     order = torch.randperm(len(x))
