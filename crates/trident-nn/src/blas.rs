@@ -30,6 +30,7 @@
 //! `=/path/libopenblas.so` a library.
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 type SgemmFn = unsafe extern "C" fn(
@@ -315,11 +316,11 @@ impl<'a> Mat<'a> {
 
 /// Panics unless every operand covers what a GEMM of these dimensions reads or writes:
 /// the kernels below are unsafe code that trusts these extents.
-fn check_extents(m: usize, n: usize, k: usize, a: &Mat, b: &Mat, c: &[f32], ldc: usize) {
+fn check_extents(m: usize, n: usize, k: usize, a: &Mat, b: &Mat, c_len: usize, ldc: usize) {
     assert!(a.data.len() >= a.need(m, k), "gemm: lhs too short");
     assert!(b.data.len() >= b.need(k, n), "gemm: rhs too short");
     assert!(ldc >= n, "gemm: output rows overlap");
-    assert!(m == 0 || c.len() >= (m - 1) * ldc + n, "gemm: output too short");
+    assert!(m == 0 || c_len >= (m - 1) * ldc + n, "gemm: output too short");
 }
 
 /// `c = alpha · op(a) · op(b) + beta · c` for `c` of shape `m × n` (row-major, leading
@@ -342,23 +343,65 @@ pub fn gemm_serial_ld(
     c: &mut [f32],
     ldc: usize,
 ) {
-    check_extents(m, n, k, &a, &b, c, ldc);
+    check_extents(m, n, k, &a, &b, c.len(), ldc);
+    // SAFETY: `c` is initialised and as long as checked.
+    unsafe { gemm_serial_raw(m, n, k, alpha, a, b, beta, c.as_mut_ptr(), ldc) }
+}
+
+/// `c = alpha · op(a) · op(b)` ([`gemm_serial`] with `beta = 0`) into an output that need
+/// not be initialised: every one of its `m × n` values is written, as BLAS does with
+/// `beta = 0` (it reads nothing of `c`), so a new output is not zero-filled first.
+pub fn gemm_serial_into(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    c: &mut [MaybeUninit<f32>],
+) {
+    check_extents(m, n, k, &a, &b, c.len(), n);
+    // SAFETY: as long as checked; with beta = 0 nothing of `c` is read, only written.
+    unsafe { gemm_serial_raw(m, n, k, alpha, a, b, 0.0, c.as_mut_ptr().cast(), n) }
+}
+
+/// The serial product into `c`, rows `ldc` apart.
+///
+/// # Safety
+/// [`check_extents`] passed for `c`'s length; `c` is valid for writes over that extent
+/// and, unless `beta` is 0, initialised (it is read only then).
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_serial_raw(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
         // beta = 0 ignores what `c` held (it may be an unwritten buffer), as BLAS does.
-        c.chunks_mut(ldc).take(m).for_each(|r| {
-            r[..n]
-                .iter_mut()
-                .for_each(|v| *v = if beta == 0.0 { 0.0 } else { *v * beta })
-        });
+        for i in 0..m {
+            for j in 0..n {
+                // SAFETY: (i, j) lies in the checked extent; read only when beta ≠ 0.
+                unsafe {
+                    let v = c.add(i * ldc + j);
+                    v.write(if beta == 0.0 { 0.0 } else { v.read() * beta });
+                }
+            }
+        }
         return;
     }
     if let Some(blas) = blas() {
         let dim = |v: usize| i32::try_from(v).expect("gemm: dimension exceeds i32");
-        // SAFETY: check_extents above: every operand covers the extent OpenBLAS reads or
-        // writes for these dimensions and leading dimensions.
+        // SAFETY: check_extents (the caller's): every operand covers the extent OpenBLAS
+        // reads or writes for these dimensions and leading dimensions.
         unsafe {
             (blas.sgemm)(
                 ROW_MAJOR,
@@ -373,17 +416,23 @@ pub fn gemm_serial_ld(
                 b.data.as_ptr(),
                 dim(b.ld.max(1)),
                 beta,
-                c.as_mut_ptr(),
+                c,
                 dim(ldc),
             )
         }
         return;
     }
-    gemm_crate(m, n, k, alpha, a, b, beta, c, ldc, gemm::Parallelism::None)
+    // SAFETY: the caller's extents.
+    unsafe { gemm_crate(m, n, k, alpha, a, b, beta, c, ldc, gemm::Parallelism::None) }
 }
 
+/// The `gemm` crate's product into `c`.
+///
+/// # Safety
+/// As [`gemm_serial_raw`]: extents checked, `c` writable over them, read only when
+/// `beta` ≠ 0.
 #[allow(clippy::too_many_arguments)]
-fn gemm_crate(
+unsafe fn gemm_crate(
     m: usize,
     n: usize,
     k: usize,
@@ -391,7 +440,7 @@ fn gemm_crate(
     a: Mat,
     b: Mat,
     beta: f32,
-    c: &mut [f32],
+    c: *mut f32,
     ldc: usize,
     par: gemm::Parallelism,
 ) {
@@ -412,7 +461,7 @@ fn gemm_crate(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             ldc as isize,
             beta != 0.0,
@@ -443,19 +492,22 @@ pub fn gemm(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32,
         return gemm_serial(m, n, k, alpha, a, b, beta, c);
     }
     if blas().is_none() {
-        check_extents(m, n, k, &a, &b, c, n);
-        return gemm_crate(
-            m,
-            n,
-            k,
-            alpha,
-            a,
-            b,
-            beta,
-            c,
-            n,
-            gemm::Parallelism::Rayon(threads),
-        );
+        check_extents(m, n, k, &a, &b, c.len(), n);
+        // SAFETY: extents checked; `c` is initialised.
+        return unsafe {
+            gemm_crate(
+                m,
+                n,
+                k,
+                alpha,
+                a,
+                b,
+                beta,
+                c.as_mut_ptr(),
+                n,
+                gemm::Parallelism::Rayon(threads),
+            )
+        };
     }
     // Blocks of rows, a multiple of 8 so the kernels' row panels stay whole.
     let block = m.div_ceil(threads).div_ceil(8) * 8;
@@ -526,20 +578,29 @@ mod tests {
             assert!(err < 1e-4, "ta={ta} tb={tb}: max error {err}");
             // The fallback kernel, whichever backend this machine uses.
             let mut fallback = vec![1f32; m * n];
-            gemm_crate(
-                m,
-                n,
-                k,
-                1.0,
-                am,
-                bm,
-                0.0,
-                &mut fallback,
-                n,
-                gemm::Parallelism::Rayon(2),
-            );
+            // SAFETY: `fallback` holds the m × n product.
+            unsafe {
+                gemm_crate(
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    am,
+                    bm,
+                    0.0,
+                    fallback.as_mut_ptr(),
+                    n,
+                    gemm::Parallelism::Rayon(2),
+                )
+            };
             let err = crate::math::max_abs_diff(&want, &fallback);
             assert!(err < 1e-4, "gemm crate ta={ta} tb={tb}: max error {err}");
+            // Into an output that was never written (NaN-filled in test builds), serially.
+            // SAFETY: the product writes all m × n values.
+            let fresh =
+                unsafe { crate::scratch::written(m * n, |c| gemm_serial_into(m, n, k, 1.0, am, bm, c)) };
+            let err = crate::math::max_abs_diff(&want, &fresh);
+            assert!(err < 1e-4, "into ta={ta} tb={tb}: max error {err}");
             // beta = 1 accumulates.
             gemm(m, n, k, 1.0, am, bm, 1.0, &mut got);
             let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();

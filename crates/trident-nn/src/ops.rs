@@ -1639,26 +1639,32 @@ impl CustomOp2 for Conv {
             let out = crate::direct_conv::forward(x, wt, geometry);
             return Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))));
         }
-        let mut out = vec![0f32; b * o * ohw];
         let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
-        out.par_chunks_mut(g * o * ohw).enumerate().for_each(|(t, y)| {
-            // Images t·g.. side by side: cols_t [ckk, imgs·ohw].
-            let imgs = y.len() / (o * ohw);
-            let wide = imgs * ohw;
-            let mut cols = crate::scratch::take(ckk * wide);
-            for j in 0..imgs {
-                let n = t * g + j;
-                self.patches(
-                    &x[n * chw..(n + 1) * chw],
-                    (c, h, w, oh, ow),
-                    &mut cols,
-                    (wide, j * ohw),
-                );
-            }
-            // y [imgs, o, ohw] = W [o, ckk] · cols_t [ckk, imgs·ohw], image by image
-            product_apart(wt, &cols, (o, ckk, ohw, imgs), y);
-            crate::scratch::give(cols);
-        });
+        let write = |out: &mut [MaybeUninit<f32>]| {
+            out.par_chunks_mut((g * o * ohw).max(1))
+                .enumerate()
+                .for_each(|(t, y)| {
+                    // Images t·g.. side by side: cols_t [ckk, imgs·ohw].
+                    let imgs = y.len() / (o * ohw);
+                    let wide = imgs * ohw;
+                    let mut cols = crate::scratch::take(ckk * wide);
+                    for j in 0..imgs {
+                        let n = t * g + j;
+                        self.patches(
+                            &x[n * chw..(n + 1) * chw],
+                            (c, h, w, oh, ow),
+                            &mut cols,
+                            (wide, j * ohw),
+                        );
+                    }
+                    // y [imgs, o, ohw] = W [o, ckk] · cols_t [ckk, imgs·ohw], image by image
+                    product_apart(wt, &cols, (o, ckk, ohw, imgs), y);
+                    crate::scratch::give(cols);
+                })
+        };
+        // SAFETY: the chunks cover the output in whole images (b·o·ohw values, chunks of
+        // g images), and product_apart writes every value of each.
+        let out = unsafe { crate::scratch::written(b * o * ohw, write) };
         Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))))
     }
 
@@ -1781,11 +1787,16 @@ fn side_by_side(src: &[f32], (imgs, rows, cols): (usize, usize, usize)) -> Optio
 }
 
 /// `w [m, k] · cols [k, imgs·n]`, each image's `n` columns written to its place in `out`
-/// (`[imgs, m, n]`): straight into `out` for one image, through a scratch product
-/// otherwise.
-fn product_apart(w: &[f32], cols: &[f32], (m, k, n, imgs): (usize, usize, usize, usize), out: &mut [f32]) {
+/// (`[imgs, m, n]`, every value written; it need not be initialised): straight into `out`
+/// for one image, through a scratch product otherwise.
+fn product_apart(
+    w: &[f32],
+    cols: &[f32],
+    (m, k, n, imgs): (usize, usize, usize, usize),
+    out: &mut [MaybeUninit<f32>],
+) {
     if imgs == 1 {
-        blas::gemm_serial(m, n, k, 1.0, Mat::new(w, k), Mat::new(cols, n), 0.0, out);
+        blas::gemm_serial_into(m, n, k, 1.0, Mat::new(w, k), Mat::new(cols, n), out);
         return;
     }
     let wide = imgs * n;
@@ -1805,13 +1816,26 @@ fn product_apart(w: &[f32], cols: &[f32], (m, k, n, imgs): (usize, usize, usize,
 }
 
 /// The inverse of [`side_by_side`]: each image's columns of `wide` (`[rows, imgs·cols]`)
-/// to its place in `dst` (`[imgs, rows, cols]`).
-fn apart(wide: &[f32], (imgs, rows, cols): (usize, usize, usize), dst: &mut [f32]) {
+/// to its place in `dst` (`[imgs, rows, cols]`, all of it written).
+fn apart(wide: &[f32], (imgs, rows, cols): (usize, usize, usize), dst: &mut [MaybeUninit<f32>]) {
+    assert!(dst.len() >= imgs * rows * cols && wide.len() >= rows * imgs * cols);
     for (j, img) in dst[..imgs * rows * cols].chunks_mut(rows * cols).enumerate() {
         for (r, w) in img.chunks_mut(cols).zip(wide.chunks(imgs * cols)) {
-            r.copy_from_slice(&w[j * cols..(j + 1) * cols]);
+            for (d, &v) in r.iter_mut().zip(&w[j * cols..(j + 1) * cols]) {
+                d.write(v);
+            }
         }
     }
+}
+
+/// `values` as slots that may be written (never with an uninitialised value).
+///
+/// # Safety
+/// The caller writes only initialised values through the result (as [`product_apart`]
+/// does), so `values` stays initialised.
+unsafe fn as_slots(values: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: same layout; the caller's promise keeps every value initialised.
+    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), values.len()) }
 }
 
 /// A convolution's input and weight gradients (`dx`, `dw`: their values where wanted) as
@@ -2115,7 +2139,8 @@ impl CustomOp2 for ConvTranspose {
             }
             if let Some(d) = d {
                 // dx [imgs, i, ihw] = W [i, okk] · cols [okk, imgs·ihw], image by image
-                product_apart(wv, &cols, (i, okk, ihw, imgs), d);
+                // SAFETY: product_apart writes only values it computed.
+                product_apart(wv, &cols, (i, okk, ihw, imgs), unsafe { as_slots(d) });
             }
             crate::scratch::give(cols);
         };
@@ -2738,7 +2763,7 @@ fn avx_available() -> bool {
 /// The ReLU + 2 × 2 max pooling gradient of one `h × w` plane by [`relu_pool2_grad_avx`]
 /// where it applies (AVX present, the plane at least 8 wide and free of NaN): false, and
 /// `d` untouched, where it does not.
-fn relu_pool2_grad_fast(plane: &[f32], g: &[f32], h: usize, w: usize, d: &mut [f32]) -> bool {
+fn relu_pool2_grad_fast(plane: &[f32], g: &[f32], h: usize, w: usize, d: &mut [MaybeUninit<f32>]) -> bool {
     if w < 8 || !avx_available() || has_nan(plane) {
         return false;
     }
@@ -2765,7 +2790,7 @@ fn relu_pool2_grad_fast(plane: &[f32], g: &[f32], h: usize, w: usize, d: &mut [f
 /// The CPU must have AVX.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn relu_pool2_grad_avx(plane: &[f32], g: &[f32], h: usize, w: usize, d: &mut [f32]) {
+unsafe fn relu_pool2_grad_avx(plane: &[f32], g: &[f32], h: usize, w: usize, d: &mut [MaybeUninit<f32>]) {
     use std::arch::x86_64::*;
     let ow = w / 2;
     assert!(ow >= 4 && plane.len() >= h * w && d.len() >= h * w && g.len() >= (h / 2) * ow);
@@ -2805,23 +2830,21 @@ unsafe fn relu_pool2_grad_avx(plane: &[f32], g: &[f32], h: usize, w: usize, d: &
                 _mm256_andnot_ps(even, _mm256_andnot_ps(eb_pair, eb)),
             );
             let bottom_sel = _mm256_andnot_ps(any_top, bottom_sel);
-            _mm256_storeu_ps(d.as_mut_ptr().add(top + 2 * ox0), _mm256_and_ps(top_sel, gv));
-            _mm256_storeu_ps(
-                d.as_mut_ptr().add(bottom + 2 * ox0),
-                _mm256_and_ps(bottom_sel, gv),
-            );
+            let dp = d.as_mut_ptr().cast::<f32>();
+            _mm256_storeu_ps(dp.add(top + 2 * ox0), _mm256_and_ps(top_sel, gv));
+            _mm256_storeu_ps(dp.add(bottom + 2 * ox0), _mm256_and_ps(bottom_sel, gv));
             if ox0 + 4 >= ow {
                 break;
             }
             ox += 4;
         }
         if w % 2 == 1 {
-            d[top + w - 1] = 0.0;
-            d[bottom + w - 1] = 0.0;
+            d[top + w - 1].write(0.0);
+            d[bottom + w - 1].write(0.0);
         }
     }
     if h % 2 == 1 {
-        d[(h - 1) * w..h * w].fill(0.0);
+        d[(h - 1) * w..h * w].fill(MaybeUninit::new(0.0));
     }
 }
 
@@ -2880,20 +2903,33 @@ impl ReluMaxPool {
     /// The input gradient (`[b, c, h, w]`) from the output gradient `g`.
     fn backward_slices(&self, x: &[f32], g: &[f32], (b, c, h, w): (usize, usize, usize, usize)) -> Vec<f32> {
         let (oh, ow) = (h / self.k, w / self.k);
-        let mut dx = vec![0f32; b * c * h * w];
-        dx.par_chunks_mut(h * w)
-            .zip(x.par_chunks(h * w).zip(g.par_chunks(oh * ow)))
-            .for_each(|(d, (plane, g))| {
-                if self.k == 2 && relu_pool2_grad_fast(plane, g, h, w, d) {
-                    return;
-                }
-                self.windows(plane, h, w, |oy, ox, at, m| {
-                    if m > 0.0 || m.is_nan() {
-                        d[at] = g[oy * ow + ox];
+        assert!(
+            x.len() >= b * c * h * w && g.len() >= b * c * oh * ow,
+            "relu_max_pool2d backward: input or gradient shorter than its shape"
+        );
+        let write = |dx: &mut [MaybeUninit<f32>]| {
+            dx.par_chunks_mut((h * w).max(1))
+                .zip(x.par_chunks((h * w).max(1)).zip(g.par_chunks((oh * ow).max(1))))
+                .for_each(|(d, (plane, g))| {
+                    if self.k == 2 && relu_pool2_grad_fast(plane, g, h, w, d) {
+                        return;
                     }
+                    d.fill(MaybeUninit::new(0.0));
+                    self.windows(plane, h, w, |oy, ox, at, m| {
+                        if m > 0.0 || m.is_nan() {
+                            d[at].write(g[oy * ow + ox]);
+                        }
+                    })
                 })
-            });
-        dx
+        };
+        if oh * ow == 0 {
+            // Planes smaller than the window: no output, no gradient, dx all zeros.
+            return vec![0f32; b * c * h * w];
+        }
+        // SAFETY: one input plane and one gradient plane per dx plane (asserted, and
+        // neither plane size 0 here), and each dx plane is written whole: by the fast
+        // kernel, or zero-filled before the maxima are written.
+        unsafe { crate::scratch::written(b * c * h * w, write) }
     }
 }
 
@@ -3710,6 +3746,7 @@ mod tests {
     /// ties (small integers, zeros and negatives), odd and even sides, widths from 8 (one
     /// group of four windows) up, and whose last group overlaps the one before.
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn relu_pool_gradient_with_avx_equals_the_general_path() {
         if !avx_available() {
             return;
@@ -3731,12 +3768,9 @@ mod tests {
                     want[at] = g[oy * (w / 2) + ox];
                 }
             });
-            let mut got = vec![f32::NAN; h * w];
-            // SAFETY: avx_available above.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                relu_pool2_grad_avx(&plane, &g, h, w, &mut got)
-            };
+            // NaN before the kernel runs (test builds), so a value it skips shows.
+            // SAFETY: avx_available above; the kernel writes every value of the plane.
+            let got = unsafe { crate::scratch::written(h * w, |d| relu_pool2_grad_avx(&plane, &g, h, w, d)) };
             assert_eq!(got, want, "{h}x{w}");
             assert!(want.iter().filter(|&&v| v != 0.0).count() > (h / 2) * (w / 2) / 3);
         }
