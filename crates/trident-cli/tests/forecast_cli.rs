@@ -403,12 +403,15 @@ fn the_sunspots_example_beats_the_autoregression() {
 }
 
 /// The shipped taylor example on the real series, trained with seeds 0–4: the last week
-/// from one origin, on average below the weekly seasonal naive's 370.1 MW (the anchor;
-/// reproduced exactly by the baseline column). One run is not enough: over seeds and
-/// matrix-product libraries one run's MAE spreads over 305–413 MW (docs/RESULTS.md), while
-/// the five seeds' mean stayed within 344–360 with OpenBLAS, MKL and the gemm crate.
+/// from one origin, against the weekly seasonal naive's 370.1 MW (the anchor; reproduced
+/// exactly by the baseline column in every run). What holds over seeds and product
+/// libraries is level with the anchor, not below it: one run's MAE spreads over 305–468 MW,
+/// and the mean over seeds 0–9 was 346.8–369.0 with OpenBLAS, MKL and the gemm crate
+/// (docs/RESULTS.md). So the test guards that level: the five seeds' mean within 5 % of the
+/// anchor (measured 344–360 on seeds 0–4), which a broken forecaster (the naive forecast
+/// scores 6,691) or a lost calendar feature (mean 390.7 without) would miss.
 #[test]
-fn the_taylor_example_beats_the_weekly_seasonal_naive_over_five_seeds() {
+fn the_taylor_example_is_level_with_the_weekly_seasonal_naive_over_five_seeds() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let Some(cfg) = common::real_example(
@@ -448,8 +451,8 @@ fn the_taylor_example_beats_the_weekly_seasonal_naive_over_five_seeds() {
     let model: Vec<f64> = runs.iter().map(|(_, mae, _)| mae[0]).collect();
     let mean = model.iter().sum::<f64>() / model.len() as f64;
     assert!(
-        mean < 370.1,
-        "mean MAE {mean:.1} over seeds 0-4 ({model:?}) is not below the seasonal naive's 370.1\n{}",
+        mean < 1.05 * 370.1,
+        "mean MAE {mean:.1} over seeds 0-4 ({model:?}) is more than 5 % above the seasonal naive's 370.1\n{}",
         runs[0].2
     );
 }
