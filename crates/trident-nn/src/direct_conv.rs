@@ -270,7 +270,7 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
 /// `out_per` values of the output; images in parallel on rayon's pool. The passes must
 /// write every output value between them (each writes `out_c` planes of `rows × cols`
 /// positions, `out_base` + `out_rs`/`out_cs` steps: one pass covers a plane, or the `s²`
-/// phases of a transposed convolution do), which `Pass::covers` checks.
+/// phases of a transposed convolution do), which [`covers`] checks.
 fn run_images(
     src: &[f32],
     (c, h, w): (usize, usize, usize),
