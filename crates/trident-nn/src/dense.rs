@@ -9,6 +9,7 @@ use crate::blas::{self, Mat};
 use crate::ops::{cpu_slice, f32_slice, for_rows, DropMask};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 // ---------------------------------------------------------------- linear
 
@@ -728,8 +729,8 @@ pub fn leaky_relu(x: &Tensor) -> Result<Tensor> {
 fn pointwise(
     x: &Tensor,
     names: [&'static str; 2],
-    f: fn(&[f32], &mut [f32]),
-    df: fn(&[f32], &[f32], &mut [f32]),
+    f: fn(&[f32], &mut [MaybeUninit<f32>]),
+    df: fn(&[f32], &[f32], &mut [MaybeUninit<f32>]),
 ) -> Result<Tensor> {
     x.contiguous()?.apply_op1(Pointwise {
         names,
@@ -741,8 +742,8 @@ fn pointwise(
 
 struct Pointwise {
     names: [&'static str; 2],
-    f: fn(&[f32], &mut [f32]),
-    df: fn(&[f32], &[f32], &mut [f32]),
+    f: fn(&[f32], &mut [MaybeUninit<f32>]),
+    df: fn(&[f32], &[f32], &mut [MaybeUninit<f32>]),
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
     layer: Option<std::sync::Arc<str>>,
 }
@@ -755,11 +756,14 @@ impl CustomOp1 for Pointwise {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let _span = crate::trace::op_span(self.name(), "op.fwd");
         let x = f32_slice(s, l, self.name())?;
-        let mut out = vec![0f32; x.len()];
-        for_rows(&mut out, BLOCK, |c, o| {
-            let start = c * BLOCK;
-            (self.f)(&x[start..start + o.len()], o)
-        });
+        let write = |out: &mut [MaybeUninit<f32>]| {
+            for_rows(out, BLOCK, |c, o| {
+                let start = c * BLOCK;
+                (self.f)(&x[start..start + o.len()], o)
+            })
+        };
+        // SAFETY: the kernel writes each block whole: its input slice is as long.
+        let out = unsafe { crate::scratch::written(x.len(), write) };
         Ok((CpuStorage::F32(out), l.shape().clone()))
     }
 
@@ -776,7 +780,7 @@ impl CustomOp1 for Pointwise {
 /// `dx = df(x, g)`: [`Pointwise`]'s backward pass.
 struct PointwiseGrad {
     name: &'static str,
-    df: fn(&[f32], &[f32], &mut [f32]),
+    df: fn(&[f32], &[f32], &mut [MaybeUninit<f32>]),
 }
 
 impl CustomOp2 for PointwiseGrad {
@@ -797,12 +801,16 @@ impl CustomOp2 for PointwiseGrad {
         if x.len() != g.len() {
             bail!("{}: {} inputs but {} gradients", self.name, x.len(), g.len())
         }
-        let mut out = vec![0f32; x.len()];
-        for_rows(&mut out, BLOCK, |c, o| {
-            let start = c * BLOCK;
-            let end = start + o.len();
-            (self.df)(&x[start..end], &g[start..end], o)
-        });
+        let write = |out: &mut [MaybeUninit<f32>]| {
+            for_rows(out, BLOCK, |c, o| {
+                let start = c * BLOCK;
+                let end = start + o.len();
+                (self.df)(&x[start..end], &g[start..end], o)
+            })
+        };
+        // SAFETY: the kernel writes each block whole: both input slices are as long (equal
+        // lengths checked above).
+        let out = unsafe { crate::scratch::written(x.len(), write) };
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 }

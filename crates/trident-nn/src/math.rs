@@ -7,6 +7,13 @@
 //! accuracy class. Accuracy, checked against `libm` in the tests below: `exp` relative
 //! error < 3e-7 (Cephes' polynomial), `erf` absolute error < 1e-6 (Abramowitz & Stegun
 //! 7.1.26: 1.5e-7 in exact arithmetic, 6.4e-7 measured in f32).
+//!
+//! The activation kernels (`out` from `x`, or from `x` and `g`) write their outputs as
+//! `MaybeUninit` values, so an op's new output need not be zero-filled first
+//! ([`crate::scratch::written`]): each writes every value of `out` when its inputs are as
+//! long.
+
+use std::mem::MaybeUninit;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 // ln 2 split in two so that n·ln2 is exact for the first part (Cephes).
@@ -96,9 +103,9 @@ fn normal_cdf_and_exp(v: f32) -> (f32, f32) {
 }
 
 #[inline(always)]
-fn gelu_loop(x: &[f32], out: &mut [f32]) {
+fn gelu_loop(x: &[f32], out: &mut [MaybeUninit<f32>]) {
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = v * normal_cdf_and_exp(v).0;
+        o.write(v * normal_cdf_and_exp(v).0);
     }
 }
 
@@ -110,9 +117,9 @@ fn gelu_derivative(v: f32) -> f32 {
 }
 
 #[inline(always)]
-fn gelu_grad_loop(x: &[f32], g: &[f32], out: &mut [f32]) {
+fn gelu_grad_loop(x: &[f32], g: &[f32], out: &mut [MaybeUninit<f32>]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-        *o = g * gelu_derivative(v);
+        o.write(g * gelu_derivative(v));
     }
 }
 
@@ -170,11 +177,11 @@ pub(crate) use dispatch;
 
 dispatch!(
     /// `out = GELU(x)` (exact form), element-wise.
-    gelu, gelu_avx2, (x: &[f32], out: &mut [f32]) -> (), gelu_loop
+    gelu, gelu_avx2, (x: &[f32], out: &mut [MaybeUninit<f32>]) -> (), gelu_loop
 );
 dispatch!(
     /// `out = g · GELU'(x)`, element-wise.
-    gelu_grad, gelu_grad_avx2, (x: &[f32], g: &[f32], out: &mut [f32]) -> (), gelu_grad_loop
+    gelu_grad, gelu_grad_avx2, (x: &[f32], g: &[f32], out: &mut [MaybeUninit<f32>]) -> (), gelu_grad_loop
 );
 dispatch!(
     /// `out = GELU(x)`, and `x` overwritten by `GELU'(x)`, in one pass (one exponential per
@@ -184,17 +191,17 @@ dispatch!(
 );
 /// `out = max(x, 0)` (ReLU), element-wise; NaN stays NaN, as in PyTorch (candle's
 /// `relu` turns it into 0).
-pub fn relu(x: &[f32], out: &mut [f32]) {
+pub fn relu(x: &[f32], out: &mut [MaybeUninit<f32>]) {
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = if v <= 0.0 { 0.0 } else { v };
+        o.write(if v <= 0.0 { 0.0 } else { v });
     }
 }
 
 /// `out = 0` where `x ≤ 0`, else `g`: ReLU's gradient as PyTorch's `threshold_backward`
 /// (nothing passes at 0, where candle's rule passes all of `g`).
-pub fn relu_grad(x: &[f32], g: &[f32], out: &mut [f32]) {
+pub fn relu_grad(x: &[f32], g: &[f32], out: &mut [MaybeUninit<f32>]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-        *o = if v <= 0.0 { 0.0 } else { g };
+        o.write(if v <= 0.0 { 0.0 } else { g });
     }
 }
 
@@ -220,42 +227,42 @@ fn logistic_parts(v: f32) -> (f32, f32) {
 }
 
 #[inline(always)]
-fn sigmoid_loop(x: &[f32], out: &mut [f32]) {
+fn sigmoid_loop(x: &[f32], out: &mut [MaybeUninit<f32>]) {
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = logistic(v);
+        o.write(logistic(v));
     }
 }
 
 #[inline(always)]
-fn sigmoid_grad_loop(x: &[f32], g: &[f32], out: &mut [f32]) {
+fn sigmoid_grad_loop(x: &[f32], g: &[f32], out: &mut [MaybeUninit<f32>]) {
     // σ(1 − σ) = e / (1 + e)² with e = e^−|v|, on either side: no 1 − σ cancelling
     // where σ is near 1. NaN stays NaN.
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
         let (e, s) = logistic_parts(v);
-        *o = g * e * s * s;
+        o.write(g * e * s * s);
     }
 }
 
 dispatch!(
     /// `out = σ(x)`, the logistic function, element-wise.
-    sigmoid, sigmoid_avx2, (x: &[f32], out: &mut [f32]) -> (), sigmoid_loop
+    sigmoid, sigmoid_avx2, (x: &[f32], out: &mut [MaybeUninit<f32>]) -> (), sigmoid_loop
 );
 dispatch!(
     /// `out = g · σ(x)(1 − σ(x))`, element-wise.
-    sigmoid_grad, sigmoid_grad_avx2, (x: &[f32], g: &[f32], out: &mut [f32]) -> (), sigmoid_grad_loop
+    sigmoid_grad, sigmoid_grad_avx2, (x: &[f32], g: &[f32], out: &mut [MaybeUninit<f32>]) -> (), sigmoid_grad_loop
 );
 
 /// `out = min(max(x, 0), 6)` (ReLU6), element-wise; NaN stays NaN.
-pub fn relu6(x: &[f32], out: &mut [f32]) {
+pub fn relu6(x: &[f32], out: &mut [MaybeUninit<f32>]) {
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = v.clamp(0.0, 6.0);
+        o.write(v.clamp(0.0, 6.0));
     }
 }
 
 /// `out = g` where `0 < x < 6`, else 0: ReLU6's gradient, as PyTorch's `hardtanh` backward.
-pub fn relu6_grad(x: &[f32], g: &[f32], out: &mut [f32]) {
+pub fn relu6_grad(x: &[f32], g: &[f32], out: &mut [MaybeUninit<f32>]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-        *o = relu6_grad_at(v, g);
+        o.write(relu6_grad_at(v, g));
     }
 }
 
@@ -274,16 +281,16 @@ pub const LEAKY_SLOPE: f32 = 0.2;
 
 /// `out = x` where `x > 0`, else `0.2 · x` (LeakyReLU with [`LEAKY_SLOPE`]), element-wise;
 /// NaN stays NaN.
-pub fn leaky_relu(x: &[f32], out: &mut [f32]) {
+pub fn leaky_relu(x: &[f32], out: &mut [MaybeUninit<f32>]) {
     for (o, &v) in out.iter_mut().zip(x) {
-        *o = if v > 0.0 { v } else { LEAKY_SLOPE * v };
+        o.write(if v > 0.0 { v } else { LEAKY_SLOPE * v });
     }
 }
 
 /// `out = g` where `x > 0`, else `0.2 · g`: [`leaky_relu`]'s gradient, as PyTorch's.
-pub fn leaky_relu_grad(x: &[f32], g: &[f32], out: &mut [f32]) {
+pub fn leaky_relu_grad(x: &[f32], g: &[f32], out: &mut [MaybeUninit<f32>]) {
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
-        *o = if v > 0.0 { g } else { LEAKY_SLOPE * g };
+        o.write(if v > 0.0 { g } else { LEAKY_SLOPE * g });
     }
 }
 
@@ -295,6 +302,13 @@ dispatch!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `n` values written by `kernel` (NaN before it runs in test builds: a value it
+    /// skips shows).
+    fn fresh(n: usize, kernel: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+        // SAFETY: every kernel called here writes all of an output as long as its input.
+        unsafe { crate::scratch::written(n, kernel) }
+    }
 
     #[test]
     fn max_abs_diff_counts_nan_as_infinite() {
@@ -311,16 +325,10 @@ mod tests {
         // about twice the smallest normal f32 of zero may be flushed to zero (exp does).
         let x: Vec<f32> = (-100_000..=100_000).map(|i| i as f32 * 1e-3).collect(); // [-100, 100]
         let g: Vec<f32> = x.iter().map(|v| 0.5 + (v * 7.0).sin().abs()).collect();
-        let (mut s, mut s0, mut d, mut d0) = (
-            vec![0.0; x.len()],
-            vec![0.0; x.len()],
-            vec![0.0; x.len()],
-            vec![0.0; x.len()],
-        );
-        sigmoid(&x, &mut s);
-        sigmoid_loop(&x, &mut s0);
-        sigmoid_grad(&x, &g, &mut d);
-        sigmoid_grad_loop(&x, &g, &mut d0);
+        let n = x.len();
+        let (s, s0) = (fresh(n, |o| sigmoid(&x, o)), fresh(n, |o| sigmoid_loop(&x, o)));
+        let d = fresh(n, |o| sigmoid_grad(&x, &g, o));
+        let d0 = fresh(n, |o| sigmoid_grad_loop(&x, &g, o));
         for i in 0..x.len() {
             let want = 1.0 / (1.0 + (-(x[i] as f64)).exp());
             let want_d = g[i] as f64 * want * (1.0 - want);
@@ -337,11 +345,10 @@ mod tests {
                 );
             }
         }
-        let mut out = [0f32; 4];
-        sigmoid(&[f32::NAN, -1e30, 1e30, 0.0], &mut out);
+        let out = fresh(4, |o| sigmoid(&[f32::NAN, -1e30, 1e30, 0.0], o));
         assert!(out[0].is_nan());
         assert_eq!(out[1..], [0.0, 1.0, 0.5]);
-        sigmoid_grad(&[-1e30, 1e30, 0.0, f32::NAN], &[1.0; 4], &mut out);
+        let out = fresh(4, |o| sigmoid_grad(&[-1e30, 1e30, 0.0, f32::NAN], &[1.0; 4], o));
         assert_eq!(out[..3], [0.0, 0.0, 0.25]);
         assert!(out[3].is_nan());
     }
@@ -349,12 +356,11 @@ mod tests {
     #[test]
     fn relu_keeps_nan_and_passes_no_gradient_at_zero() {
         let x = [-1.0, 0.0, 2.0, f32::NAN, -0.0];
-        let mut out = [9f32; 5];
-        relu(&x, &mut out);
+        let out = fresh(5, |o| relu(&x, o));
         assert_eq!(out[..3], [0.0, 0.0, 2.0]);
         assert!(out[3].is_nan());
         assert_eq!(out[4], 0.0);
-        relu_grad(&x, &[5.0; 5], &mut out);
+        let out = fresh(5, |o| relu_grad(&x, &[5.0; 5], o));
         // PyTorch's threshold_backward: `x <= 0 ? 0 : g`, so NaN inputs pass the gradient.
         assert_eq!(out, [0.0, 0.0, 5.0, 5.0, 0.0]);
     }
@@ -386,24 +392,21 @@ mod tests {
     fn dispatched_kernels_equal_the_scalar_definitions() {
         let x: Vec<f32> = (0..1001).map(|i| (i as f32 - 500.0) / 60.0).collect();
         let g: Vec<f32> = x.iter().map(|v| v.sin()).collect();
-        let (mut a, mut b) = (vec![0f32; x.len()], vec![0f32; x.len()]);
-        gelu(&x, &mut a);
-        gelu_loop(&x, &mut b);
+        let n = x.len();
+        let (a, b) = (fresh(n, |o| gelu(&x, o)), fresh(n, |o| gelu_loop(&x, o)));
         for (p, q) in a.iter().zip(&b) {
             assert!((p - q).abs() <= 1e-6 * q.abs().max(1.0));
         }
-        gelu_grad(&x, &g, &mut a);
-        gelu_grad_loop(&x, &g, &mut b);
+        let a = fresh(n, |o| gelu_grad(&x, &g, o));
+        let b = fresh(n, |o| gelu_grad_loop(&x, &g, o));
         for (p, q) in a.iter().zip(&b) {
             assert!((p - q).abs() <= 1e-6 * q.abs().max(1.0));
         }
         // The one-pass form equals GELU and its gradient (with g = 1).
-        let mut d = x.clone();
+        let (mut d, mut a) = (x.clone(), vec![0f32; n]);
         gelu_with_derivative(&mut d, &mut a);
-        gelu_loop(&x, &mut b);
-        assert_eq!(a, b);
-        gelu_grad_loop(&x, &vec![1.0; x.len()], &mut b);
-        assert_eq!(d, b);
+        assert_eq!(a, fresh(n, |o| gelu_loop(&x, o)));
+        assert_eq!(d, fresh(n, |o| gelu_grad_loop(&x, &vec![1.0; n], o)));
         let mut e = x.clone();
         let s = exp_shifted_sum(&mut e, 2.0);
         let want: f64 = x.iter().map(|v| ((v - 2.0) as f64).exp()).sum();

@@ -76,7 +76,7 @@ fn last_dim(l: &Layout, op: &str) -> Result<usize> {
 }
 
 /// Runs `f` on each row of `out` (of width `d`), in parallel when the work is large.
-pub(crate) fn for_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn for_rows<T: Send>(out: &mut [T], d: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
     if out.len() >= PAR_MIN {
         out.par_chunks_mut(d).enumerate().for_each(|(i, r)| f(i, r));
     } else {
