@@ -481,6 +481,37 @@ unsafe fn gemm_crate(
     }
 }
 
+/// The `gemm` crate's product into `c` (`m × n`, row-major), on `threads` rayon threads.
+#[allow(clippy::too_many_arguments)]
+fn gemm_crate_parallel(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: &mut [f32],
+    threads: usize,
+) {
+    check_extents(m, n, k, &a, &b, c.len(), n);
+    // SAFETY: extents checked; `c` is initialised.
+    unsafe {
+        gemm_crate(
+            m,
+            n,
+            k,
+            alpha,
+            a,
+            b,
+            beta,
+            c.as_mut_ptr(),
+            n,
+            gemm::Parallelism::Rayon(threads),
+        )
+    }
+}
+
 /// Work below this many multiply-adds runs on one thread.
 const PAR_MIN_FLOP: usize = 1 << 18;
 
@@ -492,22 +523,7 @@ pub fn gemm(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32,
         return gemm_serial(m, n, k, alpha, a, b, beta, c);
     }
     if blas().is_none() {
-        check_extents(m, n, k, &a, &b, c.len(), n);
-        // SAFETY: extents checked; `c` is initialised.
-        return unsafe {
-            gemm_crate(
-                m,
-                n,
-                k,
-                alpha,
-                a,
-                b,
-                beta,
-                c.as_mut_ptr(),
-                n,
-                gemm::Parallelism::Rayon(threads),
-            )
-        };
+        return gemm_crate_parallel(m, n, k, alpha, a, b, beta, c, threads);
     }
     // Blocks of rows, a multiple of 8 so the kernels' row panels stay whole.
     let block = m.div_ceil(threads).div_ceil(8) * 8;
@@ -578,21 +594,7 @@ mod tests {
             assert!(err < 1e-4, "ta={ta} tb={tb}: max error {err}");
             // The fallback kernel, whichever backend this machine uses.
             let mut fallback = vec![1f32; m * n];
-            // SAFETY: `fallback` holds the m × n product.
-            unsafe {
-                gemm_crate(
-                    m,
-                    n,
-                    k,
-                    1.0,
-                    am,
-                    bm,
-                    0.0,
-                    fallback.as_mut_ptr(),
-                    n,
-                    gemm::Parallelism::Rayon(2),
-                )
-            };
+            gemm_crate_parallel(m, n, k, 1.0, am, bm, 0.0, &mut fallback, 2);
             let err = crate::math::max_abs_diff(&want, &fallback);
             assert!(err < 1e-4, "gemm crate ta={ta} tb={tb}: max error {err}");
             // Into an output that was never written (NaN-filled in test builds), serially.

@@ -1828,16 +1828,6 @@ fn apart(wide: &[f32], (imgs, rows, cols): (usize, usize, usize), dst: &mut [May
     }
 }
 
-/// `values` as slots that may be written (never with an uninitialised value).
-///
-/// # Safety
-/// The caller writes only initialised values through the result (as [`product_apart`]
-/// does), so `values` stays initialised.
-unsafe fn as_slots(values: &mut [f32]) -> &mut [MaybeUninit<f32>] {
-    // SAFETY: same layout; the caller's promise keeps every value initialised.
-    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), values.len()) }
-}
-
 /// A convolution's input and weight gradients (`dx`, `dw`: their values where wanted) as
 /// the tensors candle expects, in the shapes of `x` and `weight`.
 fn input_and_weight_grads(
@@ -1866,14 +1856,14 @@ fn input_and_weight_grads(
 /// `fold` splits the work where threads steal it, so the order of the sums, and their
 /// rounding, changed from run to run: no training run with convolutions was reproducible
 /// to the bit.)
-fn per_group_backward(
-    dx: Option<(&mut [f32], usize)>,
+fn per_group_backward<T: Send>(
+    dx: Option<(&mut [T], usize)>,
     b: usize,
     g: usize,
     dw_len: usize,
-    group: impl Fn(usize, usize, Option<&mut [f32]>, &mut [f32]) + Sync + Send,
+    group: impl Fn(usize, usize, Option<&mut [T]>, &mut [f32]) + Sync + Send,
 ) -> Vec<f32> {
-    let mut groups: Vec<(usize, Option<&mut [f32]>)> = match dx {
+    let mut groups: Vec<(usize, Option<&mut [T]>)> = match dx {
         Some((dx, per_image)) => dx
             .chunks_mut(g * per_image)
             .enumerate()
@@ -2106,9 +2096,8 @@ impl CustomOp2 for ConvTranspose {
         let wv = view!(weight, w_guard, "conv_transpose2d backward");
         let gv = view!(grad, g_guard, "conv_transpose2d backward");
         let (need_dx, need_dw) = (x.track_op(), weight.track_op());
-        let mut dx = vec![0f32; if need_dx { b * i * ihw } else { 0 }];
         let g = Conv::group(b, okk, ihw);
-        let group = |n0: usize, imgs: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
+        let group = |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, dw: &mut [f32]| {
             let wide = imgs * ihw;
             // The output gradients' patches side by side: cols [okk, wide].
             let mut cols = crate::scratch::take(okk * wide);
@@ -2139,13 +2128,18 @@ impl CustomOp2 for ConvTranspose {
             }
             if let Some(d) = d {
                 // dx [imgs, i, ihw] = W [i, okk] · cols [okk, imgs·ihw], image by image
-                // SAFETY: product_apart writes only values it computed.
-                product_apart(wv, &cols, (i, okk, ihw, imgs), unsafe { as_slots(d) });
+                product_apart(wv, &cols, (i, okk, ihw, imgs), d);
             }
             crate::scratch::give(cols);
         };
         let dw_len = if need_dw { i * okk } else { 0 };
-        let dw = per_group_backward(need_dx.then_some((&mut dx[..], i * ihw)), b, g, dw_len, group);
+        let mut dw = Vec::new();
+        let write = |dx: &mut [MaybeUninit<f32>]| {
+            dw = per_group_backward(need_dx.then_some((dx, i * ihw)), b, g, dw_len, group);
+        };
+        // SAFETY: with need_dx the groups' slices cover dx in whole images and product_apart
+        // writes every value of each; without it dx is empty.
+        let dx = unsafe { crate::scratch::written(if need_dx { b * i * ihw } else { 0 }, write) };
         input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
     }
 }
@@ -2903,13 +2897,17 @@ impl ReluMaxPool {
     /// The input gradient (`[b, c, h, w]`) from the output gradient `g`.
     fn backward_slices(&self, x: &[f32], g: &[f32], (b, c, h, w): (usize, usize, usize, usize)) -> Vec<f32> {
         let (oh, ow) = (h / self.k, w / self.k);
+        if oh * ow == 0 {
+            // Planes smaller than the window: no output, no gradient, dx all zeros.
+            return vec![0f32; b * c * h * w];
+        }
         assert!(
             x.len() >= b * c * h * w && g.len() >= b * c * oh * ow,
             "relu_max_pool2d backward: input or gradient shorter than its shape"
         );
         let write = |dx: &mut [MaybeUninit<f32>]| {
-            dx.par_chunks_mut((h * w).max(1))
-                .zip(x.par_chunks((h * w).max(1)).zip(g.par_chunks((oh * ow).max(1))))
+            dx.par_chunks_mut(h * w)
+                .zip(x.par_chunks(h * w).zip(g.par_chunks(oh * ow)))
                 .for_each(|(d, (plane, g))| {
                     if self.k == 2 && relu_pool2_grad_fast(plane, g, h, w, d) {
                         return;
@@ -2922,13 +2920,9 @@ impl ReluMaxPool {
                     })
                 })
         };
-        if oh * ow == 0 {
-            // Planes smaller than the window: no output, no gradient, dx all zeros.
-            return vec![0f32; b * c * h * w];
-        }
-        // SAFETY: one input plane and one gradient plane per dx plane (asserted, and
-        // neither plane size 0 here), and each dx plane is written whole: by the fast
-        // kernel, or zero-filled before the maxima are written.
+        // SAFETY: one input plane and one gradient plane per dx plane (asserted; neither
+        // plane is empty here), and each dx plane is written whole: by the fast kernel, or
+        // zero-filled before the maxima are written.
         unsafe { crate::scratch::written(b * c * h * w, write) }
     }
 }
