@@ -4,6 +4,8 @@
 # interleaved rounds on this machine.
 #
 #   benches/gan_epochs.sh [rounds] [batches] [dcgan|wgan|wgan-gp …]   # TRIDENT_BIN: the binary (default trident)
+#   PRECISION=bf16 benches/gan_epochs.sh …   # both sides in bf16 mixed precision (Trident's
+#                                             # precision = "bf16", PyTorch's autocast)
 #
 # Trident runs one epoch of `batches` batches (data.max_train, no [gan] judge) and its
 # figure is that epoch's `epoch_seconds` in metrics.jsonl (the training pass; the sample
@@ -26,6 +28,9 @@ for r in $(seq 1 "$rounds"); do
     sed -e "s|^dir = .*|dir = \"$work/$kind-$r\"|" \
         -e "s|^val_fraction = .*|val_fraction = 0.0\nmax_train = $((batches * bs))|" \
         -e '/^\[gan\]/,$d' "examples/gan/fashion-$kind.toml" > "$work/$kind.toml"
+    if [ "${PRECISION:-f32}" = bf16 ]; then
+      sed -i 's/^\[train\]$/[train]\nprecision = "bf16"/' "$work/$kind.toml"
+    fi
     "$bin" train --config "$work/$kind.toml" --epochs 1 >/dev/null 2>"$work/log" || { cat "$work/log" >&2; exit 1; }
     python3 - "$work/$kind-$r" "$kind" "$batches" "$bs" <<'PY'
 import json, sys

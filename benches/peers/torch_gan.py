@@ -13,7 +13,8 @@ to [-1, 1]); only the time is compared with Trident, not the samples.
 
 Prints seconds and images per second of the training pass, like benches/gan_epochs.sh
 reads Trident's metrics.jsonl. Threads: TORCH_THREADS (default 2); COMPILE=1 compiles
-both networks with torch.compile.
+both networks with torch.compile; PRECISION=bf16 runs the batches under
+torch.autocast("cpu", dtype=torch.bfloat16) (as Trident's `precision = "bf16"`).
 
     python3 benches/peers/torch_gan.py dcgan|wgan|wgan-gp [batches]
 """
@@ -108,11 +109,14 @@ def main():
                 gl.backward()
                 og.step()
 
-    run(5)  # warm-up (and compilation)
-    t0 = time.perf_counter()
-    run(batches)
-    secs = time.perf_counter() - t0
-    print(f"{kind:7s} pytorch {torch.__version__}{' compiled' if os.environ.get('COMPILE') == '1' else ''}  "
+    bf16 = os.environ.get("PRECISION") == "bf16"
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        run(5)  # warm-up (and compilation)
+        t0 = time.perf_counter()
+        run(batches)
+        secs = time.perf_counter() - t0
+    print(f"{kind:7s} pytorch {torch.__version__}{' compiled' if os.environ.get('COMPILE') == '1' else ''}"
+          f"{' bf16' if bf16 else ''}  "
           f"{batches} batches of {bs}  {secs:.2f} s  {batches * bs / secs:,.0f} ex/s")
 
 

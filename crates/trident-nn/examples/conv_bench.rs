@@ -103,6 +103,12 @@ fn main() -> candle_core::Result<()> {
     trident_nn::runtime::candle_on_one_thread();
     trident_nn::runtime::keep_freed_memory();
     println!("GEMM backend: {}", trident_nn::blas::backend());
+    // PRECISION=bf16: every convolution created under bf16 autocast.
+    let bf16 = std::env::var("PRECISION").is_ok_and(|p| p == "bf16");
+    let _precision = trident_nn::bf16::autocast(bf16);
+    if bf16 {
+        println!("bf16 autocast: {}", trident_nn::bf16::mixed_precision());
+    }
     let only = std::env::var("ONLY").unwrap_or_default();
     let runs: usize = std::env::var("RUNS").map_or(31, |v| v.parse().expect("RUNS: a count"));
     for shape in SHAPES.iter().filter(|s| s.name.contains(&only)) {

@@ -307,21 +307,113 @@ pub fn accelerated() -> bool {
 /// `c` held.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+    assert!(c.len() >= m * n, "bf16::gemm: output too short");
+    // SAFETY: `c` holds m · n initialised values.
+    unsafe { gemm_raw(m, n, k, a, b, beta, c.as_mut_ptr(), false) }
+}
+
+/// [`gemm`] on the calling thread alone (packing and products), for callers that already
+/// run one product per task (a convolution's groups of images).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_serial(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+    assert!(c.len() >= m * n, "bf16::gemm: output too short");
+    // SAFETY: `c` holds m · n initialised values.
+    unsafe { gemm_raw(m, n, k, a, b, beta, c.as_mut_ptr(), true) }
+}
+
+/// [`gemm_serial`] with `beta = 0` into memory not yet written: every one of the `m × n`
+/// values is written, none is read.
+pub fn gemm_serial_into(m: usize, n: usize, k: usize, a: Operand, b: Operand, c: &mut [MaybeUninit<f32>]) {
+    assert!(c.len() >= m * n, "bf16::gemm: output too short");
+    // SAFETY: `c` has room for m · n values; with beta = 0 none is read before it is written.
+    unsafe { gemm_raw(m, n, k, a, b, 0.0, c.as_mut_ptr().cast(), true) }
+}
+
+/// `c = beta · c` for an empty product: zeros with `beta = 0` (nothing read).
+///
+/// SAFETY: `c` points at `len` f32, initialised unless `beta` is 0.
+unsafe fn scale(c: *mut f32, len: usize, beta: f32) {
+    for i in 0..len {
+        let v = c.add(i);
+        v.write(if beta == 0.0 { 0.0 } else { v.read() * beta });
+    }
+}
+
+/// A left operand packed once for several bf16 products ([`Lhs::times`]): a convolution's
+/// weight, multiplied by each group of images' patches.
+pub struct Lhs(amx::PackedLhs);
+
+impl Lhs {
+    /// op(a) `m × k` rounded and packed on the calling thread, or `None` on a CPU without
+    /// bf16 kernels ([`accelerated`]), where there is nothing to pack for.
+    pub fn pack(m: usize, k: usize, a: Operand) -> Option<Lhs> {
+        a.check(m, k, "lhs");
+        amx::kernel().map(|_| Lhs(amx::pack(a, m, k)))
+    }
+
+    /// `c = op(a) · op(b) + beta · c` on the calling thread, `c` row-major `m × n`.
+    pub fn times(&self, n: usize, b: Operand, beta: f32, c: &mut [f32]) {
+        assert!(c.len() >= self.0.rows() * n, "bf16::Lhs::times: output too short");
+        // SAFETY: `c` holds m · n initialised values.
+        unsafe { self.times_raw(n, b, beta, c.as_mut_ptr()) }
+    }
+
+    /// [`Self::times`] with `beta = 0` into memory not yet written: every one of the
+    /// `m × n` values is written, none is read.
+    pub fn times_into(&self, n: usize, b: Operand, c: &mut [MaybeUninit<f32>]) {
+        assert!(c.len() >= self.0.rows() * n, "bf16::Lhs::times: output too short");
+        // SAFETY: `c` has room for m · n values; with beta = 0 none is read.
+        unsafe { self.times_raw(n, b, 0.0, c.as_mut_ptr().cast()) }
+    }
+
+    /// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0.
+    unsafe fn times_raw(&self, n: usize, b: Operand, beta: f32, c: *mut f32) {
+        let (m, k) = (self.0.rows(), self.0.depth());
+        b.check(k, n, "rhs");
+        if m == 0 || n == 0 {
+            return;
+        }
+        if k == 0 {
+            return scale(c, m * n, beta);
+        }
+        let kernel = amx::kernel().expect("packed only where a bf16 kernel runs");
+        amx::gemm_packed(kernel, &self.0, n, b, beta, c)
+    }
+}
+
+/// The three entry points' body.
+///
+/// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0 (then only written).
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: *mut f32,
+    serial: bool,
+) {
     a.check(m, k, "lhs");
     b.check(k, n, "rhs");
-    assert!(c.len() >= m * n, "bf16::gemm: output too short");
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        c[..m * n]
-            .iter_mut()
-            .for_each(|v| *v = if beta == 0.0 { 0.0 } else { *v * beta });
-        return;
+        return scale(c, m * n, beta);
     }
     match amx::kernel() {
-        Some(kernel) => amx::gemm(kernel, m, n, k, a, b, beta, c),
-        None => widened(m, n, k, a, b, beta, c),
+        Some(kernel) => amx::gemm(kernel, m, n, k, a, b, beta, c, serial),
+        None => {
+            let mut out = crate::scratch::take(m * n);
+            widened(m, n, k, a, b, 0.0, &mut out, serial);
+            for (i, &v) in out.iter().enumerate() {
+                let d = c.add(i);
+                d.write(if beta == 0.0 { v } else { v + beta * d.read() });
+            }
+            crate::scratch::give(out);
+        }
     }
 }
 
@@ -399,21 +491,31 @@ pub fn bf16_products(k: usize) -> bool {
     accelerated() && k >= MIN_BF16_DEPTH
 }
 
-/// The portable path: round both operands to bf16, widen them back and run the f32 GEMM.
-fn widened(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+/// The portable path: round both operands to bf16, widen them back and run the f32 GEMM
+/// (on the calling thread alone with `serial`).
+#[allow(clippy::too_many_arguments)]
+fn widened(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32], serial: bool) {
     let mut wa = vec![0f32; m * k];
-    wa.par_chunks_mut(k).enumerate().for_each(|(i, row)| {
+    let row_a = |(i, row): (usize, &mut [f32])| {
         row.iter_mut()
             .enumerate()
             .for_each(|(p, v)| *v = widen(a.at(i, p)))
-    });
+    };
     let mut wb = vec![0f32; k * n];
-    wb.par_chunks_mut(n).enumerate().for_each(|(p, row)| {
+    let row_b = |(p, row): (usize, &mut [f32])| {
         row.iter_mut()
             .enumerate()
             .for_each(|(j, v)| *v = widen(b.at(p, j)))
-    });
-    blas::gemm(m, n, k, 1.0, Mat::new(&wa, k), Mat::new(&wb, n), beta, c);
+    };
+    if serial {
+        wa.chunks_mut(k).enumerate().for_each(row_a);
+        wb.chunks_mut(n).enumerate().for_each(row_b);
+        blas::gemm_serial(m, n, k, 1.0, Mat::new(&wa, k), Mat::new(&wb, n), beta, c);
+    } else {
+        wa.par_chunks_mut(k).enumerate().for_each(row_a);
+        wb.par_chunks_mut(n).enumerate().for_each(row_b);
+        blas::gemm(m, n, k, 1.0, Mat::new(&wa, k), Mat::new(&wb, n), beta, c);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -601,10 +703,19 @@ mod amx {
     }
 
     /// op(a) `m × k` into strips of tiles, `[mp/16][kp/32][16][32]` bf16, zero-padded.
-    fn pack_lhs(a: &Operand, m: usize, k: usize, mp: usize, kp: usize) -> Aligned<u16> {
+    fn pack_lhs(a: &Operand, m: usize, k: usize, mp: usize, kp: usize, serial: bool) -> Aligned<u16> {
         match *a {
-            Operand::F32(x) => pack_lhs_from(x.data, x.ld, x.trans, m, k, mp, kp),
-            Operand::Bf16 { data, ld, trans } => pack_lhs_from(data, ld, trans, m, k, mp, kp),
+            Operand::F32(x) => pack_lhs_from(x.data, x.ld, x.trans, m, k, mp, kp, serial),
+            Operand::Bf16 { data, ld, trans } => pack_lhs_from(data, ld, trans, m, k, mp, kp, serial),
+        }
+    }
+
+    /// `f(i, chunk i)` for the `size`-value chunks of `out`, in parallel unless `serial`.
+    fn chunks<T: Send>(out: &mut [T], size: usize, serial: bool, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+        if serial {
+            out.chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+        } else {
+            out.par_chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
         }
     }
 
@@ -614,6 +725,7 @@ mod amx {
         (r / STRIP) * STRIP * kp + (p / B) * STRIP * B + (r % STRIP) * B + p % B
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn pack_lhs_from<E: Elem>(
         data: &[E],
         ld: usize,
@@ -622,9 +734,10 @@ mod amx {
         k: usize,
         mp: usize,
         kp: usize,
+        serial: bool,
     ) -> Aligned<u16> {
         let mut out = Aligned::unfilled(mp * kp);
-        out.par_chunks_mut(B * kp).enumerate().for_each(|(bi, dst)| {
+        chunks(&mut out, B * kp, serial, |bi, dst| {
             let r0 = bi * B;
             let rows = m.saturating_sub(r0).min(B);
             if rows < B || k < kp {
@@ -660,10 +773,10 @@ mod amx {
     /// op(b) `k × n` into panels of 32 columns, each two strips of 16 columns,
     /// `[np/16][kp/2][16]` pairs of bf16 (the values at k = 2i and 2i + 1 of one column in
     /// one 32-bit word, low half first).
-    fn pack_rhs(b: &Operand, k: usize, n: usize, kp: usize, np: usize) -> Aligned<u32> {
+    fn pack_rhs(b: &Operand, k: usize, n: usize, kp: usize, np: usize, serial: bool) -> Aligned<u32> {
         match *b {
-            Operand::F32(x) => pack_rhs_from(x.data, x.ld, x.trans, k, n, kp, np),
-            Operand::Bf16 { data, ld, trans } => pack_rhs_from(data, ld, trans, k, n, kp, np),
+            Operand::F32(x) => pack_rhs_from(x.data, x.ld, x.trans, k, n, kp, np, serial),
+            Operand::Bf16 { data, ld, trans } => pack_rhs_from(data, ld, trans, k, n, kp, np, serial),
         }
     }
 
@@ -673,6 +786,7 @@ mod amx {
         (j / STRIP) * (kp / 2) * STRIP + i * STRIP + j % STRIP
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn pack_rhs_from<E: Elem>(
         data: &[E],
         ld: usize,
@@ -681,11 +795,12 @@ mod amx {
         n: usize,
         kp: usize,
         np: usize,
+        serial: bool,
     ) -> Aligned<u32> {
         let panel = kp / 2 * B;
         let mut out = Aligned::unfilled(np / B * panel);
         let pair = |lo: u16, hi: u16| lo as u32 | (hi as u32) << 16;
-        out.par_chunks_mut(panel).enumerate().for_each(|(pi, dst)| {
+        chunks(&mut out, panel, serial, |pi, dst| {
             let c0 = pi * B;
             let cols = n.saturating_sub(c0).min(B);
             if cols < B || k < kp {
@@ -752,9 +867,12 @@ mod amx {
         })
     }
 
-    /// `c = op(a) · op(b) + beta · c` on `kernel`.
+    /// `c = op(a) · op(b) + beta · c` on `kernel`, on the calling thread alone with `serial`.
+    ///
+    /// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0 (then only written);
+    /// the operands have been checked to hold op(a) `m × k` and op(b) `k × n`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm(
+    pub(super) unsafe fn gemm(
         kernel: Kernel,
         m: usize,
         n: usize,
@@ -762,7 +880,8 @@ mod amx {
         a: Operand,
         b: Operand,
         beta: f32,
-        c: &mut [f32],
+        c: *mut f32,
+        serial: bool,
     ) {
         // A transposed left operand is the one layout that packs slowly (a transpose); when
         // the right one is not transposed, compute cᵀ = op(b)ᵀ · op(a)ᵀ instead, whose left
@@ -776,20 +895,85 @@ mod amx {
             (m, n, a, b)
         };
         let (mp, np, kp) = (round_up(m), round_up(n), round_up(k));
-        let (pa, pb) = rayon::join(|| pack_lhs(&a, m, k, mp, kp), || pack_rhs(&b, k, n, kp, np));
+        let (pa, pb) = if serial {
+            (pack_lhs(&a, m, k, mp, kp, true), pack_rhs(&b, k, n, kp, np, true))
+        } else {
+            rayon::join(
+                || pack_lhs(&a, m, k, mp, kp, false),
+                || pack_rhs(&b, k, n, kp, np, false),
+            )
+        };
+        multiply(kernel, (&pa, &pb), (m, n, k), beta, c, transposed, serial)
+    }
+
+    /// op(a) packed once for several products ([`gemm_packed`]).
+    pub(super) struct PackedLhs {
+        data: Aligned<u16>,
+        m: usize,
+        k: usize,
+    }
+
+    /// Packs op(a) `m × k` (checked by the caller) on the calling thread.
+    pub(super) fn pack(a: Operand, m: usize, k: usize) -> PackedLhs {
+        PackedLhs {
+            data: pack_lhs(&a, m, k, round_up(m), round_up(k), true),
+            m,
+            k,
+        }
+    }
+
+    impl PackedLhs {
+        pub(super) fn rows(&self) -> usize {
+            self.m
+        }
+        pub(super) fn depth(&self) -> usize {
+            self.k
+        }
+    }
+
+    /// [`gemm`] of a packed left operand, on the calling thread.
+    ///
+    /// SAFETY: as [`gemm`]'s, with op(b) `a.k × n` checked by the caller.
+    pub(super) unsafe fn gemm_packed(
+        kernel: Kernel,
+        a: &PackedLhs,
+        n: usize,
+        b: Operand,
+        beta: f32,
+        c: *mut f32,
+    ) {
+        let (m, k) = (a.m, a.k);
+        let (np, kp) = (round_up(n), round_up(k));
+        let pb = pack_rhs(&b, k, n, kp, np, true);
+        multiply(kernel, (&a.data, &pb), (m, n, k), beta, c, false, true)
+    }
+
+    /// The products of packed operands into `c` (`m × n`, or its transpose `n × m` when
+    /// `transposed`), on the calling thread alone with `serial`.
+    ///
+    /// SAFETY: as [`gemm`]'s; `pa` and `pb` packed from op(a) `m × k` and op(b) `k × n`.
+    unsafe fn multiply(
+        kernel: Kernel,
+        (pa, pb): (&[u16], &[u32]),
+        (m, n, k): (usize, usize, usize),
+        beta: f32,
+        c: *mut f32,
+        transposed: bool,
+        serial: bool,
+    ) {
+        let (mp, np, kp) = (round_up(m), round_up(n), round_up(k));
         let (mblocks, nblocks) = (mp / B, np / B);
         // Contiguous ranges of row blocks per task (each task's rows of `a` stay in its
         // cache while it walks every panel of `b`), or of column panels when there are
         // fewer row blocks than threads.
         let threads = rayon::current_num_threads().max(1);
         let small = m * n * k < (1 << 20);
-        let tasks = if small { 1 } else { threads };
+        let tasks = if small || serial { 1 } else { threads };
         let split_rows = mblocks >= tasks;
         let parts = if split_rows { mblocks } else { nblocks };
         let per = parts.div_ceil(tasks.min(parts));
-        let out = Out(c.as_mut_ptr());
-        let (pa, pb) = (&pa, &pb);
-        (0..parts.div_ceil(per)).into_par_iter().for_each(move |t| {
+        let out = Out(c);
+        let task = move |t: usize| {
             let range = (t * per)..((t + 1) * per).min(parts);
             let (rows, cols) = if split_rows {
                 (range, 0..nblocks)
@@ -828,7 +1012,12 @@ mod amx {
                 }
                 asm!("tilerelease", options(nostack, nomem));
             }
-        });
+        };
+        if serial {
+            (0..parts.div_ceil(per)).for_each(task);
+        } else {
+            (0..parts.div_ceil(per)).into_par_iter().for_each(task);
+        }
     }
 
     /// One 32×32 output block: `acc = a[32, kp] · panel[kp, 32]`.
@@ -928,23 +1117,27 @@ mod amx {
         transposed: bool,
     ) {
         let (rows, cols) = ((m - r0).min(B), (n - c0).min(B));
+        // Through raw pointers: with beta = 0 the output may be memory not yet written.
         if transposed {
             for c in 0..cols {
-                let dst = std::slice::from_raw_parts_mut(out.0.add((c0 + c) * m + r0), rows);
-                for (r, d) in dst.iter_mut().enumerate() {
-                    let s = acc[r * B + c];
-                    *d = if beta == 0.0 { s } else { s + beta * *d };
+                let dst = out.0.add((c0 + c) * m + r0);
+                for r in 0..rows {
+                    let (s, d) = (acc[r * B + c], dst.add(r));
+                    d.write(if beta == 0.0 { s } else { s + beta * d.read() });
                 }
             }
             return;
         }
         for r in 0..rows {
-            let dst = std::slice::from_raw_parts_mut(out.0.add((r0 + r) * n + c0), cols);
+            let dst = out.0.add((r0 + r) * n + c0);
             let src = &acc[r * B..r * B + cols];
             if beta == 0.0 {
-                dst.copy_from_slice(src);
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, cols);
             } else {
-                dst.iter_mut().zip(src).for_each(|(d, s)| *d = s + beta * *d);
+                for (j, s) in src.iter().enumerate() {
+                    let d = dst.add(j);
+                    d.write(s + beta * d.read());
+                }
             }
         }
     }
@@ -961,8 +1154,23 @@ mod amx {
     pub(super) fn kernel() -> Option<Kernel> {
         None
     }
+    pub(super) struct PackedLhs;
+    impl PackedLhs {
+        pub(super) fn rows(&self) -> usize {
+            unreachable!()
+        }
+        pub(super) fn depth(&self) -> usize {
+            unreachable!()
+        }
+    }
+    pub(super) fn pack(_: Operand, _: usize, _: usize) -> PackedLhs {
+        unreachable!("the bf16 kernels are x86-64 only")
+    }
+    pub(super) unsafe fn gemm_packed(_: Kernel, _: &PackedLhs, _: usize, _: Operand, _: f32, _: *mut f32) {
+        unreachable!("the bf16 kernels are x86-64 only")
+    }
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm(
+    pub(super) unsafe fn gemm(
         _: Kernel,
         _: usize,
         _: usize,
@@ -970,7 +1178,8 @@ mod amx {
         _: Operand,
         _: Operand,
         _: f32,
-        _: &mut [f32],
+        _: *mut f32,
+        _: bool,
     ) {
         unreachable!("the bf16 kernels are x86-64 only")
     }
@@ -1080,7 +1289,7 @@ mod tests {
                     let err = crate::math::max_abs_diff(&want, &got);
                     assert!(err < 1e-4, "{m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}");
                     let mut portable = vec![f32::NAN; m * n];
-                    widened(m, n, k, lhs, b, 0.0, &mut portable);
+                    widened(m, n, k, lhs, b, 0.0, &mut portable, false);
                     let err = crate::math::max_abs_diff(&want, &portable);
                     assert!(
                         err < 1e-4,

@@ -1216,9 +1216,12 @@ impl CustomOp3 for ChannelAffine {
 /// `[b, h·w, c·k·k]` is kept between the passes or copied into another layout (the
 /// earlier form materialised the patches of the whole batch, multiplied them as one
 /// linear layer and transposed the result: 14 MB per pass for the Fashion CNN's second
-/// convolution). The products are f32 under bf16 autocast too: a convolution's are small
-/// (k = c·k·k, 9 to 288 in the Fashion CNN), where bf16 packing costs more than it saves
-/// (measured: the CNN step 24 ms in f32, 39 ms with its convolutions in bf16 on AVX512-BF16).
+/// convolution). Under bf16 autocast, on a CPU with bf16 arithmetic ([`conv_bf16`]), the
+/// products at least 64 deep and 32 wide run in bf16 with f32 sums (the weight rounded and
+/// packed once per pass, each group's patches as they are multiplied), and such a layer
+/// takes this unfolded path rather than the direct f32 kernels. (An earlier form, which
+/// packed the weight for every image and rounded the 9-deep products of a first layer too,
+/// made the CNN step slower: 39 against 24 ms on AVX512-BF16.)
 pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
     let op = Conv::checked(x, weight, stride, padding)?;
     x.contiguous()?.apply_op2(&weight.contiguous()?, op)
@@ -1274,6 +1277,7 @@ impl Conv {
             k,
             stride,
             padding,
+            bf16: crate::bf16::autocast_enabled(),
             layer: crate::trace::current_layer(),
             plan: OnceLock::new(),
         })
@@ -1286,6 +1290,9 @@ struct Conv {
     k: usize,
     stride: usize,
     padding: usize,
+    /// Created under bf16 autocast ([`crate::bf16::autocast`]): the unfolded products run
+    /// in bf16 where that pays ([`Conv::in_bf16`]), in both passes.
+    bf16: bool,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
     layer: Option<std::sync::Arc<str>>,
     /// The runs of [`Conv::runs`] for the geometry this op met first, worked out once: they
@@ -1614,7 +1621,102 @@ impl Conv {
     fn flops(&self, b: usize, o: usize, ckk: usize, ohw: usize) -> u64 {
         2 * (b * o * ckk * ohw) as u64
     }
+
+    /// Whether an unfolded product of `m × k` by `k × n` runs in bf16: under autocast, on
+    /// bf16 hardware ([`crate::bf16::accelerated`]), and deep and wide enough that the
+    /// faster products outweigh rounding and packing both operands.
+    fn in_bf16(&self, m: usize, n: usize, k: usize) -> bool {
+        self.bf16 && conv_bf16_pays(m, n, k)
+    }
+
+    /// `c = a · b + beta · c` for one group's unfolded product, on the calling thread, in
+    /// bf16 where [`Self::in_bf16`], else in f32.
+    #[allow(clippy::too_many_arguments)]
+    fn product(&self, m: usize, n: usize, k: usize, a: Mat, b: Mat, beta: f32, c: &mut [f32]) {
+        if self.in_bf16(m, n, k) {
+            use crate::bf16::Operand;
+            crate::bf16::gemm_serial(m, n, k, Operand::F32(a), Operand::F32(b), beta, c)
+        } else {
+            blas::gemm_serial(m, n, k, 1.0, a, b, beta, c)
+        }
+    }
+
+    /// `a` (`m × k`) as the left operand of a pass whose groups multiply it by `k × n`
+    /// patches: packed once in bf16 where those products run in bf16.
+    fn lhs<'a>(&self, a: Mat<'a>, (m, k, n): (usize, usize, usize)) -> Lhs<'a> {
+        if self.in_bf16(m, n, k) {
+            if let Some(packed) = crate::bf16::Lhs::pack(m, k, crate::bf16::Operand::F32(a)) {
+                return Lhs::Bf16(packed);
+            }
+        }
+        Lhs::F32 { a, m, k }
+    }
 }
+
+/// The left operand every group of one convolution pass multiplies by (the weight or its
+/// transpose, `m × k`): as it is for f32 products, rounded and packed once for bf16 ones
+/// (packing it for each group of images cost a third of the packing in the GAN critic's
+/// second convolution).
+enum Lhs<'a> {
+    F32 { a: Mat<'a>, m: usize, k: usize },
+    Bf16(crate::bf16::Lhs),
+}
+
+impl Lhs<'_> {
+    /// `c = a · b + beta · c` for `b` `k × n`, on the calling thread.
+    fn times(&self, n: usize, b: Mat, beta: f32, c: &mut [f32]) {
+        match self {
+            Lhs::F32 { a, m, k } => blas::gemm_serial(*m, n, *k, 1.0, *a, b, beta, c),
+            Lhs::Bf16(p) => p.times(n, crate::bf16::Operand::F32(b), beta, c),
+        }
+    }
+
+    /// `a [m, k] · cols [k, imgs·n]`, each image's `n` columns written to its place in
+    /// `out` (`[imgs, m, n]`, every value written; it need not be initialised): straight
+    /// into `out` for one image, through a scratch product otherwise.
+    fn apart(&self, cols: &[f32], (m, n, imgs): (usize, usize, usize), out: &mut [MaybeUninit<f32>]) {
+        let wide = imgs * n;
+        if imgs == 1 {
+            match self {
+                Lhs::F32 { a, m, k } => blas::gemm_serial_into(*m, n, *k, 1.0, *a, Mat::new(cols, n), out),
+                Lhs::Bf16(p) => p.times_into(n, crate::bf16::Operand::F32(Mat::new(cols, n)), out),
+            }
+            return;
+        }
+        let mut prod = crate::scratch::take(m * wide);
+        self.times(wide, Mat::new(cols, wide), 0.0, &mut prod);
+        apart(&prod, (imgs, m, n), out);
+        crate::scratch::give(prod);
+    }
+}
+
+/// Whether convolutions created under bf16 autocast run their products in bf16 on this CPU
+/// (those deep and wide enough, [`CONV_BF16_DEPTH`], [`CONV_BF16_EDGE`]): where it has bf16
+/// arithmetic ([`crate::bf16::accelerated`]), unless `TRIDENT_CONV_BF16=off` (for
+/// comparisons).
+pub fn conv_bf16() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        crate::bf16::accelerated()
+            && !std::env::var("TRIDENT_CONV_BF16").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
+    })
+}
+
+/// Whether a convolution's unfolded product of `m × k` by `k × n` pays in bf16 here (see
+/// [`Conv::in_bf16`]).
+fn conv_bf16_pays(m: usize, n: usize, k: usize) -> bool {
+    conv_bf16() && k >= CONV_BF16_DEPTH && m >= CONV_BF16_EDGE && n >= CONV_BF16_EDGE
+}
+
+/// The shortest inner dimension of a convolution's product run in bf16. Unlike a dense
+/// layer's ([`crate::bf16::MIN_BF16_DEPTH`]), the weight is rounded and packed once per
+/// pass, not per product, so shallower products pay: the Fashion CNN's input gradient
+/// (depth 64) and the GAN critic's (128) ran faster in bf16 (`conv_bench`).
+const CONV_BF16_DEPTH: usize = 64;
+
+/// The fewest rows and columns of a convolution's product run in bf16: one block of the
+/// bf16 kernels ([`crate::bf16`]), 32.
+const CONV_BF16_EDGE: usize = 32;
 
 impl CustomOp2 for Conv {
     fn name(&self) -> &'static str {
@@ -1635,11 +1737,13 @@ impl CustomOp2 for Conv {
         let (ckk, ohw) = (c * self.k * self.k, oh * ow);
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", self.flops(b, o, ckk, ohw));
         let geometry = self.direct((b, c, h, w, oh, ow), o);
-        if crate::direct_conv::available() && crate::direct_conv::suits(&geometry) {
+        let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
+        let unfold_bf16 = self.in_bf16(o, g * ohw, ckk);
+        if !unfold_bf16 && crate::direct_conv::available() && crate::direct_conv::suits(&geometry) {
             let out = crate::direct_conv::forward(x, wt, geometry);
             return Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))));
         }
-        let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
+        let lhs = self.lhs(Mat::new(wt, ckk), (o, ckk, g * ohw));
         let write = |out: &mut [MaybeUninit<f32>]| {
             out.par_chunks_mut((g * o * ohw).max(1))
                 .enumerate()
@@ -1658,12 +1762,12 @@ impl CustomOp2 for Conv {
                         );
                     }
                     // y [imgs, o, ohw] = W [o, ckk] · cols_t [ckk, imgs·ohw], image by image
-                    product_apart(wt, &cols, (o, ckk, ohw, imgs), y);
+                    lhs.apart(&cols, (o, ohw, imgs), y);
                     crate::scratch::give(cols);
                 })
         };
         // SAFETY: the chunks cover the output in whole images (b·o·ohw values, chunks of
-        // g images), and product_apart writes every value of each.
+        // g images), and `apart` writes every value of each.
         let out = unsafe { crate::scratch::written(b * o * ohw, write) };
         Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))))
     }
@@ -1696,8 +1800,10 @@ impl CustomOp2 for Conv {
         // groups below share the output gradients between both products, and the direct
         // input gradient beside them measured level or slower.
         let geometry = self.direct((b, c, h, w, oh, ow), o);
+        let g = Self::group(b, ckk, ohw);
         let direct_dx = need_dx
             && !need_dw
+            && !self.in_bf16(ckk, g * ohw, o)
             && crate::direct_conv::available()
             && crate::direct_conv::suits_input_gradient(&geometry);
         // Written whole by the direct kernel; else zeros for the groups' folds to add into.
@@ -1708,7 +1814,8 @@ impl CustomOp2 for Conv {
         };
         // A group of images n0.. (as in the forward pass): adds their weight gradient into
         // `dw` and, with `d` (their slice of dx), writes their input gradients there.
-        let g = Self::group(b, ckk, ohw);
+        // Wᵀ [ckk, o], the left operand of every group's input-gradient product.
+        let wt_lhs = (need_dx && !direct_dx).then(|| self.lhs(Mat::new(wv, ckk).t(), (ckk, o, g * ohw)));
         let group = |n0: usize, imgs: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
             let wide = imgs * ohw;
             let mut cols = crate::scratch::take(ckk * wide);
@@ -1727,11 +1834,10 @@ impl CustomOp2 for Conv {
                     );
                 }
                 // dW [o, ckk] += gw [o, wide] · cols_tᵀ
-                blas::gemm_serial(
+                self.product(
                     o,
                     ckk,
                     wide,
-                    1.0,
                     Mat::new(gw, wide),
                     Mat::new(&cols, wide).t(),
                     1.0,
@@ -1740,16 +1846,8 @@ impl CustomOp2 for Conv {
             }
             if let Some(d) = d {
                 // dcols_t [ckk, wide] = Wᵀ · gw, each image's columns folded into its dx
-                blas::gemm_serial(
-                    ckk,
-                    wide,
-                    o,
-                    1.0,
-                    Mat::new(wv, ckk).t(),
-                    Mat::new(gw, wide),
-                    0.0,
-                    &mut cols,
-                );
+                let wt_lhs = wt_lhs.as_ref().expect("packed where the groups compute dx");
+                wt_lhs.times(wide, Mat::new(gw, wide), 0.0, &mut cols);
                 for (j, dj) in d.chunks_mut(chw).enumerate() {
                     self.fold(&mut cols, (c, h, w, oh, ow), (wide, j * ohw), dj);
                 }
@@ -1784,35 +1882,6 @@ fn side_by_side(src: &[f32], (imgs, rows, cols): (usize, usize, usize)) -> Optio
         }
     }
     Some(out)
-}
-
-/// `w [m, k] · cols [k, imgs·n]`, each image's `n` columns written to its place in `out`
-/// (`[imgs, m, n]`, every value written; it need not be initialised): straight into `out`
-/// for one image, through a scratch product otherwise.
-fn product_apart(
-    w: &[f32],
-    cols: &[f32],
-    (m, k, n, imgs): (usize, usize, usize, usize),
-    out: &mut [MaybeUninit<f32>],
-) {
-    if imgs == 1 {
-        blas::gemm_serial_into(m, n, k, 1.0, Mat::new(w, k), Mat::new(cols, n), out);
-        return;
-    }
-    let wide = imgs * n;
-    let mut prod = crate::scratch::take(m * wide);
-    blas::gemm_serial(
-        m,
-        wide,
-        k,
-        1.0,
-        Mat::new(w, k),
-        Mat::new(cols, wide),
-        0.0,
-        &mut prod,
-    );
-    apart(&prod, (imgs, m, n), out);
-    crate::scratch::give(prod);
 }
 
 /// The inverse of [`side_by_side`]: each image's columns of `wide` (`[rows, imgs·cols]`)
@@ -2002,6 +2071,7 @@ impl ConvTranspose {
             k,
             stride,
             padding,
+            bf16: crate::bf16::autocast_enabled(),
             layer: crate::trace::current_layer(),
             plan: OnceLock::new(),
         }))
@@ -2043,14 +2113,20 @@ impl CustomOp2 for ConvTranspose {
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", conv.flops(b, i, okk, ihw));
         // The input gradient of the convolution from [b, o, h, w] to x's [b, i, ih, iw].
         let geometry = conv.direct((b, o, h, w, ih, iw), i);
-        if crate::direct_conv::available() && crate::direct_conv::suits_input_gradient(&geometry) {
+        // Images in groups as the convolution's (its patch rows `okk`, its output plane the
+        // input's `ihw`).
+        let g = Conv::group(b, okk, ihw);
+        let unfold_bf16 = conv.in_bf16(okk, g * ihw, i);
+        if !unfold_bf16
+            && crate::direct_conv::available()
+            && crate::direct_conv::suits_input_gradient(&geometry)
+        {
             let out = crate::direct_conv::backward_input(x, wt, geometry);
             return Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))));
         }
         let mut out = vec![0f32; b * o * h * w];
-        // Images in groups as the convolution's (its patch rows `okk`, its output plane the
-        // input's `ihw`).
-        let g = Conv::group(b, okk, ihw);
+        // Wᵀ [okk, i], the left operand of every group's product.
+        let lhs = conv.lhs(Mat::new(wt, okk).t(), (okk, i, g * ihw));
         out.par_chunks_mut(g * o * h * w).enumerate().for_each(|(t, y)| {
             let imgs = y.len() / (o * h * w);
             let wide = imgs * ihw;
@@ -2059,12 +2135,8 @@ impl CustomOp2 for ConvTranspose {
             let mut cols = crate::scratch::take(okk * wide);
             // cols [okk, wide] = Wᵀ [okk, i] · x [i, wide], each image's columns folded onto
             // its output.
-            blas::gemm_serial(
-                okk,
+            lhs.times(
                 wide,
-                i,
-                1.0,
-                Mat::new(wt, okk).t(),
                 Mat::new(side.as_deref().unwrap_or(xn), wide),
                 0.0,
                 &mut cols,
@@ -2097,6 +2169,8 @@ impl CustomOp2 for ConvTranspose {
         let gv = view!(grad, g_guard, "conv_transpose2d backward");
         let (need_dx, need_dw) = (x.track_op(), weight.track_op());
         let g = Conv::group(b, okk, ihw);
+        // W [i, okk], the left operand of every group's input-gradient product.
+        let w_lhs = need_dx.then(|| conv.lhs(Mat::new(wv, okk), (i, okk, g * ihw)));
         let group = |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, dw: &mut [f32]| {
             let wide = imgs * ihw;
             // The output gradients' patches side by side: cols [okk, wide].
@@ -2114,11 +2188,10 @@ impl CustomOp2 for ConvTranspose {
                 // dW [i, okk] += x [i, wide] · colsᵀ [wide, okk]
                 let xn = &xv[n0 * i * ihw..(n0 + imgs) * i * ihw];
                 let side = side_by_side(xn, (imgs, i, ihw));
-                blas::gemm_serial(
+                conv.product(
                     i,
                     okk,
                     wide,
-                    1.0,
                     Mat::new(side.as_deref().unwrap_or(xn), wide),
                     Mat::new(&cols, wide).t(),
                     1.0,
@@ -2128,7 +2201,8 @@ impl CustomOp2 for ConvTranspose {
             }
             if let Some(d) = d {
                 // dx [imgs, i, ihw] = W [i, okk] · cols [okk, imgs·ihw], image by image
-                product_apart(wv, &cols, (i, okk, ihw, imgs), d);
+                let w_lhs = w_lhs.as_ref().expect("packed where the input needs a gradient");
+                w_lhs.apart(&cols, (i, ihw, imgs), d);
             }
             crate::scratch::give(cols);
         };
@@ -2137,7 +2211,7 @@ impl CustomOp2 for ConvTranspose {
         let write = |dx: &mut [MaybeUninit<f32>]| {
             dw = per_group_backward(need_dx.then_some((dx, i * ihw)), b, g, dw_len, group);
         };
-        // SAFETY: with need_dx the groups' slices cover dx in whole images and product_apart
+        // SAFETY: with need_dx the groups' slices cover dx in whole images and `apart`
         // writes every value of each; without it dx is empty.
         let dx = unsafe { crate::scratch::written(if need_dx { b * i * ihw } else { 0 }, write) };
         input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
@@ -3319,6 +3393,7 @@ mod tests {
             k: 3,
             stride: 2,
             padding: 1,
+            bf16: false,
             layer: None,
             plan: OnceLock::new(),
         };

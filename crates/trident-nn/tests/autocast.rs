@@ -199,11 +199,77 @@ fn the_fused_transformer_layer_stays_within_bf16_rounding_of_f32() {
                 "{name} {what}: difference {diff}, scale {scale}"
             );
             // The output, the input gradient and every projection's weight gradient pass
-            // through bf16 products. (Some bias and norm gradients are sums of the output
-            // gradient alone and equal in both modes.)
-            if !what.contains("LayerNorm") && !what.ends_with("bias") {
+            // through bf16 products, or (without bf16 arithmetic) the gradients through
+            // activations saved in bf16 while the output is computed from f32 values. (Some
+            // bias and norm gradients are sums of the output gradient alone and equal in
+            // both modes.)
+            let rounded = what != "output" || bf16_products(c.intermediate);
+            if rounded && !what.contains("LayerNorm") && !what.ends_with("bias") {
                 assert!(diff > 0.0, "{name} {what}: bf16 gave exactly the f32 result");
             }
+        }
+    }
+}
+
+/// A convolution (`transposed` or not) of `x` by `w`, its output and the gradients of
+/// `sum(output · probe)` for `x` and `w`, created under `autocast(bf16)`.
+fn conv_and_grads(
+    x: &[f32],
+    xs: [usize; 4],
+    w: &[f32],
+    ws: [usize; 4],
+    probe: &[f32],
+    transposed: bool,
+    bf16: bool,
+) -> [Vec<f32>; 3] {
+    let dev = Device::Cpu;
+    let x = Var::from_vec(x.to_vec(), xs.to_vec(), &dev).unwrap();
+    let w = Var::from_vec(w.to_vec(), ws.to_vec(), &dev).unwrap();
+    let y = {
+        let _mode = autocast(bf16);
+        if transposed {
+            ops::conv_transpose2d(x.as_tensor(), w.as_tensor(), 2, 1).unwrap()
+        } else {
+            ops::conv2d(x.as_tensor(), w.as_tensor(), 1, 1).unwrap()
+        }
+    };
+    let probe = Tensor::from_vec(probe.to_vec(), y.shape(), &dev).unwrap();
+    let grads = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+    [
+        values(&y),
+        values(grads.get(x.as_tensor()).unwrap()),
+        values(grads.get(w.as_tensor()).unwrap()),
+    ]
+}
+
+#[test]
+fn convolutions_multiply_in_bf16_under_autocast_where_the_cpu_has_bf16_arithmetic() {
+    // Shapes whose three products (forward, input gradient, weight gradient) are all deep
+    // and wide enough for bf16 (ops::conv_bf16): a 3 × 3 convolution 32 → 64
+    // channels on 14 × 14, and a 4 × 4 stride-2 transposed one 64 → 32 channels from 7 × 7.
+    for (transposed, xs, ws, ys) in [
+        (false, [2, 32, 14, 14], [64, 32, 3, 3], [2, 64, 14, 14]),
+        (true, [4, 64, 7, 7], [64, 32, 4, 4], [4, 32, 14, 14]),
+    ] {
+        let len = |s: [usize; 4]| s.iter().product::<usize>();
+        let (xv, wv, pv) = (pattern(len(xs), 7), pattern(len(ws), 8), pattern(len(ys), 9));
+        let f32_run = conv_and_grads(&xv, xs, &wv, ws, &pv, transposed, false);
+        let bf16_run = conv_and_grads(&xv, xs, &wv, ws, &pv, transposed, true);
+        // The reference for bf16 products with f32 sums: the f32 convolution of the rounded
+        // input and weight, and its gradients for the rounded probe (each backward product
+        // multiplies the rounded output gradient by a rounded operand).
+        let r = |v: &[f32]| v.iter().map(|&v| bf16(v)).collect::<Vec<f32>>();
+        let rounded_run = conv_and_grads(&r(&xv), xs, &r(&wv), ws, &r(&pv), transposed, false);
+        let want = if ops::conv_bf16() { &rounded_run } else { &f32_run };
+        for (what, i) in [("output", 0), ("input gradient", 1), ("weight gradient", 2)] {
+            // The two references differ by far more than the tolerance.
+            let apart = max_abs_diff(&f32_run[i], &rounded_run[i]);
+            assert!(apart > 1e-3, "{what}: references too close ({apart})");
+            let diff = max_abs_diff(&bf16_run[i], &want[i]);
+            assert!(
+                diff < 1e-4,
+                "transposed {transposed}, {what}: {diff} from the reference"
+            );
         }
     }
 }
