@@ -282,11 +282,12 @@ pub fn backend() -> &'static str {
 pub fn mixed_precision() -> &'static str {
     match amx::kernel() {
         Some(amx::Kernel::Tiles) => {
-            "matrix products in bf16 on AMX tiles with f32 sums; saved transformer activations in bf16"
+            "matrix products (linear layers, convolutions) in bf16 on AMX tiles with f32 sums; saved \
+             transformer activations in bf16"
         }
         Some(amx::Kernel::Dot) => {
-            "matrix products in bf16 with AVX512-BF16 (vdpbf16ps) and f32 sums; saved transformer \
-             activations in bf16"
+            "matrix products (linear layers, convolutions) in bf16 with AVX512-BF16 (vdpbf16ps) and \
+             f32 sums; saved transformer activations in bf16"
         }
         None => {
             "no bf16 arithmetic (AMX, AVX512-BF16) on this CPU: matrix products stay f32, as fast as \
@@ -883,12 +884,13 @@ mod amx {
         c: *mut f32,
         serial: bool,
     ) {
-        // A transposed left operand is the one layout that packs slowly (a transpose); when
-        // the right one is not transposed, compute cᵀ = op(b)ᵀ · op(a)ᵀ instead, whose left
-        // operand is the smaller transpose (a weight gradient's input, not its output
-        // gradient) and whose right operand packs contiguously, and store the blocks
-        // transposed.
-        let transposed = a.trans() && !b.trans() && n * k < m * k;
+        // A transposed operand packs slowly (a transpose on the left, a pair at a time on
+        // the right). When one of the two is transposed, compute cᵀ = op(b)ᵀ · op(a)ᵀ
+        // instead where that moves the transpose onto the smaller operand, and store the
+        // blocks transposed: a transposed left operand larger than the right one (a weight
+        // gradient's output gradient against its input), or a transposed right operand
+        // larger than the left one (a convolution's patches against its output gradient).
+        let transposed = (a.trans() && !b.trans() && n < m) || (!a.trans() && b.trans() && m < n);
         let (m, n, a, b) = if transposed {
             (n, m, b.t(), a.t())
         } else {
@@ -1251,6 +1253,13 @@ mod tests {
 
     /// Every layout, ragged sizes (not multiples of the 32-wide blocks) and both output
     /// modes, on whichever kernel this machine has and on the portable one.
+    /// Values a product wrote into memory given to it as unwritten (here NaN-filled, so
+    /// a value it skipped shows).
+    fn initialised(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
+        // SAFETY: every element was initialised (NaN) before the product wrote over it.
+        v.into_iter().map(|x| unsafe { x.assume_init() }).collect()
+    }
+
     #[test]
     fn products_match_the_rounded_reference_in_every_layout() {
         // (200, 190, 300) packs into recycled buffers (`scratch`), poisoned before each
@@ -1295,6 +1304,29 @@ mod tests {
                         err < 1e-4,
                         "portable {m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}"
                     );
+                    // The same on the calling thread, into unwritten memory, and from a
+                    // left operand packed once (where a bf16 kernel runs).
+                    let mut serial = vec![f32::NAN; m * n];
+                    gemm_serial(m, n, k, lhs, b, 0.0, &mut serial);
+                    let mut into = vec![MaybeUninit::new(f32::NAN); m * n];
+                    gemm_serial_into(m, n, k, lhs, b, &mut into);
+                    let mut outs = vec![("serial", serial), ("into", initialised(into))];
+                    if let Some(packed) = Lhs::pack(m, k, lhs) {
+                        let mut times = vec![f32::NAN; m * n];
+                        packed.times(n, b, 0.0, &mut times);
+                        let mut into = vec![MaybeUninit::new(f32::NAN); m * n];
+                        packed.times_into(n, b, &mut into);
+                        packed.times(n, b, 1.0, &mut times);
+                        times.iter_mut().for_each(|v| *v /= 2.0);
+                        outs.extend([("packed, accumulated", times), ("packed into", initialised(into))]);
+                    }
+                    for (how, out) in outs {
+                        let err = crate::math::max_abs_diff(&want, &out);
+                        assert!(
+                            err < 1e-4,
+                            "{how} {m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}"
+                        );
+                    }
                     // beta = 1 accumulates onto what the output holds.
                     gemm(m, n, k, lhs, b, 1.0, &mut got);
                     let twice: Vec<f32> = want.iter().map(|v| 2.0 * v).collect();
