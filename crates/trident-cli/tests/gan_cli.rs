@@ -7,7 +7,7 @@
 //! work.
 
 mod common;
-use common::{assert_same_checkpoints, epoch_records, failed, ok, trident, TOP_BOTTOM_DATA};
+use common::{assert_same_checkpoints, epoch_records, failed, ok, ok_log, trident, TOP_BOTTOM_DATA};
 
 use std::path::{Path, PathBuf};
 
@@ -235,6 +235,67 @@ fn a_wgan_gp_penalises_the_critic_and_resumes_exactly() {
     }
     // The same weights as the run without the profiler.
     assert_same_checkpoints(&d.join("whole"), &d.join("prof"));
+}
+
+/// `precision = "bf16"` on a WGAN-GP wide enough (width 32, batches of 32) for its
+/// convolutions' and its critic's linear layer's products to run in bf16 where the CPU has
+/// bf16 arithmetic, the penalty's double backward included: the run says so, its weights
+/// differ from the f32 run's there (and are the same bits elsewhere, where every product
+/// stays f32), and it resumes bit for bit from a checkpoint.
+#[test]
+fn a_wgan_gp_trains_in_bf16_mixed_precision_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    common::write_top_bottom_images(d);
+    let model = "kind = \"gan\"\nloss = \"wgan-gp\"\nz = 8\nwidth = 32\ncritic_batch_norm = false";
+    let run = |name: &str, precision: &str| {
+        let train = format!(
+            "precision = \"{precision}\"\nlr = 1e-3\n[train.optimizer]\nname = \"adamw\"\nbeta1 = 0.0\nbeta2 = 0.9\nweight_decay = 0.0"
+        );
+        let cfg = config(d, name, model, &train, "");
+        let text = std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("batch_size = 8", "batch_size = 32");
+        std::fs::write(&cfg, text).unwrap();
+        cfg
+    };
+    let whole = run("whole", "bf16");
+    let log = ok_log(&trident(&["train", "--config", whole.to_str().unwrap()], d));
+    assert!(log.contains("bf16 mixed precision:"), "{log}");
+    let f32_run = run("f32", "f32");
+    ok(&trident(&["train", "--config", f32_run.to_str().unwrap()], d));
+    let weights = |run: &str| {
+        candle_core::safetensors::load(
+            d.join(run).join("last/model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap()
+    };
+    let (mixed, full) = (weights("whole"), weights("f32"));
+    let same = |name: &str| {
+        let v = |w: &std::collections::HashMap<String, candle_core::Tensor>| {
+            w[name].flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        };
+        v(&mixed) == v(&full)
+    };
+    let bf16_here = trident_nn::bf16::accelerated();
+    for name in [
+        "discriminator.conv2.weight",
+        "discriminator.fc.weight",
+        "generator.up1.weight",
+    ] {
+        assert_eq!(
+            same(name),
+            !bf16_here,
+            "{name}: bf16 arithmetic here: {bf16_here}"
+        );
+    }
+    // Stopped after the fourth critic update (mid-epoch), resumed: the same weights.
+    let parts = run("parts", "bf16");
+    let p = parts.to_str().unwrap();
+    ok(&trident(&["train", "--config", p, "--stop-after-steps", "4"], d));
+    ok(&trident(&["train", "--config", p, "--resume"], d));
+    assert_same_checkpoints(&d.join("whole"), &d.join("parts"));
 }
 
 #[test]

@@ -1133,8 +1133,16 @@ mod amx {
         for r in 0..rows {
             let dst = out.0.add((r0 + r) * n + c0);
             let src = &acc[r * B..r * B + cols];
-            if beta == 0.0 {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, cols);
+            if beta == 0.0 && cols == B {
+                // A whole row as one 128-byte value: two vector stores, where the copy of
+                // a length known only at run time was a call to memcpy per row (2 % of a
+                // bf16 DCGAN epoch's samples).
+                dst.cast::<[f32; B]>()
+                    .write_unaligned(src.as_ptr().cast::<[f32; B]>().read());
+            } else if beta == 0.0 {
+                for (j, &s) in src.iter().enumerate() {
+                    dst.add(j).write(s);
+                }
             } else {
                 for (j, s) in src.iter().enumerate() {
                     let d = dst.add(j);

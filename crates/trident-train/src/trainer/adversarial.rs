@@ -175,6 +175,10 @@ impl Trainer {
         if per_epoch == 0 {
             return Err(TrainError::Invalid("the training set gives no batch".into()));
         }
+        let bf16 = c.precision == super::Precision::Bf16;
+        if bf16 && self.progress {
+            eprintln!("bf16 mixed precision: {}", trident_nn::bf16::mixed_precision());
+        }
         let n_critic = step.critic_steps().max(1);
         let batches = per_epoch * c.epochs;
         let mut critic = Updater::of(step.critic_params(), c, batches, None, self.progress)?;
@@ -233,6 +237,9 @@ impl Trainer {
                     .next()
                     .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
                 profiler.mark(Phase::Data);
+                // The batch's ops in the configured precision (they keep it for their
+                // backward passes); the judge's sampling and scoring stay f32.
+                let _precision = trident_nn::bf16::autocast(bf16);
                 let (d_loss, lr) = adversarial_batch(
                     step,
                     &batch,
@@ -317,10 +324,6 @@ impl Trainer {
             (
                 c.grad_accum != 1,
                 "train.grad_accum: a GAN updates after every batch; leave it at 1",
-            ),
-            (
-                c.precision != super::Precision::F32,
-                "train.precision: a GAN trains in f32",
             ),
             (c.epochs == 0, "epochs must be at least 1"),
             (
