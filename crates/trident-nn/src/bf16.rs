@@ -889,8 +889,12 @@ mod amx {
         // instead where that moves the transpose onto the smaller operand, and store the
         // blocks transposed: a transposed left operand larger than the right one (a weight
         // gradient's output gradient against its input), or a transposed right operand
-        // larger than the left one (a convolution's patches against its output gradient).
-        let transposed = (a.trans() && !b.trans() && n < m) || (!a.trans() && b.trans() && m < n);
+        // larger than the left one by more pairs than the output has values, since the
+        // transposed store writes them one at a time (a convolution's patches against its
+        // output gradient, for its weight gradient; not a linear layer's weight against its
+        // input, whose output is large).
+        let transposed =
+            (a.trans() && !b.trans() && n < m) || (!a.trans() && b.trans() && m < n && (n - m) * k > m * n);
         let (m, n, a, b) = if transposed {
             (n, m, b.t(), a.t())
         } else {
