@@ -1148,10 +1148,9 @@ mod amx {
                     dst.add(j).write(s);
                 }
             } else {
-                for (j, s) in src.iter().enumerate() {
-                    let d = dst.add(j);
-                    d.write(s + beta * d.read());
-                }
+                // With beta ≠ 0 the output holds values: as a slice, so the loop is vectorised.
+                let dst = std::slice::from_raw_parts_mut(dst, cols);
+                dst.iter_mut().zip(src).for_each(|(d, s)| *d = s + beta * *d);
             }
         }
     }
