@@ -1705,7 +1705,21 @@ pub fn conv_bf16() -> bool {
 /// Whether a convolution's unfolded product of `m × k` by `k × n` pays in bf16 here (see
 /// [`Conv::in_bf16`]).
 fn conv_bf16_pays(m: usize, n: usize, k: usize) -> bool {
-    conv_bf16() && k >= CONV_BF16_DEPTH && m >= CONV_BF16_EDGE && n >= CONV_BF16_EDGE
+    conv_bf16() && deep_and_wide(m, n, k)
+}
+
+/// Whether a convolution's product of `m × k` by `k × n` is deep and wide enough for bf16.
+fn deep_and_wide(m: usize, n: usize, k: usize) -> bool {
+    k >= CONV_BF16_DEPTH && m >= CONV_BF16_EDGE && n >= CONV_BF16_EDGE
+}
+
+/// Counts `flops` of a convolution's products of `m × k` by `k × n` for the profiler's
+/// bf16 advice ([`crate::trace::count_bf16_ready`]) where they are deep and wide enough to
+/// run in bf16 under autocast, whatever this run's precision and CPU.
+fn count_bf16_ready(m: usize, n: usize, k: usize, flops: u64) {
+    if deep_and_wide(m, n, k) {
+        crate::trace::count_bf16_ready(flops);
+    }
 }
 
 /// The shortest inner dimension of a convolution's product run in bf16. Unlike a dense
@@ -1738,6 +1752,7 @@ impl CustomOp2 for Conv {
         let _span = crate::trace::op_span_flops(self.name(), "op.fwd", self.flops(b, o, ckk, ohw));
         let geometry = self.direct((b, c, h, w, oh, ow), o);
         let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
+        count_bf16_ready(o, g * ohw, ckk, self.flops(b, o, ckk, ohw));
         let unfold_bf16 = self.in_bf16(o, g * ohw, ckk);
         if !unfold_bf16 && crate::direct_conv::available() && crate::direct_conv::suits(&geometry) {
             let out = crate::direct_conv::forward(x, wt, geometry);
@@ -1801,6 +1816,12 @@ impl CustomOp2 for Conv {
         // input gradient beside them measured level or slower.
         let geometry = self.direct((b, c, h, w, oh, ow), o);
         let g = Self::group(b, ckk, ohw);
+        if need_dw {
+            count_bf16_ready(o, ckk, g * ohw, self.flops(b, o, ckk, ohw));
+        }
+        if need_dx {
+            count_bf16_ready(ckk, g * ohw, o, self.flops(b, o, ckk, ohw));
+        }
         let direct_dx = need_dx
             && !need_dw
             && !self.in_bf16(ckk, g * ohw, o)
@@ -2116,6 +2137,7 @@ impl CustomOp2 for ConvTranspose {
         // Images in groups as the convolution's (its patch rows `okk`, its output plane the
         // input's `ihw`).
         let g = Conv::group(b, okk, ihw);
+        count_bf16_ready(okk, g * ihw, i, conv.flops(b, i, okk, ihw));
         let unfold_bf16 = conv.in_bf16(okk, g * ihw, i);
         if !unfold_bf16
             && crate::direct_conv::available()
@@ -2169,6 +2191,12 @@ impl CustomOp2 for ConvTranspose {
         let gv = view!(grad, g_guard, "conv_transpose2d backward");
         let (need_dx, need_dw) = (x.track_op(), weight.track_op());
         let g = Conv::group(b, okk, ihw);
+        if need_dw {
+            count_bf16_ready(i, okk, g * ihw, conv.flops(b, i, okk, ihw));
+        }
+        if need_dx {
+            count_bf16_ready(i, g * ihw, okk, conv.flops(b, i, okk, ihw));
+        }
         // W [i, okk], the left operand of every group's input-gradient product.
         let w_lhs = need_dx.then(|| conv.lhs(Mat::new(wv, okk), (i, okk, g * ihw)));
         let group = |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, dw: &mut [f32]| {

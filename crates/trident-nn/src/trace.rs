@@ -74,7 +74,8 @@ impl Recorder {
 
 /// Counts `flops` of matrix products deep enough that mixed precision runs them in bf16
 /// where the CPU has bf16 arithmetic (`bf16::matmul` calls this for an inner dimension of
-/// at least `bf16::MIN_BF16_DEPTH`, whatever the run's precision), while recording: the
+/// at least `bf16::MIN_BF16_DEPTH`, the convolutions for products of the shapes
+/// `ops::conv_bf16` runs in bf16, whatever the run's precision), while recording: the
 /// profiler compares them with all the products' FLOPs before it advises bf16.
 #[inline]
 pub fn count_bf16_ready(flops: u64) {

@@ -617,12 +617,12 @@ pub fn diagnose(
 
 /// Matrix-product-bound: the kernels that carry matrix products (their rows have GFLOP/s)
 /// take ≥ 50 % of the profiled time. The suggestion depends on the precision, on whether
-/// this CPU has bf16 arithmetic (`bf16_hardware`: AMX or AVX512-BF16) and on which kernels
-/// carry the products: convolutions keep f32 products under bf16 (`trident_nn::ops`: their
-/// inner dimensions are too small for bf16 packing to pay), and so do products of inner
-/// dimension below `trident_nn::bf16::MIN_BF16_DEPTH` (a narrow transformer's); where
-/// either carries most of the product work bf16 is not the advice. `bf16_ready_gflop`: the
-/// products' GFLOP deep enough for bf16, where counted.
+/// this CPU has bf16 arithmetic (`bf16_hardware`: AMX or AVX512-BF16) and on how much of
+/// the product work is deep and wide enough for bf16 products (`bf16_ready_gflop`, where
+/// counted): a linear layer's of inner dimension below `trident_nn::bf16::MIN_BF16_DEPTH`
+/// (a narrow transformer's) and a convolution's below 64 deep or 32 wide (a first layer's,
+/// `trident_nn::ops::conv_bf16`) keep f32 products under bf16; where those carry most of
+/// the work bf16 is not the advice.
 pub fn matmul_bound(
     ops: &[OpRow],
     bf16: bool,
@@ -639,39 +639,32 @@ pub fn matmul_bound(
         .iter()
         .map(|o| o.gflops.unwrap_or(0.0) * o.self_ms * 1e-3)
         .sum();
-    let conv_ms: f64 = products
-        .iter()
-        .filter(|o| o.name.starts_with("conv") || o.name.starts_with("depthwise"))
-        .map(|o| o.self_ms)
-        .sum();
     // The share of the product work bf16 could run (1 where not counted).
     let ready = bf16_ready_gflop.map_or(1.0, |r| (r / gflop.max(1e-12)).min(1.0));
     let suggestion = match (bf16, bf16_hardware) {
-        _ if conv_ms > 0.5 * ms => {
-            "the products are mostly convolutions', which stay f32 under train.precision = \"bf16\" \
-             (their inner dimension, channels × kernel area, is too small for bf16 to pay), so bf16 \
-             would not speed them up: fewer channels or smaller images cut the work"
-                .to_string()
-        }
         (_, true) if ready < 0.5 => format!(
-            "only {:.0} % of the product work has an inner dimension of {} or more; the rest (a narrow \
-             model's products, attention's per-head ones) stays f32 under train.precision = \"bf16\", \
-             where rounding and packing such short products cost what faster arithmetic saves, so bf16 \
-             saves activation memory here but not time: fewer layers or shorter sequences cut the work",
+            "only {:.0} % of the product work is deep and wide enough for bf16 products (an inner \
+             dimension of {} or more in linear layers; 64 or more, with 32 or more output channels, \
+             in convolutions); the rest (a narrow model's products, attention's per-head ones, a first \
+             convolution's) stays f32 under train.precision = \"bf16\", where rounding and packing such \
+             short products cost what faster arithmetic saves, so bf16 saves little time here: fewer \
+             layers, shorter sequences or smaller images cut the work",
             100.0 * ready,
             trident_nn::bf16::MIN_BF16_DEPTH
         ),
         (false, true) => "set train.precision = \"bf16\": this CPU multiplies bf16 in hardware (AMX or \
-                          AVX512-BF16; f32 sums, f32 master weights), and the saved activations of transformer \
-                          blocks halve"
+                          AVX512-BF16; f32 sums, f32 master weights) in linear layers and convolutions, and \
+                          the saved activations of transformer blocks halve"
             .to_string(),
         (true, true) => "the products already run in bf16: a smaller student (trident distill), shorter \
                          sequences (less padding) or more cores cut the remaining work"
             .to_string(),
-        (_, false) => "this CPU has no bf16 arithmetic (AMX, AVX512-BF16), so bf16 keeps f32 products and saves \
+        (_, false) => {
+            "this CPU has no bf16 arithmetic (AMX, AVX512-BF16), so bf16 keeps f32 products and saves \
                        only activation memory here: a smaller student (trident distill) or shorter sequences \
                        cut the work itself"
-            .to_string(),
+                .to_string()
+        }
     };
     Some(Finding {
         rule: "matmul-bound",
@@ -1097,7 +1090,7 @@ mod tests {
             let f = matmul_bound(&ops, bf16, true, Some(1.0)).unwrap();
             assert!(
                 f.suggestion.starts_with("only 20 % of the product work")
-                    && f.suggestion.contains("not time")
+                    && f.suggestion.contains("saves little time")
                     && f.evidence.contains("(f32)"),
                 "{f:?}"
             );
@@ -1109,20 +1102,24 @@ mod tests {
             .unwrap()
             .evidence
             .contains("(bf16)"));
-        // Convolutions carrying most of the products (a GAN's critic): bf16 is not the advice.
+        // Convolutions carrying most of the products (a GAN's critic, 7.4 GFLOP): deep and
+        // wide enough, bf16 is the advice; a first layer's shallow ones alone, it is not.
         let ops = [
             row("conv2d", 50.0, Some(120.0)),
             row("conv-transpose2d", 10.0, Some(110.0)),
             row("linear", 5.0, Some(60.0)),
             row("batch-norm", 20.0, None),
         ];
-        for (bf16, hardware) in [(false, true), (true, true), (false, false)] {
-            let f = matmul_bound(&ops, bf16, hardware, None).unwrap();
-            assert!(
-                f.suggestion.contains("mostly convolutions")
-                    && !f.suggestion.starts_with("set train.precision"),
-                "{f:?}"
-            );
-        }
+        let f = matmul_bound(&ops, false, true, Some(6.0)).unwrap();
+        assert!(
+            f.suggestion.starts_with("set train.precision") && f.suggestion.contains("convolutions"),
+            "{f:?}"
+        );
+        let f = matmul_bound(&ops, true, true, Some(1.0)).unwrap();
+        assert!(
+            f.suggestion.starts_with("only 14 % of the product work")
+                && f.suggestion.contains("first convolution"),
+            "{f:?}"
+        );
     }
 }

@@ -102,7 +102,7 @@ pub fn category(stack: &[String]) -> (String, String) {
         let found = if s.contains("sgemm") || s.contains("gemm_f32") || s.contains("gemm_common") {
             Some("f32 GEMM (OpenBLAS / gemm crate)")
         } else if s.contains("trident_nn::bf16") {
-            Some("bf16 GEMM (AMX tiles, packing)")
+            Some("bf16 GEMM (AMX or AVX512-BF16, packing)")
         } else if s.contains("trident_nn::dense::Attention") {
             Some("attention core (scores, softmax, per-head products)")
         } else if s.contains("trident_nn::math") {
