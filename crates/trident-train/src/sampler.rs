@@ -103,6 +103,8 @@ pub fn category(stack: &[String]) -> (String, String) {
             Some("f32 GEMM (OpenBLAS / gemm crate)")
         } else if s.contains("trident_nn::bf16") {
             Some("bf16 GEMM (AMX or AVX512-BF16, packing)")
+        } else if s.contains("trident_nn::direct_conv") {
+            Some("direct convolutions (AVX-512)")
         } else if s.contains("trident_nn::dense::Attention") {
             Some("attention core (scores, softmax, per-head products)")
         } else if s.contains("trident_nn::math") {
@@ -189,6 +191,14 @@ mod tests {
             category(&stack(&["0x7f00", "???"])).0,
             "other (no recognised frame)"
         );
+        // A direct convolution's kernel runs inside rayon's loop over images: the kernel,
+        // not the pool (it was counted as waiting: 32 % of an f32 WGAN's samples).
+        let conv = stack(&[
+            "trident_nn::direct_conv::tile",
+            "rayon::iter::plumbing::bridge_producer_consumer::helper",
+            "rayon_core::join::join_context",
+        ]);
+        assert_eq!(category(&conv).0, "direct convolutions (AVX-512)");
     }
 
     #[test]
