@@ -308,18 +308,33 @@ pub fn accelerated() -> bool {
 /// `c` held.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
-    assert!(c.len() >= m * n, "bf16::gemm: output too short");
-    // SAFETY: `c` holds m · n initialised values.
-    unsafe { gemm_raw(m, n, k, a, b, beta, c.as_mut_ptr(), false) }
+    product(m, n, k, a, b, beta, c, false)
 }
 
 /// [`gemm`] on the calling thread alone (packing and products), for callers that already
 /// run one product per task (a convolution's groups of images).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_serial(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
+    product(m, n, k, a, b, beta, c, true)
+}
+
+/// [`gemm`] and [`gemm_serial`]: on the calling thread alone with `serial`.
+#[allow(clippy::too_many_arguments)]
+fn product(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32], serial: bool) {
+    a.check(m, k, "lhs");
+    b.check(k, n, "rhs");
     assert!(c.len() >= m * n, "bf16::gemm: output too short");
-    // SAFETY: `c` holds m · n initialised values.
-    unsafe { gemm_raw(m, n, k, a, b, beta, c.as_mut_ptr(), true) }
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // SAFETY: `c` holds m · n initialised values.
+        return unsafe { scale(c.as_mut_ptr(), m * n, beta) };
+    }
+    match amx::kernel() {
+        Some(kernel) => amx::gemm(kernel, m, n, k, a, b, beta, c, serial),
+        None => widened(m, n, k, a, b, beta, c, serial),
+    }
 }
 
 /// `c = beta · c` for an empty product: zeros with `beta = 0` (nothing read).
@@ -346,7 +361,7 @@ impl Lhs {
 
     /// `c = op(a) · op(b) + beta · c` on the calling thread, `c` row-major `m × n`.
     pub fn times(&self, n: usize, b: Operand, beta: f32, c: &mut [f32]) {
-        assert!(c.len() >= self.0.rows() * n, "bf16::Lhs::times: output too short");
+        assert!(c.len() >= self.0.m * n, "bf16::Lhs::times: output too short");
         // SAFETY: `c` holds m · n initialised values.
         unsafe { self.times_raw(n, b, beta, c.as_mut_ptr()) }
     }
@@ -354,14 +369,14 @@ impl Lhs {
     /// [`Self::times`] with `beta = 0` into memory not yet written: every one of the
     /// `m × n` values is written, none is read.
     pub fn times_into(&self, n: usize, b: Operand, c: &mut [MaybeUninit<f32>]) {
-        assert!(c.len() >= self.0.rows() * n, "bf16::Lhs::times: output too short");
+        assert!(c.len() >= self.0.m * n, "bf16::Lhs::times: output too short");
         // SAFETY: `c` has room for m · n values; with beta = 0 none is read.
         unsafe { self.times_raw(n, b, 0.0, c.as_mut_ptr().cast()) }
     }
 
     /// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0.
     unsafe fn times_raw(&self, n: usize, b: Operand, beta: f32, c: *mut f32) {
-        let (m, k) = (self.0.rows(), self.0.depth());
+        let (m, k) = (self.0.m, self.0.k);
         b.check(k, n, "rhs");
         if m == 0 || n == 0 {
             return;
@@ -371,42 +386,6 @@ impl Lhs {
         }
         let kernel = amx::kernel().expect("packed only where a bf16 kernel runs");
         amx::gemm_packed(kernel, &self.0, n, b, beta, c)
-    }
-}
-
-/// The entry points' body.
-///
-/// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0 (then only written).
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_raw(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Operand,
-    b: Operand,
-    beta: f32,
-    c: *mut f32,
-    serial: bool,
-) {
-    a.check(m, k, "lhs");
-    b.check(k, n, "rhs");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        return scale(c, m * n, beta);
-    }
-    match amx::kernel() {
-        Some(kernel) => amx::gemm(kernel, m, n, k, a, b, beta, c, serial),
-        None => {
-            let mut out = crate::scratch::take(m * n);
-            widened(m, n, k, a, b, 0.0, &mut out, serial);
-            for (i, &v) in out.iter().enumerate() {
-                let d = c.add(i);
-                d.write(if beta == 0.0 { v } else { v + beta * d.read() });
-            }
-            crate::scratch::give(out);
-        }
     }
 }
 
@@ -860,12 +839,11 @@ mod amx {
         })
     }
 
-    /// `c = op(a) · op(b) + beta · c` on `kernel`, on the calling thread alone with `serial`.
-    ///
-    /// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0 (then only written);
-    /// the operands have been checked to hold op(a) `m × k` and op(b) `k × n`.
+    /// `c = op(a) · op(b) + beta · c` on `kernel`, on the calling thread alone with `serial`;
+    /// the operands and `c` checked by the caller to hold op(a) `m × k`, op(b) `k × n` and
+    /// `m × n` values.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn gemm(
+    pub(super) fn gemm(
         kernel: Kernel,
         m: usize,
         n: usize,
@@ -873,7 +851,7 @@ mod amx {
         a: Operand,
         b: Operand,
         beta: f32,
-        c: *mut f32,
+        c: &mut [f32],
         serial: bool,
     ) {
         // A transposed operand packs slowly (a transpose on the left, a pair at a time on
@@ -901,14 +879,25 @@ mod amx {
                 || pack_rhs(&b, k, n, kp, np, false),
             )
         };
-        multiply(kernel, (&pa, &pb), (m, n, k), beta, c, transposed, serial)
+        // SAFETY: `c` holds the m · n initialised values (checked by the caller).
+        unsafe {
+            multiply(
+                kernel,
+                (&pa, &pb),
+                (m, n, k),
+                beta,
+                c.as_mut_ptr(),
+                transposed,
+                serial,
+            )
+        }
     }
 
-    /// op(a) packed once for several products ([`gemm_packed`]).
+    /// op(a) `m × k` packed once for several products ([`gemm_packed`]).
     pub(super) struct PackedLhs {
         data: Aligned<u16>,
-        m: usize,
-        k: usize,
+        pub(super) m: usize,
+        pub(super) k: usize,
     }
 
     /// Packs op(a) `m × k` (checked by the caller) on the calling thread.
@@ -917,15 +906,6 @@ mod amx {
             data: pack_lhs(&a, m, k, round_up(m), round_up(k), true),
             m,
             k,
-        }
-    }
-
-    impl PackedLhs {
-        pub(super) fn rows(&self) -> usize {
-            self.m
-        }
-        pub(super) fn depth(&self) -> usize {
-            self.k
         }
     }
 
@@ -1187,14 +1167,9 @@ mod amx {
     pub(super) fn kernel() -> Option<Kernel> {
         None
     }
-    pub(super) struct PackedLhs;
-    impl PackedLhs {
-        pub(super) fn rows(&self) -> usize {
-            unreachable!()
-        }
-        pub(super) fn depth(&self) -> usize {
-            unreachable!()
-        }
+    pub(super) struct PackedLhs {
+        pub(super) m: usize,
+        pub(super) k: usize,
     }
     pub(super) fn pack(_: Operand, _: usize, _: usize) -> PackedLhs {
         unreachable!("the bf16 kernels are x86-64 only")
@@ -1203,7 +1178,7 @@ mod amx {
         unreachable!("the bf16 kernels are x86-64 only")
     }
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn gemm(
+    pub(super) fn gemm(
         _: Kernel,
         _: usize,
         _: usize,
@@ -1211,7 +1186,7 @@ mod amx {
         _: Operand,
         _: Operand,
         _: f32,
-        _: *mut f32,
+        _: &mut [f32],
         _: bool,
     ) {
         unreachable!("the bf16 kernels are x86-64 only")
@@ -1282,8 +1257,6 @@ mod tests {
         out
     }
 
-    /// Every layout, ragged sizes (not multiples of the 32-wide blocks) and both output
-    /// modes, on whichever kernel this machine has and on the portable one.
     /// Values a product wrote into memory given to it as unwritten (here NaN-filled, so
     /// a value it skipped shows).
     fn initialised(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
@@ -1291,6 +1264,8 @@ mod tests {
         v.into_iter().map(|x| unsafe { x.assume_init() }).collect()
     }
 
+    /// Every layout, ragged sizes (not multiples of the 32-wide blocks) and both output
+    /// modes, on whichever kernel this machine has and on the portable one.
     #[test]
     fn products_match_the_rounded_reference_in_every_layout() {
         // (200, 190, 300) packs into recycled buffers (`scratch`), poisoned before each

@@ -1650,14 +1650,14 @@ impl Conv {
     }
 
     /// `a` (`m × k`) as the left operand of a pass whose groups multiply it by `k × n`
-    /// patches: packed once in bf16 where those products run in bf16.
-    fn lhs<'a>(&self, a: Mat<'a>, (m, k, n): (usize, usize, usize)) -> Lhs<'a> {
+    /// patches: packed once in bf16 where those products run in bf16 ([`Self::in_bf16`]).
+    fn weight<'a>(&self, a: Mat<'a>, (m, n, k): (usize, usize, usize)) -> Weight<'a> {
         if self.in_bf16(m, n, k) {
             if let Some(packed) = crate::bf16::Lhs::pack(m, k, crate::bf16::Operand::F32(a)) {
-                return Lhs::Bf16(packed);
+                return Weight::Bf16(packed);
             }
         }
-        Lhs::F32 { a, m, k }
+        Weight::F32 { a, m, k }
     }
 }
 
@@ -1665,17 +1665,23 @@ impl Conv {
 /// transpose, `m × k`): as it is for f32 products, rounded and packed once for bf16 ones
 /// (packing it for each group of images cost a third of the packing in the GAN critic's
 /// second convolution).
-enum Lhs<'a> {
+enum Weight<'a> {
     F32 { a: Mat<'a>, m: usize, k: usize },
     Bf16(crate::bf16::Lhs),
 }
 
-impl Lhs<'_> {
+impl Weight<'_> {
+    /// Whether this pass multiplies in bf16 (then it takes the unfolded path, not a direct
+    /// f32 kernel).
+    fn is_bf16(&self) -> bool {
+        matches!(self, Weight::Bf16(_))
+    }
+
     /// `c = a · b + beta · c` for `b` `k × n`, on the calling thread.
     fn times(&self, n: usize, b: Mat, beta: f32, c: &mut [f32]) {
         match self {
-            Lhs::F32 { a, m, k } => blas::gemm_serial(*m, n, *k, 1.0, *a, b, beta, c),
-            Lhs::Bf16(p) => p.times(n, crate::bf16::Operand::F32(b), beta, c),
+            Weight::F32 { a, m, k } => blas::gemm_serial(*m, n, *k, 1.0, *a, b, beta, c),
+            Weight::Bf16(p) => p.times(n, crate::bf16::Operand::F32(b), beta, c),
         }
     }
 
@@ -1686,8 +1692,8 @@ impl Lhs<'_> {
         let wide = imgs * n;
         if imgs == 1 {
             match self {
-                Lhs::F32 { a, m, k } => blas::gemm_serial_into(*m, n, *k, 1.0, *a, Mat::new(cols, n), out),
-                Lhs::Bf16(p) => p.times_into(n, crate::bf16::Operand::F32(Mat::new(cols, n)), out),
+                Weight::F32 { a, m, k } => blas::gemm_serial_into(*m, n, *k, 1.0, *a, Mat::new(cols, n), out),
+                Weight::Bf16(p) => p.times_into(n, crate::bf16::Operand::F32(Mat::new(cols, n)), out),
             }
             return;
         }
@@ -1761,12 +1767,12 @@ impl CustomOp2 for Conv {
         let geometry = self.direct((b, c, h, w, oh, ow), o);
         let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
         count_bf16_ready(o, g * ohw, ckk, self.flops(b, o, ckk, ohw));
-        let unfold_bf16 = self.in_bf16(o, g * ohw, ckk);
-        if !unfold_bf16 && crate::direct_conv::available() && crate::direct_conv::suits(&geometry) {
+        // W [o, ckk], the left operand of every group's product.
+        let weight = self.weight(Mat::new(wt, ckk), (o, g * ohw, ckk));
+        if !weight.is_bf16() && crate::direct_conv::available() && crate::direct_conv::suits(&geometry) {
             let out = crate::direct_conv::forward(x, wt, geometry);
             return Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))));
         }
-        let lhs = self.lhs(Mat::new(wt, ckk), (o, ckk, g * ohw));
         let write = |out: &mut [MaybeUninit<f32>]| {
             out.par_chunks_mut((g * o * ohw).max(1))
                 .enumerate()
@@ -1785,7 +1791,7 @@ impl CustomOp2 for Conv {
                         );
                     }
                     // y [imgs, o, ohw] = W [o, ckk] · cols_t [ckk, imgs·ohw], image by image
-                    lhs.apart(&cols, (o, ohw, imgs), y);
+                    weight.apart(&cols, (o, ohw, imgs), y);
                     crate::scratch::give(cols);
                 })
         };
@@ -1830,9 +1836,11 @@ impl CustomOp2 for Conv {
         if need_dx {
             count_bf16_ready(ckk, g * ohw, o, self.flops(b, o, ckk, ohw));
         }
+        // Wᵀ [ckk, o], the left operand of every group's input-gradient product.
+        let wt_weight = need_dx.then(|| self.weight(Mat::new(wv, ckk).t(), (ckk, g * ohw, o)));
         let direct_dx = need_dx
             && !need_dw
-            && !self.in_bf16(ckk, g * ohw, o)
+            && !wt_weight.as_ref().is_some_and(Weight::is_bf16)
             && crate::direct_conv::available()
             && crate::direct_conv::suits_input_gradient(&geometry);
         // Written whole by the direct kernel; else zeros for the groups' folds to add into.
@@ -1843,8 +1851,6 @@ impl CustomOp2 for Conv {
         };
         // A group of images n0.. (as in the forward pass): adds their weight gradient into
         // `dw` and, with `d` (their slice of dx), writes their input gradients there.
-        // Wᵀ [ckk, o], the left operand of every group's input-gradient product.
-        let wt_lhs = (need_dx && !direct_dx).then(|| self.lhs(Mat::new(wv, ckk).t(), (ckk, o, g * ohw)));
         let group = |n0: usize, imgs: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
             let wide = imgs * ohw;
             let mut cols = crate::scratch::take(ckk * wide);
@@ -1875,8 +1881,8 @@ impl CustomOp2 for Conv {
             }
             if let Some(d) = d {
                 // dcols_t [ckk, wide] = Wᵀ · gw, each image's columns folded into its dx
-                let wt_lhs = wt_lhs.as_ref().expect("packed where the groups compute dx");
-                wt_lhs.times(wide, Mat::new(gw, wide), 0.0, &mut cols);
+                let wt = wt_weight.as_ref().expect("made where the input needs a gradient");
+                wt.times(wide, Mat::new(gw, wide), 0.0, &mut cols);
                 for (j, dj) in d.chunks_mut(chw).enumerate() {
                     self.fold(&mut cols, (c, h, w, oh, ow), (wide, j * ohw), dj);
                 }
@@ -2155,8 +2161,9 @@ impl CustomOp2 for ConvTranspose {
         // input's `ihw`).
         let g = Conv::group(b, okk, ihw);
         count_bf16_ready(okk, g * ihw, i, conv.flops(b, i, okk, ihw));
-        let unfold_bf16 = conv.in_bf16(okk, g * ihw, i);
-        if !unfold_bf16
+        // Wᵀ [okk, i], the left operand of every group's product.
+        let weight = conv.weight(Mat::new(wt, okk).t(), (okk, g * ihw, i));
+        if !weight.is_bf16()
             && crate::direct_conv::available()
             && crate::direct_conv::suits_input_gradient(&geometry)
         {
@@ -2164,8 +2171,6 @@ impl CustomOp2 for ConvTranspose {
             return Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))));
         }
         let mut out = vec![0f32; b * o * h * w];
-        // Wᵀ [okk, i], the left operand of every group's product.
-        let lhs = conv.lhs(Mat::new(wt, okk).t(), (okk, i, g * ihw));
         out.par_chunks_mut(g * o * h * w).enumerate().for_each(|(t, y)| {
             let imgs = y.len() / (o * h * w);
             let wide = imgs * ihw;
@@ -2174,7 +2179,7 @@ impl CustomOp2 for ConvTranspose {
             let mut cols = crate::scratch::take(okk * wide);
             // cols [okk, wide] = Wᵀ [okk, i] · x [i, wide], each image's columns folded onto
             // its output.
-            lhs.times(
+            weight.times(
                 wide,
                 Mat::new(side.as_deref().unwrap_or(xn), wide),
                 0.0,
@@ -2215,7 +2220,7 @@ impl CustomOp2 for ConvTranspose {
             count_bf16_ready(i, g * ihw, okk, conv.flops(b, i, okk, ihw));
         }
         // W [i, okk], the left operand of every group's input-gradient product.
-        let w_lhs = need_dx.then(|| conv.lhs(Mat::new(wv, okk), (i, okk, g * ihw)));
+        let w_weight = need_dx.then(|| conv.weight(Mat::new(wv, okk), (i, g * ihw, okk)));
         let group = |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, dw: &mut [f32]| {
             let wide = imgs * ihw;
             // The output gradients' patches side by side: cols [okk, wide].
@@ -2246,8 +2251,8 @@ impl CustomOp2 for ConvTranspose {
             }
             if let Some(d) = d {
                 // dx [imgs, i, ihw] = W [i, okk] · cols [okk, imgs·ihw], image by image
-                let w_lhs = w_lhs.as_ref().expect("packed where the input needs a gradient");
-                w_lhs.apart(&cols, (i, ihw, imgs), d);
+                let w = w_weight.as_ref().expect("made where the input needs a gradient");
+                w.apart(&cols, (i, ihw, imgs), d);
             }
             crate::scratch::give(cols);
         };
