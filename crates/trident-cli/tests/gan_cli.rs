@@ -7,7 +7,9 @@
 //! work.
 
 mod common;
-use common::{assert_same_checkpoints, epoch_records, failed, ok, ok_log, trident, TOP_BOTTOM_DATA};
+use common::{
+    assert_same_checkpoints, epoch_records, failed, ok, ok_log, same, tensors, trident, TOP_BOTTOM_DATA,
+};
 
 use std::path::{Path, PathBuf};
 
@@ -138,9 +140,7 @@ fn a_wgan_resumes_exactly_with_both_optimizers() {
     let state = json(&d.join("whole/last/state.json"));
     assert_eq!(state["optimizer_step"], 30);
     // The critic's weights stay clipped.
-    let weights =
-        candle_core::safetensors::load(d.join("whole/last/model.safetensors"), &candle_core::Device::Cpu)
-            .unwrap();
+    let weights = tensors(&d.join("whole/last/model.safetensors"));
     let w = weights["discriminator.conv2.weight"]
         .flatten_all()
         .unwrap()
@@ -149,11 +149,7 @@ fn a_wgan_resumes_exactly_with_both_optimizers() {
     assert!(w.iter().all(|v| v.abs() <= 0.05 + 1e-7));
     assert!(w.iter().any(|v| v.abs() > 0.049), "clipped at the bound");
     // The generator's optimizer state is there beside the critic's.
-    let opt = candle_core::safetensors::load(
-        d.join("whole/last/optimizer.safetensors"),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
+    let opt = tensors(&d.join("whole/last/optimizer.safetensors"));
     assert!(opt.contains_key("v.generator.up1.weight") && opt.contains_key("v.discriminator.conv1.weight"));
     // Stopped after 7 critic updates (mid-epoch, between generator updates), then after
     // 17 (in the second epoch), resumed each time: the same weights and states.
@@ -264,20 +260,8 @@ fn a_wgan_gp_trains_in_bf16_mixed_precision_and_resumes_exactly() {
     assert!(log.contains("bf16 mixed precision:"), "{log}");
     let f32_run = run("f32", "f32");
     ok(&trident(&["train", "--config", f32_run.to_str().unwrap()], d));
-    let weights = |run: &str| {
-        candle_core::safetensors::load(
-            d.join(run).join("last/model.safetensors"),
-            &candle_core::Device::Cpu,
-        )
-        .unwrap()
-    };
+    let weights = |run: &str| tensors(&d.join(run).join("last/model.safetensors"));
     let (mixed, full) = (weights("whole"), weights("f32"));
-    let same = |name: &str| {
-        let v = |w: &std::collections::HashMap<String, candle_core::Tensor>| {
-            w[name].flatten_all().unwrap().to_vec1::<f32>().unwrap()
-        };
-        v(&mixed) == v(&full)
-    };
     let bf16_here = trident_nn::bf16::accelerated();
     for name in [
         "discriminator.conv2.weight",
@@ -285,7 +269,7 @@ fn a_wgan_gp_trains_in_bf16_mixed_precision_and_resumes_exactly() {
         "generator.up1.weight",
     ] {
         assert_eq!(
-            same(name),
+            same(&mixed[name], &full[name]),
             !bf16_here,
             "{name}: bf16 arithmetic here: {bf16_here}"
         );

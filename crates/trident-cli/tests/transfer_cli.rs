@@ -5,7 +5,7 @@
 //! cannot work are refused by name.
 
 mod common;
-use common::{failed, ok, trident, TOP_BOTTOM_DATA};
+use common::{failed, ok, same, tensors, trident, TOP_BOTTOM_DATA};
 
 use std::path::{Path, PathBuf};
 
@@ -46,22 +46,6 @@ lr = 1e-2
     let path = dir.join(format!("{run}.toml"));
     std::fs::write(&path, cfg).unwrap();
     path
-}
-
-fn tensors(file: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
-    candle_core::safetensors::load(file, &candle_core::Device::Cpu).unwrap()
-}
-
-fn same(a: &candle_core::Tensor, b: &candle_core::Tensor) -> bool {
-    let v = |t: &candle_core::Tensor| {
-        t.flatten_all()
-            .unwrap()
-            .to_dtype(candle_core::DType::F32)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    };
-    v(a) == v(b)
 }
 
 #[test]

@@ -132,6 +132,24 @@ pub fn assert_same_checkpoints(a: &Path, b: &Path) {
     }
 }
 
+/// The tensors of a safetensors file (a checkpoint's weights or optimizer state), by name.
+pub fn tensors(file: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
+    candle_core::safetensors::load(file, &candle_core::Device::Cpu).unwrap()
+}
+
+/// Whether two tensors hold the same values (as f32, bit for bit up to NaN).
+pub fn same(a: &candle_core::Tensor, b: &candle_core::Tensor) -> bool {
+    let v = |t: &candle_core::Tensor| {
+        t.flatten_all()
+            .unwrap()
+            .to_dtype(candle_core::DType::F32)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    v(a) == v(b)
+}
+
 /// The epoch records of the run directory `run` (`metrics.jsonl`), in order.
 pub fn epoch_records(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
