@@ -389,6 +389,95 @@ impl Lhs {
     }
 }
 
+/// A `rows × cols` matrix that is not stored but made a row at a time: `fill(i, row)`
+/// writes the `cols` values of row `i`. A convolution's patches (one row per tap of its
+/// kernel, [`crate::ops`]) are given so, and unfolded straight into the packed bf16
+/// operand a few rows at a time: unfolding them into an f32 matrix and packing that were
+/// two passes over the largest operand of the product (the unfolded matrix, 1 MiB for a
+/// GAN critic's group of images, is larger than the packed one, and both did not stay in
+/// cache between the passes).
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    /// The number of rows.
+    pub rows: usize,
+    /// The number of values per row.
+    pub cols: usize,
+    /// Writes row `i` (`cols` values) into the slice given.
+    pub fill: &'a (dyn Fn(usize, &mut [f32]) + Sync),
+}
+
+impl Rows<'_> {
+    /// The whole matrix, row-major, in a scratch buffer (for products that take stored
+    /// operands).
+    fn stored(&self) -> Vec<f32> {
+        let mut m = crate::scratch::take(self.rows * self.cols);
+        if self.cols > 0 {
+            m.chunks_mut(self.cols)
+                .enumerate()
+                .for_each(|(i, r)| (self.fill)(i, r));
+        }
+        m
+    }
+}
+
+impl Lhs {
+    /// `c = op(a) · b` for `b` given by its `k` rows ([`Rows`]), on the calling thread,
+    /// into memory not yet written (every one of the `m × n` values is written, none is
+    /// read): `b`'s rows are rounded and packed as they are made.
+    pub fn times_rows_into(&self, b: Rows, c: &mut [MaybeUninit<f32>]) {
+        assert!(
+            c.len() >= self.0.m * b.cols,
+            "bf16::Lhs::times_rows: output too short"
+        );
+        // SAFETY: `c` has room for m · n values; with beta = 0 none is read.
+        unsafe { self.times_rows_raw(b, 0.0, c.as_mut_ptr().cast()) }
+    }
+
+    /// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0.
+    unsafe fn times_rows_raw(&self, b: Rows, beta: f32, c: *mut f32) {
+        let (m, k, n) = (self.0.m, self.0.k, b.cols);
+        assert_eq!(
+            b.rows, k,
+            "bf16::Lhs::times_rows: {} rows for a product {k} deep",
+            b.rows
+        );
+        if m == 0 || n == 0 {
+            return;
+        }
+        if k == 0 {
+            return scale(c, m * n, beta);
+        }
+        let kernel = amx::kernel().expect("packed only where a bf16 kernel runs");
+        amx::gemm_packed_rows(kernel, &self.0, b, beta, c)
+    }
+}
+
+/// `c = op(a) · bᵀ + beta · c` on the calling thread, for op(a) `m × k` and `b` given by
+/// its `n` rows of `k` values ([`Rows`]); `c` row-major `m × n`. It is computed as
+/// `cᵀ = b · op(a)ᵀ`, so that `b`'s rows are packed as the left operand's (contiguous)
+/// rows, and the output blocks are stored transposed (a convolution's weight gradient:
+/// the output gradients times the patches, transposed).
+pub fn gemm_serial_rows_t(m: usize, a: Operand, b: Rows, beta: f32, c: &mut [f32]) {
+    let (n, k) = (b.rows, b.cols);
+    a.check(m, k, "lhs");
+    assert!(c.len() >= m * n, "bf16::gemm: output too short");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // SAFETY: `c` holds m · n initialised values.
+        return unsafe { scale(c.as_mut_ptr(), m * n, beta) };
+    }
+    match amx::kernel() {
+        Some(kernel) => amx::gemm_rows_t(kernel, m, a, b, beta, c),
+        None => {
+            let stored = b.stored();
+            widened(m, n, k, a, Operand::F32(Mat::new(&stored, k).t()), beta, c, true);
+            crate::scratch::give(stored);
+        }
+    }
+}
+
 /// `c = op(a) · op(b) + beta · c` in the layer's precision. With `bf16` on a CPU whose
 /// bf16 products are faster than f32 ([`accelerated`]: AMX, AVX512-BF16) both operands are rounded and
 /// multiplied by [`gemm`]. Everywhere else the products are f32 ([`blas::gemm`]): an
@@ -712,8 +801,17 @@ mod amx {
         chunks(&mut out, B * kp, serial, |bi, dst| {
             let r0 = bi * B;
             let rows = m.saturating_sub(r0).min(B);
-            if rows < B || k < kp {
-                dst.fill(0); // the padding; the values are written below
+            // The padding (the values are written below): rows past m, and each row's
+            // values past k, which lie in its last 32 (kp − k < 32). Zeroing the whole
+            // block was a second pass over it for every product not a multiple of 32 deep
+            // (a convolution's weight gradient, 245 images' positions deep).
+            for r in rows..B {
+                (0..kp)
+                    .step_by(B)
+                    .for_each(|p| dst[lhs_at(r, p, kp)..][..B].fill(0));
+            }
+            if k < kp {
+                (0..rows).for_each(|r| dst[lhs_at(r, k, kp)..][..kp - k].fill(0));
             }
             if trans {
                 // op(a) row r is stored column r: transpose 32 × 32 squares through a
@@ -924,6 +1022,111 @@ mod amx {
         let (np, kp) = (round_up(n), round_up(k));
         let pb = pack_rhs(&b, k, n, kp, np, true);
         multiply(kernel, (&a.data, &pb), (m, n, k), beta, c, false, true)
+    }
+
+    /// [`gemm_packed`] with a right operand given by rows ([`super::Rows`]).
+    ///
+    /// SAFETY: as [`gemm`]'s, with `b` `a.k × n` checked by the caller.
+    pub(super) unsafe fn gemm_packed_rows(
+        kernel: Kernel,
+        a: &PackedLhs,
+        b: super::Rows,
+        beta: f32,
+        c: *mut f32,
+    ) {
+        let (m, k, n) = (a.m, a.k, b.cols);
+        let pb = pack_rhs_rows(&b, round_up(k), round_up(n));
+        multiply(kernel, (&a.data, &pb), (m, n, k), beta, c, false, true)
+    }
+
+    /// `c = op(a) · bᵀ + beta · c` ([`super::gemm_serial_rows_t`]) on `kernel`, on the
+    /// calling thread, as `cᵀ = b · op(a)ᵀ` stored transposed; checked by the caller.
+    pub(super) fn gemm_rows_t(
+        kernel: Kernel,
+        m: usize,
+        a: Operand,
+        b: super::Rows,
+        beta: f32,
+        c: &mut [f32],
+    ) {
+        let (n, k) = (b.rows, b.cols);
+        let (np, mp, kp) = (round_up(n), round_up(m), round_up(k));
+        let pa = pack_lhs_rows(&b, np, kp);
+        let pb = pack_rhs(&a.t(), k, m, kp, mp, true);
+        // SAFETY: `c` holds the m · n initialised values (checked by the caller).
+        unsafe { multiply(kernel, (&pa, &pb), (n, m, k), beta, c.as_mut_ptr(), true, true) }
+    }
+
+    /// The rows of `a` (`rows × cols`, the left operand `m × k`) packed as [`pack_lhs`]
+    /// does, each row made into a scratch row and rounded from there.
+    fn pack_lhs_rows(a: &super::Rows, mp: usize, kp: usize) -> Aligned<u16> {
+        let (m, k) = (a.rows, a.cols);
+        let mut out = Aligned::unfilled(mp * kp);
+        let mut row = crate::scratch::take(k);
+        for (bi, dst) in out.chunks_mut(B * kp).enumerate() {
+            let r0 = bi * B;
+            let rows = m.saturating_sub(r0).min(B);
+            for r in 0..rows {
+                (a.fill)(r0 + r, &mut row);
+                for (t, part) in row.chunks(B).enumerate() {
+                    f32::bits_slice(part, &mut dst[lhs_at(r, t * B, kp)..][..part.len()]);
+                }
+                if k < kp {
+                    dst[lhs_at(r, k, kp)..][..kp - k].fill(0);
+                }
+            }
+            for r in rows..B {
+                (0..kp)
+                    .step_by(B)
+                    .for_each(|p| dst[lhs_at(r, p, kp)..][..B].fill(0));
+            }
+        }
+        crate::scratch::give(row);
+        out
+    }
+
+    /// The rows of `b` (`k × n`, the right operand) packed as [`pack_rhs`] does, two rows
+    /// at a time: each pair made into scratch rows, rounded whole, and interleaved into
+    /// every panel.
+    fn pack_rhs_rows(b: &super::Rows, kp: usize, np: usize) -> Aligned<u32> {
+        let (k, n) = (b.rows, b.cols);
+        let panel = kp / 2 * B;
+        let mut out = Aligned::unfilled(np / B * panel);
+        let mut row = crate::scratch::take(n);
+        // The pair's two rows rounded, zero past n (the last panel's padding columns).
+        let (mut lo, mut hi) = (vec![0u16; np], vec![0u16; np]);
+        let round = |row: &[f32], dst: &mut [u16]| {
+            // SAFETY: overwriting initialised u16 through `MaybeUninit<u16>`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), n) };
+            super::simd::round_slice(row, dst)
+        };
+        for i in 0..kp / 2 {
+            if 2 * i < k {
+                (b.fill)(2 * i, &mut row);
+                round(&row, &mut lo);
+                if 2 * i + 1 < k {
+                    (b.fill)(2 * i + 1, &mut row);
+                    round(&row, &mut hi);
+                } else {
+                    hi.fill(0);
+                }
+            } else {
+                lo.fill(0);
+                hi.fill(0);
+            }
+            for (pi, dst) in out.chunks_mut(panel).enumerate() {
+                for j0 in (0..B).step_by(STRIP) {
+                    let c0 = pi * B + j0;
+                    let line = &mut dst[rhs_at(i, j0, kp)..][..STRIP];
+                    let (l, h) = (&lo[c0..c0 + STRIP], &hi[c0..c0 + STRIP]);
+                    for j in 0..STRIP {
+                        line[j] = l[j] as u32 | (h[j] as u32) << 16;
+                    }
+                }
+            }
+        }
+        crate::scratch::give(row);
+        out
     }
 
     /// The products of packed operands into `c` (`m × n`, or its transpose `n × m` when
@@ -1178,6 +1381,12 @@ mod amx {
     pub(super) unsafe fn gemm_packed(_: Kernel, _: &PackedLhs, _: usize, _: Operand, _: f32, _: *mut f32) {
         unreachable!("the bf16 kernels are x86-64 only")
     }
+    pub(super) unsafe fn gemm_packed_rows(_: Kernel, _: &PackedLhs, _: super::Rows, _: f32, _: *mut f32) {
+        unreachable!("the bf16 kernels are x86-64 only")
+    }
+    pub(super) fn gemm_rows_t(_: Kernel, _: usize, _: Operand, _: super::Rows, _: f32, _: &mut [f32]) {
+        unreachable!("the bf16 kernels are x86-64 only")
+    }
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm(
         _: Kernel,
@@ -1315,7 +1524,31 @@ mod tests {
                     // (where a bf16 kernel runs), also into unwritten memory.
                     let mut serial = vec![f32::NAN; m * n];
                     gemm_serial(m, n, k, lhs, b, 0.0, &mut serial);
-                    let mut outs = vec![("serial", serial)];
+                    // op(b) made a row at a time, and its transpose (`Rows`).
+                    let op_b = |p: usize, j: usize| bv[if tb { j * k + p } else { p * n + j }];
+                    let b_row = |p: usize, dst: &mut [f32]| {
+                        dst.iter_mut().enumerate().for_each(|(j, d)| *d = op_b(p, j))
+                    };
+                    let bt_row = |j: usize, dst: &mut [f32]| {
+                        dst.iter_mut().enumerate().for_each(|(p, d)| *d = op_b(p, j))
+                    };
+                    let (b_rows, bt_rows) = (
+                        Rows {
+                            rows: k,
+                            cols: n,
+                            fill: &b_row,
+                        },
+                        Rows {
+                            rows: n,
+                            cols: k,
+                            fill: &bt_row,
+                        },
+                    );
+                    let mut by_rows = vec![f32::NAN; m * n];
+                    gemm_serial_rows_t(m, lhs, bt_rows, 0.0, &mut by_rows);
+                    gemm_serial_rows_t(m, lhs, bt_rows, 1.0, &mut by_rows);
+                    by_rows.iter_mut().for_each(|v| *v /= 2.0);
+                    let mut outs = vec![("serial", serial), ("rows transposed, accumulated", by_rows)];
                     if let Some(packed) = Lhs::pack(m, k, lhs) {
                         let mut times = vec![f32::NAN; m * n];
                         packed.times(n, b, 0.0, &mut times);
@@ -1323,7 +1556,14 @@ mod tests {
                         packed.times_into(n, b, &mut into);
                         packed.times(n, b, 1.0, &mut times);
                         times.iter_mut().for_each(|v| *v /= 2.0);
-                        outs.extend([("packed, accumulated", times), ("packed into", initialised(into))]);
+                        let mut rows_into = vec![MaybeUninit::new(f32::NAN); m * n];
+                        crate::scratch::poison();
+                        packed.times_rows_into(b_rows, &mut rows_into);
+                        outs.extend([
+                            ("packed, accumulated", times),
+                            ("packed into", initialised(into)),
+                            ("packed by rows into", initialised(rows_into)),
+                        ]);
                     }
                     for (how, out) in outs {
                         let err = crate::math::max_abs_diff(&want, &out);

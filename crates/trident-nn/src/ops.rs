@@ -1302,10 +1302,35 @@ struct Conv {
     plan: OnceLock<Plan>,
 }
 
-/// [`Conv::runs`] collected for one geometry `(c, h, w, oh, ow)`.
+/// [`Conv::runs`] collected for one geometry `(c, h, w, oh, ow)`, with where each patch
+/// row's runs start (`starts[row]..starts[row + 1]`; a row's runs are consecutive).
 struct Plan {
     dims: (usize, usize, usize, usize, usize),
     runs: Vec<Run>,
+    starts: Vec<usize>,
+}
+
+impl Plan {
+    fn new(conv: &Conv, dims: (usize, usize, usize, usize, usize)) -> Plan {
+        let (c, h, w, oh, ow) = dims;
+        let mut runs = Vec::new();
+        conv.runs(c, h, w, oh, ow, |run| runs.push(run));
+        let rows = c * conv.k * conv.k;
+        let mut starts = Vec::with_capacity(rows + 1);
+        let mut at = 0;
+        for row in 0..=rows {
+            while at < runs.len() && runs[at].row < row {
+                at += 1;
+            }
+            starts.push(at);
+        }
+        Plan { dims, runs, starts }
+    }
+
+    /// The runs of patch row `row`.
+    fn row(&self, row: usize) -> &[Run] {
+        &self.runs[self.starts[row]..self.starts[row + 1]]
+    }
 }
 
 /// One run of [`Conv::runs`]: output positions `at..at + len` of patch row `row` read
@@ -1435,24 +1460,14 @@ impl Conv {
         }
     }
 
-    /// Calls `f` with the runs ([`Self::runs`]) of the geometry `(c, h, w, oh, ow)`, in
-    /// their order: from [`Self::plan`] when that is its geometry (the first one asked
-    /// for), else worked out for this call.
-    fn with_runs<R>(&self, dims: (usize, usize, usize, usize, usize), f: impl FnOnce(&[Run]) -> R) -> R {
-        let collect = || {
-            let (c, h, w, oh, ow) = dims;
-            let mut runs = Vec::new();
-            self.runs(c, h, w, oh, ow, |run| runs.push(run));
-            runs
-        };
-        let plan = self.plan.get_or_init(|| Plan {
-            dims,
-            runs: collect(),
-        });
+    /// Calls `f` with the [`Plan`] of the geometry `(c, h, w, oh, ow)`: [`Self::plan`] when
+    /// that is its geometry (the first one asked for), else one worked out for this call.
+    fn with_plan<R>(&self, dims: (usize, usize, usize, usize, usize), f: impl FnOnce(&Plan) -> R) -> R {
+        let plan = self.plan.get_or_init(|| Plan::new(self, dims));
         if plan.dims == dims {
-            f(&plan.runs)
+            f(plan)
         } else {
-            f(&collect())
+            f(&Plan::new(self, dims))
         }
     }
 
@@ -1479,9 +1494,9 @@ impl Conv {
         }
     }
 
-    /// Adds a phase layout `ph` ([`Self::runs`]) onto the image `d` (`[c, h, w]`) it is of:
-    /// the adjoint of [`Self::to_phases`].
-    fn add_phases(&self, ph: &[f32], (c, h, w): (usize, usize, usize), d: &mut [f32]) {
+    /// Writes the image `d` (`[c, h, w]`, every value) from its phase layout `ph`
+    /// ([`Self::runs`]): the inverse of [`Self::to_phases`].
+    fn phases_to_image(&self, ph: &[f32], (c, h, w): (usize, usize, usize), d: &mut [MaybeUninit<f32>]) {
         let s = self.stride;
         let (hp, wp) = self.phase_plane(h, w);
         for (r, dst) in d[..c * h * w].chunks_mut(w).enumerate() {
@@ -1493,92 +1508,86 @@ impl Conv {
                     .iter_mut()
                     .step_by(s)
                     .zip(src)
-                    .for_each(|(d, v)| *d += v);
+                    .for_each(|(d, v)| *d = MaybeUninit::new(*v));
             }
         }
     }
 
-    /// The patches of image `img` (`[c, h, w]`), transposed, into columns `col0..col0 +
-    /// oh·ow` of `cols_t` (`[c·k·k, ld]`): every element of those columns written once, zero
-    /// where a tap falls in the padding. Runs are copied as slices, at a stride above 1 from
-    /// the image's phase layout ([`Self::runs`]).
-    fn patches(
-        &self,
-        img: &[f32],
+    /// The patches of the `imgs` images `x` (`[imgs, c, h, w]`) of geometry `dims`, made a
+    /// patch row at a time ([`Unfold`]).
+    fn unfold<'a>(
+        &'a self,
+        x: &'a [f32],
+        imgs: usize,
         dims: (usize, usize, usize, usize, usize),
-        cols_t: &mut [f32],
-        (ld, col0): (usize, usize),
-    ) {
-        let (c, h, w, oh, ow) = dims;
-        let ohw = oh * ow;
-        let mut phases = Vec::new();
+    ) -> Unfold<'a> {
+        let (c, h, w, _, _) = dims;
+        let chw = c * h * w;
         let src = if self.stride == 1 {
-            img
+            Src::Images(&x[..imgs * chw])
         } else {
-            phases = crate::scratch::take(self.phase_len(c, h, w));
-            self.to_phases(img, (c, h, w), &mut phases);
-            &phases
+            let per = self.phase_len(c, h, w);
+            let mut phases = crate::scratch::take(imgs * per);
+            for (img, ph) in x[..imgs * chw].chunks(chw).zip(phases.chunks_mut(per)) {
+                self.to_phases(img, (c, h, w), ph);
+            }
+            Src::Phases(phases, per)
         };
-        // Zeroes what lies between the next position not yet written, `next` (row,
-        // column), and (row, at): taps come in row order, a run's positions in order, and a
-        // tap outside the image has no run.
-        let zero_to = |cols_t: &mut [f32], next: &mut (usize, usize), (row, at): (usize, usize)| {
-            while next.0 < row {
-                cols_t[next.0 * ld + col0 + next.1..][..ohw - next.1].fill(0.0);
-                *next = (next.0 + 1, 0);
-            }
-            if at > next.1 {
-                cols_t[row * ld + col0 + next.1..][..at - next.1].fill(0.0);
-            }
+        let plan = match self.plan.get_or_init(|| Plan::new(self, dims)) {
+            plan if plan.dims == dims => PlanRef::Kept(plan),
+            _ => PlanRef::Own(Plan::new(self, dims)),
         };
-        let mut next = (0, 0);
-        self.with_runs(dims, |runs| {
-            for &run in runs {
-                zero_to(cols_t, &mut next, (run.row, run.at));
-                let out = &mut cols_t[run.row * ld + col0 + run.at..][..run.len];
-                out.copy_from_slice(&src[run.from..run.from + run.len]);
-                for gap in run.gaps() {
-                    zero_short(&mut out[gap]);
-                }
-                next = (run.row, run.at + run.len);
-            }
-        });
-        zero_to(cols_t, &mut next, (c * self.k * self.k, 0));
-        crate::scratch::give(phases);
+        Unfold {
+            src,
+            plan,
+            imgs,
+            chw,
+            ohw: dims.3 * dims.4,
+        }
     }
 
-    /// Adds the transposed patch gradients in columns `col0..col0 + oh·ow` of `dcols_t`
-    /// (`[c·k·k, ld]`) back onto the image gradient `d` (`[c, h, w]`): the adjoint of
-    /// [`Self::patches`]. The gradients of padding positions inside runs are zeroed on the
-    /// way (they belong to no input).
+    /// Writes the image gradient `d` (`[c, h, w]`, every value written; it need not be
+    /// initialised) from the transposed patch gradients in columns `col0..col0 + oh·ow` of
+    /// `dcols_t` (`[c·k·k, ld]`): the adjoint of [`Self::unfold`]. The gradients of
+    /// padding positions inside runs are zeroed on the way (they belong to no input). At
+    /// stride 1 the runs are added onto `d` zeroed here; above it onto the phase layout
+    /// (zeroed here, about as large), which is then copied out to `d`. (The whole `dx` was
+    /// zero-filled by one thread before the groups' folds added into it, and at a stride
+    /// above 1 added onto once more: 3 % of a bf16 WGAN epoch's samples were that
+    /// `memset`, AMD EPYC Zen 4.)
     fn fold(
         &self,
         dcols_t: &mut [f32],
         dims: (usize, usize, usize, usize, usize),
         (ld, col0): (usize, usize),
-        d: &mut [f32],
+        d: &mut [MaybeUninit<f32>],
     ) {
         let (c, h, w, _, _) = dims;
-        let mut add = |d: &mut [f32]| {
-            self.with_runs(dims, |runs| {
-                for &run in runs {
+        let mut add = |dst: &mut [f32]| {
+            self.with_plan(dims, |plan| {
+                for &run in &plan.runs {
                     let g = &mut dcols_t[run.row * ld + col0 + run.at..][..run.len];
                     for gap in run.gaps() {
                         zero_short(&mut g[gap]);
                     }
-                    d[run.from..run.from + run.len]
+                    dst[run.from..run.from + run.len]
                         .iter_mut()
                         .zip(&*g)
                         .for_each(|(d, g)| *d += g);
                 }
             })
         };
+        let d = &mut d[..c * h * w];
         if self.stride == 1 {
-            add(d);
+            d.fill(MaybeUninit::new(0.0));
+            // SAFETY: every value was just written.
+            add(unsafe { &mut *(d as *mut [MaybeUninit<f32>] as *mut [f32]) });
         } else {
-            let mut phases = vec![0f32; self.phase_len(c, h, w)];
+            let mut phases = crate::scratch::take(self.phase_len(c, h, w));
+            phases.fill(0.0);
             add(&mut phases);
-            self.add_phases(&phases, (c, h, w), d);
+            self.phases_to_image(&phases, (c, h, w), d);
+            crate::scratch::give(phases);
         }
     }
 
@@ -1649,6 +1658,23 @@ impl Conv {
         }
     }
 
+    /// `c = a · colsᵀ + beta · c` (`a` `m × wide`, the patches `cols` `[c·k·k, wide]`, `c`
+    /// `m × c·k·k`: a weight gradient) on the calling thread: in bf16 where
+    /// [`Self::in_bf16`], the patch rows unfolded straight into the packed operand
+    /// ([`crate::bf16::gemm_serial_rows_t`]); else unfolded into a matrix for an f32
+    /// product.
+    fn product_by_patches(&self, m: usize, a: Mat, cols: &Unfold, beta: f32, c: &mut [f32]) {
+        let (n, k) = (cols.len(), cols.imgs * cols.ohw);
+        if self.in_bf16(m, n, k) {
+            let a = crate::bf16::Operand::F32(a);
+            return cols.rows(|rows| crate::bf16::gemm_serial_rows_t(m, a, rows, beta, c));
+        }
+        let mut stored = crate::scratch::take(n * k);
+        cols.write_matrix(&mut stored);
+        blas::gemm_serial(m, n, k, 1.0, a, Mat::new(&stored, k).t(), beta, c);
+        crate::scratch::give(stored);
+    }
+
     /// `a` (`m × k`) as the left operand of a pass whose groups multiply it by `k × n`
     /// patches: packed once in bf16 where those products run in bf16 ([`Self::in_bf16`]).
     fn weight<'a>(&self, a: Mat<'a>, (m, n, k): (usize, usize, usize)) -> Weight<'a> {
@@ -1658,6 +1684,101 @@ impl Conv {
             }
         }
         Weight::F32 { a, m, k }
+    }
+}
+
+/// What the patch rows of a group of images are read from: the images themselves (stride
+/// 1), or their phase layouts ([`Conv::runs`]), `per` values each, in a scratch buffer.
+enum Src<'a> {
+    Images(&'a [f32]),
+    Phases(Vec<f32>, usize),
+}
+
+/// The [`Plan`] an [`Unfold`] follows: the op's own, or one made for another geometry.
+enum PlanRef<'a> {
+    Kept(&'a Plan),
+    Own(Plan),
+}
+
+/// The transposed patches of a group of images, `[c·k·k, imgs·oh·ow]` (one row per tap,
+/// each image's `oh·ow` positions side by side), made a row at a time ([`Self::row`]):
+/// into an f32 matrix for f32 products ([`Self::write_matrix`]), or straight into a packed
+/// bf16 operand ([`Self::rows`], [`crate::bf16::Rows`]).
+struct Unfold<'a> {
+    src: Src<'a>,
+    plan: PlanRef<'a>,
+    imgs: usize,
+    chw: usize,
+    ohw: usize,
+}
+
+impl Unfold<'_> {
+    /// Patch row `r` of every image into `dst` (`imgs · oh · ow` values, each written once):
+    /// its runs copied as slices, zero where the tap falls in the padding.
+    fn row(&self, r: usize, dst: &mut [f32]) {
+        let plan = match &self.plan {
+            PlanRef::Kept(plan) => plan,
+            PlanRef::Own(plan) => plan,
+        };
+        let (src, per) = match &self.src {
+            Src::Images(x) => (*x, self.chw),
+            Src::Phases(ph, per) => (&ph[..], *per),
+        };
+        let runs = plan.row(r);
+        for (j, out) in dst[..self.imgs * self.ohw].chunks_exact_mut(self.ohw).enumerate() {
+            let src = &src[j * per..];
+            // Taps' runs come in position order; what lies between them is padding.
+            let mut next = 0;
+            for &run in runs {
+                if run.at > next {
+                    zero_short(&mut out[next..run.at]);
+                }
+                let o = &mut out[run.at..run.at + run.len];
+                o.copy_from_slice(&src[run.from..run.from + run.len]);
+                for gap in run.gaps() {
+                    zero_short(&mut o[gap]);
+                }
+                next = run.at + run.len;
+            }
+            zero_short(&mut out[next..]);
+        }
+    }
+
+    /// The number of patch rows, `c·k·k`.
+    fn len(&self) -> usize {
+        match &self.plan {
+            PlanRef::Kept(plan) => plan.starts.len() - 1,
+            PlanRef::Own(plan) => plan.starts.len() - 1,
+        }
+    }
+
+    /// The whole matrix `[c·k·k, imgs·oh·ow]` into `cols` (every value written).
+    fn write_matrix(&self, cols: &mut [f32]) {
+        let wide = self.imgs * self.ohw;
+        if wide == 0 {
+            return;
+        }
+        for (r, row) in cols[..self.len() * wide].chunks_mut(wide).enumerate() {
+            self.row(r, row);
+        }
+    }
+
+    /// The patch rows as a [`crate::bf16::Rows`] source, for `f` to use.
+    fn rows<R>(&self, f: impl FnOnce(crate::bf16::Rows) -> R) -> R {
+        let fill = |r: usize, dst: &mut [f32]| self.row(r, dst);
+        f(crate::bf16::Rows {
+            rows: self.len(),
+            cols: self.imgs * self.ohw,
+            fill: &fill,
+        })
+    }
+}
+
+impl Drop for Unfold<'_> {
+    fn drop(&mut self) {
+        if let Src::Phases(ph, _) = &mut self.src {
+            crate::scratch::give(std::mem::take(ph));
+        }
     }
 }
 
@@ -1687,19 +1808,44 @@ impl Weight<'_> {
     }
 
     /// `a [m, k] · cols [k, imgs·n]`, each image's `n` columns written to its place in
-    /// `out` (`[imgs, m, n]`, every value written; it need not be initialised): straight
-    /// into `out` for one image, through a scratch product otherwise.
-    fn apart(&self, cols: &[f32], (m, n, imgs): (usize, usize, usize), out: &mut [MaybeUninit<f32>]) {
-        let wide = imgs * n;
-        if imgs == 1 {
-            match self {
-                Weight::F32 { a, m, k } => blas::gemm_serial_into(*m, n, *k, 1.0, *a, Mat::new(cols, n), out),
-                Weight::Bf16(p) => p.times_into(n, crate::bf16::Operand::F32(Mat::new(cols, n)), out),
+    /// `out` (`[imgs, m, n]`, every value written; it need not be initialised).
+    fn apart(&self, cols: &[f32], dims: (usize, usize, usize), out: &mut [MaybeUninit<f32>]) {
+        let wide = dims.2 * dims.1;
+        self.apart_with(dims, out, |c| match self {
+            Weight::F32 { a, m, k } => blas::gemm_serial_into(*m, wide, *k, 1.0, *a, Mat::new(cols, wide), c),
+            Weight::Bf16(p) => p.times_into(wide, crate::bf16::Operand::F32(Mat::new(cols, wide)), c),
+        })
+    }
+
+    /// [`Self::apart`] of the patches of `imgs` images: in bf16 their rows unfolded
+    /// straight into the packed operand, in f32 into a matrix first.
+    fn apart_patches(&self, cols: &Unfold, dims: (usize, usize, usize), out: &mut [MaybeUninit<f32>]) {
+        let wide = dims.2 * dims.1;
+        self.apart_with(dims, out, |c| match self {
+            Weight::F32 { a, m, k } => {
+                let mut stored = crate::scratch::take(k * wide);
+                cols.write_matrix(&mut stored);
+                blas::gemm_serial_into(*m, wide, *k, 1.0, *a, Mat::new(&stored, wide), c);
+                crate::scratch::give(stored);
             }
-            return;
+            Weight::Bf16(p) => cols.rows(|rows| p.times_rows_into(rows, c)),
+        })
+    }
+
+    /// `product(c)` writes the `[m, imgs·n]` product into `c`: straight into `out` for
+    /// one image, else into a scratch product whose images' columns are then moved apart.
+    fn apart_with(
+        &self,
+        (m, n, imgs): (usize, usize, usize),
+        out: &mut [MaybeUninit<f32>],
+        product: impl FnOnce(&mut [MaybeUninit<f32>]),
+    ) {
+        if imgs == 1 {
+            return product(out);
         }
-        let mut prod = crate::scratch::take(m * wide);
-        self.times(wide, Mat::new(cols, wide), 0.0, &mut prod);
+        let mut prod = crate::scratch::take(m * imgs * n);
+        // SAFETY: viewing initialised f32 as MaybeUninit; `product` writes only f32 values.
+        product(unsafe { std::slice::from_raw_parts_mut(prod.as_mut_ptr().cast(), prod.len()) });
         apart(&prod, (imgs, m, n), out);
         crate::scratch::give(prod);
     }
@@ -1782,20 +1928,9 @@ impl CustomOp2 for Conv {
                 .for_each(|(t, y)| {
                     // Images t·g.. side by side: cols_t [ckk, imgs·ohw].
                     let imgs = y.len() / (o * ohw);
-                    let wide = imgs * ohw;
-                    let mut cols = crate::scratch::take(ckk * wide);
-                    for j in 0..imgs {
-                        let n = t * g + j;
-                        self.patches(
-                            &x[n * chw..(n + 1) * chw],
-                            (c, h, w, oh, ow),
-                            &mut cols,
-                            (wide, j * ohw),
-                        );
-                    }
+                    let cols = self.unfold(&x[t * g * chw..], imgs, (c, h, w, oh, ow));
                     // y [imgs, o, ohw] = W [o, ckk] · cols_t [ckk, imgs·ohw], image by image
-                    weight.apart(&cols, (o, ohw, imgs), y);
-                    crate::scratch::give(cols);
+                    weight.apart_patches(&cols, (o, ohw, imgs), y);
                 })
         };
         // SAFETY: the chunks cover the output in whole images (b·o·ohw values, chunks of
@@ -1847,62 +1982,59 @@ impl CustomOp2 for Conv {
             && crate::direct_conv::available()
             && crate::direct_conv::suits_input_gradient(&geometry);
         // Written whole by the direct kernel; else zeros for the groups' folds to add into.
-        let mut dx = match (direct_dx, need_dx) {
-            (true, _) => crate::direct_conv::backward_input(gv, wv, geometry),
-            (false, true) => vec![0f32; b * chw],
-            (false, false) => Vec::new(),
-        };
         // A group of images n0.. (as in the forward pass): adds their weight gradient into
-        // `dw` and, with `d` (their slice of dx), writes their input gradients there.
-        let group = |n0: usize, imgs: usize, d: Option<&mut [f32]>, dw: &mut [f32]| {
-            let wide = imgs * ohw;
-            let mut cols = crate::scratch::take(ckk * wide);
-            // The output gradients side by side: gw [o, imgs·ohw].
-            let gn = &gv[n0 * o * ohw..(n0 + imgs) * o * ohw];
-            let side = side_by_side(gn, (imgs, o, ohw));
-            let gw = side.as_deref().unwrap_or(gn);
-            if need_dw {
-                for j in 0..imgs {
-                    let n = n0 + j;
-                    self.patches(
-                        &xv[n * chw..(n + 1) * chw],
-                        (c, h, w, oh, ow),
-                        &mut cols,
-                        (wide, j * ohw),
-                    );
+        // `dw` (`beta` 0: writes it) and, with `d` (their slice of dx), writes their input
+        // gradients there.
+        let group =
+            |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, (dw, beta): (&mut [f32], f32)| {
+                let wide = imgs * ohw;
+                // The output gradients side by side: gw [o, imgs·ohw].
+                let gn = &gv[n0 * o * ohw..(n0 + imgs) * o * ohw];
+                let side = side_by_side(gn, (imgs, o, ohw));
+                let gw = side.as_deref().unwrap_or(gn);
+                if need_dw {
+                    // dW [o, ckk] = gw [o, wide] · cols_tᵀ + beta · dW
+                    let cols = self.unfold(&xv[n0 * chw..], imgs, (c, h, w, oh, ow));
+                    self.product_by_patches(o, Mat::new(gw, wide), &cols, beta, dw);
                 }
-                // dW [o, ckk] += gw [o, wide] · cols_tᵀ
-                self.product(
-                    o,
-                    ckk,
-                    wide,
-                    Mat::new(gw, wide),
-                    Mat::new(&cols, wide).t(),
-                    1.0,
-                    dw,
-                );
-            }
-            if let Some(d) = d {
-                // dcols_t [ckk, wide] = Wᵀ · gw, each image's columns folded into its dx
-                let wt = wt_weight.as_ref().expect("made where the input needs a gradient");
-                wt.times(wide, Mat::new(gw, wide), 0.0, &mut cols);
-                for (j, dj) in d.chunks_mut(chw).enumerate() {
-                    self.fold(&mut cols, (c, h, w, oh, ow), (wide, j * ohw), dj);
+                if let Some(d) = d {
+                    // dcols_t [ckk, wide] = Wᵀ · gw, each image's columns folded into its dx
+                    let wt = wt_weight.as_ref().expect("made where the input needs a gradient");
+                    let mut dcols = crate::scratch::take(ckk * wide);
+                    wt.times(wide, Mat::new(gw, wide), 0.0, &mut dcols);
+                    for (j, dj) in d.chunks_mut(chw).enumerate() {
+                        self.fold(&mut dcols, (c, h, w, oh, ow), (wide, j * ohw), dj);
+                    }
+                    crate::scratch::give(dcols);
                 }
-            }
-            crate::scratch::give(side.unwrap_or_default());
-            crate::scratch::give(cols);
-        };
-        // Each group with its slice of `dx` (none when the input needs no gradient); per
-        // task, the weight gradient of its groups, summed at the end.
+                crate::scratch::give(side.unwrap_or_default());
+            };
+        // Each group with its slice of `dx` (none when the input needs no gradient or the
+        // direct kernel gives it); per task, the weight gradient of its groups, summed at
+        // the end.
         let dw_len = if need_dw { o * ckk } else { 0 };
-        let dx_by_groups = need_dx && !direct_dx;
-        let dw = if need_dw || dx_by_groups {
-            per_group_backward(dx_by_groups.then_some((&mut dx[..], chw)), b, g, dw_len, group)
+        let no_dx = None::<(&mut [MaybeUninit<f32>], usize)>;
+        let mut dw = Vec::new();
+        let dx = if direct_dx {
+            let dx = crate::direct_conv::backward_input(gv, wv, geometry);
+            if need_dw {
+                dw = per_group_backward(no_dx, b, g, dw_len, group);
+            }
+            Some(dx)
+        } else if need_dx {
+            let write = |dx: &mut [MaybeUninit<f32>]| {
+                dw = per_group_backward(Some((dx, chw)), b, g, dw_len, group);
+            };
+            // SAFETY: the groups' slices cover dx in whole images, and `fold` writes every
+            // value of each.
+            Some(unsafe { crate::scratch::written(b * chw, write) })
         } else {
-            Vec::new()
+            if need_dw {
+                dw = per_group_backward(no_dx, b, g, dw_len, group);
+            }
+            None
         };
-        input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
+        input_and_weight_grads(&x, dx, &weight, need_dw.then_some(dw))
     }
 }
 
@@ -1952,9 +2084,13 @@ fn input_and_weight_grads(
 }
 
 /// The backward pass the convolutions share: `group(n0, imgs, their slice of dx (when
-/// `dx` is given as the buffer and each image's length), a weight gradient to add to)` for
+/// `dx` is given as the buffer and each image's length), (a weight gradient, beta))` for
 /// the groups of `g` consecutive images (the last may be smaller) of the `b`, in parallel;
-/// returns the weight gradient (`dw_len` values) summed over the groups.
+/// returns the weight gradient (`dw_len` values) summed over the groups. A group adds its
+/// weight gradient onto the one given (`beta` 1) or, the first of a run, writes it
+/// (`beta` 0: the buffer's values are unspecified, a recycled one's; zero-filling each
+/// run's buffer first, 512 KiB for a GAN critic's second convolution, was a `memset` per
+/// run per step).
 ///
 /// The groups are dealt out as runs of consecutive groups, as many runs as there are
 /// threads and at least 8 (fewer only with fewer groups), each run summing its groups in
@@ -1968,7 +2104,7 @@ fn per_group_backward<T: Send>(
     b: usize,
     g: usize,
     dw_len: usize,
-    group: impl Fn(usize, usize, Option<&mut [T]>, &mut [f32]) + Sync + Send,
+    group: impl Fn(usize, usize, Option<&mut [T]>, (&mut [f32], f32)) + Sync + Send,
 ) -> Vec<f32> {
     let mut groups: Vec<(usize, Option<&mut [T]>)> = match dx {
         Some((dx, per_image)) => dx
@@ -1992,9 +2128,13 @@ fn per_group_backward<T: Send>(
     let sums: Vec<Vec<f32>> = parts
         .into_par_iter()
         .map(|run| {
-            let mut dw = vec![0f32; dw_len];
-            for (n0, d) in run {
-                group(*n0, g.min(b - *n0), d.as_deref_mut(), &mut dw);
+            let mut dw = crate::scratch::take(dw_len);
+            if run.is_empty() {
+                dw.fill(0.0);
+            }
+            for (i, (n0, d)) in run.iter_mut().enumerate() {
+                let beta = if i == 0 { 0.0 } else { 1.0 };
+                group(*n0, g.min(b - *n0), d.as_deref_mut(), (&mut dw, beta));
             }
             dw
         })
@@ -2003,6 +2143,7 @@ fn per_group_backward<T: Send>(
     let mut total = sums.next().unwrap_or_else(|| vec![0f32; dw_len]);
     for s in sums {
         total.iter_mut().zip(&s).for_each(|(a, b)| *a += b);
+        crate::scratch::give(s);
     }
     total
 }
@@ -2079,7 +2220,7 @@ impl<T: CustomOp2> CustomOp3 for Biased<T> {
 /// It is the input gradient of the convolution [`conv2d`] with the same kernel, stride and
 /// padding, so it runs on the same two pieces: per image, `Wᵀ · x` gives the patch
 /// gradients, folded onto the output ([`Conv`]'s `fold`); the backward pass unfolds the
-/// output gradient into patches ([`Conv`]'s `patches`) and multiplies twice, for the input
+/// output gradient into patches ([`Conv`]'s `unfold`) and multiplies twice, for the input
 /// (`W · patches`, a convolution) and for the weight (`x · patchesᵀ`). candle's own
 /// `conv_transpose2d` is a direct loop on CPU.
 pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
@@ -2173,27 +2314,31 @@ impl CustomOp2 for ConvTranspose {
             let out = crate::direct_conv::backward_input(x, wt, geometry);
             return Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))));
         }
-        let mut out = vec![0f32; b * o * h * w];
-        out.par_chunks_mut(g * o * h * w).enumerate().for_each(|(t, y)| {
-            let imgs = y.len() / (o * h * w);
-            let wide = imgs * ihw;
-            let xn = &x[t * g * i * ihw..][..imgs * i * ihw];
-            let side = side_by_side(xn, (imgs, i, ihw));
-            let mut cols = crate::scratch::take(okk * wide);
-            // cols [okk, wide] = Wᵀ [okk, i] · x [i, wide], each image's columns folded onto
-            // its output.
-            weight.times(
-                wide,
-                Mat::new(side.as_deref().unwrap_or(xn), wide),
-                0.0,
-                &mut cols,
-            );
-            for (j, yj) in y.chunks_mut(o * h * w).enumerate() {
-                conv.fold(&mut cols, (o, h, w, ih, iw), (wide, j * ihw), yj);
-            }
-            crate::scratch::give(side.unwrap_or_default());
-            crate::scratch::give(cols);
-        });
+        let write = |out: &mut [MaybeUninit<f32>]| {
+            out.par_chunks_mut(g * o * h * w).enumerate().for_each(|(t, y)| {
+                let imgs = y.len() / (o * h * w);
+                let wide = imgs * ihw;
+                let xn = &x[t * g * i * ihw..][..imgs * i * ihw];
+                let side = side_by_side(xn, (imgs, i, ihw));
+                let mut cols = crate::scratch::take(okk * wide);
+                // cols [okk, wide] = Wᵀ [okk, i] · x [i, wide], each image's columns folded onto
+                // its output.
+                weight.times(
+                    wide,
+                    Mat::new(side.as_deref().unwrap_or(xn), wide),
+                    0.0,
+                    &mut cols,
+                );
+                for (j, yj) in y.chunks_mut(o * h * w).enumerate() {
+                    conv.fold(&mut cols, (o, h, w, ih, iw), (wide, j * ihw), yj);
+                }
+                crate::scratch::give(side.unwrap_or_default());
+                crate::scratch::give(cols);
+            })
+        };
+        // SAFETY: the chunks cover the output in whole images, and `fold` writes every
+        // value of each.
+        let out = unsafe { crate::scratch::written(b * o * h * w, write) };
         Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))))
     }
 
@@ -2224,41 +2369,36 @@ impl CustomOp2 for ConvTranspose {
         }
         // W [i, okk], the left operand of every group's input-gradient product.
         let w_weight = need_dx.then(|| conv.weight(Mat::new(wv, okk), (i, g * ihw, okk)));
-        let group = |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, dw: &mut [f32]| {
-            let wide = imgs * ihw;
-            // The output gradients' patches side by side: cols [okk, wide].
-            let mut cols = crate::scratch::take(okk * wide);
-            for j in 0..imgs {
-                let n = n0 + j;
-                conv.patches(
-                    &gv[n * ohw..(n + 1) * ohw],
-                    (o, h, w, ih, iw),
-                    &mut cols,
-                    (wide, j * ihw),
-                );
-            }
-            if need_dw {
-                // dW [i, okk] += x [i, wide] · colsᵀ [wide, okk]
-                let xn = &xv[n0 * i * ihw..(n0 + imgs) * i * ihw];
-                let side = side_by_side(xn, (imgs, i, ihw));
-                conv.product(
-                    i,
-                    okk,
-                    wide,
-                    Mat::new(side.as_deref().unwrap_or(xn), wide),
-                    Mat::new(&cols, wide).t(),
-                    1.0,
-                    dw,
-                );
-                crate::scratch::give(side.unwrap_or_default());
-            }
-            if let Some(d) = d {
-                // dx [imgs, i, ihw] = W [i, okk] · cols [okk, imgs·ihw], image by image
-                let w = w_weight.as_ref().expect("made where the input needs a gradient");
-                w.apart(&cols, (i, ihw, imgs), d);
-            }
-            crate::scratch::give(cols);
-        };
+        let group =
+            |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, (dw, beta): (&mut [f32], f32)| {
+                let wide = imgs * ihw;
+                // The output gradients' patches side by side: cols [okk, wide], made once for
+                // both products.
+                let mut cols = crate::scratch::take(okk * wide);
+                conv.unfold(&gv[n0 * ohw..], imgs, (o, h, w, ih, iw))
+                    .write_matrix(&mut cols);
+                if need_dw {
+                    // dW [i, okk] = x [i, wide] · colsᵀ [wide, okk] + beta · dW
+                    let xn = &xv[n0 * i * ihw..(n0 + imgs) * i * ihw];
+                    let side = side_by_side(xn, (imgs, i, ihw));
+                    conv.product(
+                        i,
+                        okk,
+                        wide,
+                        Mat::new(side.as_deref().unwrap_or(xn), wide),
+                        Mat::new(&cols, wide).t(),
+                        beta,
+                        dw,
+                    );
+                    crate::scratch::give(side.unwrap_or_default());
+                }
+                if let Some(d) = d {
+                    // dx [imgs, i, ihw] = W [i, okk] · cols [okk, imgs·ihw], image by image
+                    let w = w_weight.as_ref().expect("made where the input needs a gradient");
+                    w.apart(&cols, (i, ihw, imgs), d);
+                }
+                crate::scratch::give(cols);
+            };
         let dw_len = if need_dw { i * okk } else { 0 };
         let mut dw = Vec::new();
         let write = |dx: &mut [MaybeUninit<f32>]| {
@@ -2696,7 +2836,10 @@ impl CustomOp2 for Depthwise {
             let mut wtt = vec![0f32; kk * c];
             transpose_into(wv, c, kk, &mut wtt);
             let (chw, cohw) = (c * h * w, c * oh * ow);
-            let image = |n0: usize, _one: usize, d: Option<&mut [f32]>, dwt: &mut [f32]| {
+            let image = |n0: usize, _one: usize, d: Option<&mut [f32]>, (dwt, beta): (&mut [f32], f32)| {
+                if beta == 0.0 {
+                    dwt.fill(0.0); // added onto below
+                }
                 let (xn, gn) = (&xv[n0 * chw..(n0 + 1) * chw], &gv[n0 * cohw..(n0 + 1) * cohw]);
                 self.backward_channels_last((xn, &wtt, gn), (c, h, w), d, dwt)
             };
@@ -3454,7 +3597,7 @@ mod tests {
             let (_, _, _, _, oh, ow) = conv.geometry(&[1, c, h, w]).unwrap();
             let img: Vec<f32> = (0..c * h * w).map(|i| i as f32 + 1.0).collect();
             let mut cols = vec![f32::NAN; c * 9 * oh * ow];
-            conv.patches(&img, (c, h, w, oh, ow), &mut cols, (oh * ow, 0));
+            conv.unfold(&img, 1, (c, h, w, oh, ow)).write_matrix(&mut cols);
             cols
         };
         let used = conv();

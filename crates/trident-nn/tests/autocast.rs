@@ -219,7 +219,7 @@ fn conv_and_grads(
     w: &[f32],
     ws: [usize; 4],
     probe: &[f32],
-    transposed: bool,
+    (transposed, stride, padding): (bool, usize, usize),
     bf16: bool,
 ) -> [Vec<f32>; 3] {
     let dev = Device::Cpu;
@@ -228,9 +228,9 @@ fn conv_and_grads(
     let y = {
         let _mode = autocast(bf16);
         if transposed {
-            ops::conv_transpose2d(x.as_tensor(), w.as_tensor(), 2, 1).unwrap()
+            ops::conv_transpose2d(x.as_tensor(), w.as_tensor(), stride, padding).unwrap()
         } else {
-            ops::conv2d(x.as_tensor(), w.as_tensor(), 1, 1).unwrap()
+            ops::conv2d(x.as_tensor(), w.as_tensor(), stride, padding).unwrap()
         }
     };
     let probe = Tensor::from_vec(probe.to_vec(), y.shape(), &dev).unwrap();
@@ -246,20 +246,24 @@ fn conv_and_grads(
 fn convolutions_multiply_in_bf16_under_autocast_where_the_cpu_has_bf16_arithmetic() {
     // Shapes whose three products (forward, input gradient, weight gradient) are all deep
     // and wide enough for bf16 (ops::conv_bf16): a 3 × 3 convolution 32 → 64
-    // channels on 14 × 14, and a 4 × 4 stride-2 transposed one 64 → 32 channels from 7 × 7.
-    for (transposed, xs, ws, ys) in [
-        (false, [2, 32, 14, 14], [64, 32, 3, 3], [2, 64, 14, 14]),
-        (true, [4, 64, 7, 7], [64, 32, 4, 4], [4, 32, 14, 14]),
+    // channels on 14 × 14 (one image per product), a 4 × 4 stride-2 one 64 → 64 channels
+    // on 14 × 14 (several images per product, read from their phase layouts), and a 4 × 4
+    // stride-2 transposed one 64 → 32 channels from 7 × 7.
+    for (how, xs, ws, ys) in [
+        ((false, 1, 1), [2, 32, 14, 14], [64, 32, 3, 3], [2, 64, 14, 14]),
+        ((false, 2, 1), [5, 64, 14, 14], [64, 64, 4, 4], [5, 64, 7, 7]),
+        ((true, 2, 1), [4, 64, 7, 7], [64, 32, 4, 4], [4, 32, 14, 14]),
     ] {
+        let transposed = how.0;
         let len = |s: [usize; 4]| s.iter().product::<usize>();
         let (xv, wv, pv) = (pattern(len(xs), 7), pattern(len(ws), 8), pattern(len(ys), 9));
-        let f32_run = conv_and_grads(&xv, xs, &wv, ws, &pv, transposed, false);
-        let bf16_run = conv_and_grads(&xv, xs, &wv, ws, &pv, transposed, true);
+        let f32_run = conv_and_grads(&xv, xs, &wv, ws, &pv, how, false);
+        let bf16_run = conv_and_grads(&xv, xs, &wv, ws, &pv, how, true);
         // The reference for bf16 products with f32 sums: the f32 convolution of the rounded
         // input and weight, and its gradients for the rounded probe (each backward product
         // multiplies the rounded output gradient by a rounded operand).
         let r = |v: &[f32]| v.iter().map(|&v| bf16(v)).collect::<Vec<f32>>();
-        let rounded_run = conv_and_grads(&r(&xv), xs, &r(&wv), ws, &r(&pv), transposed, false);
+        let rounded_run = conv_and_grads(&r(&xv), xs, &r(&wv), ws, &r(&pv), how, false);
         let want = if ops::conv_bf16() { &rounded_run } else { &f32_run };
         for (what, i) in [("output", 0), ("input gradient", 1), ("weight gradient", 2)] {
             // The two references differ by far more than the tolerance.
@@ -268,7 +272,8 @@ fn convolutions_multiply_in_bf16_under_autocast_where_the_cpu_has_bf16_arithmeti
             let diff = max_abs_diff(&bf16_run[i], &want[i]);
             assert!(
                 diff < 1e-4,
-                "transposed {transposed}, {what}: {diff} from the reference"
+                "transposed {transposed}, stride {}, {what}: {diff} from the reference",
+                how.1
             );
         }
     }
