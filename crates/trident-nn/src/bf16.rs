@@ -390,7 +390,7 @@ impl Lhs {
 }
 
 /// A `rows × cols` matrix that is not stored but made a row at a time: `fill(i, row)`
-/// writes the `cols` values of row `i`. A convolution's patches (one row per tap of its
+/// writes the `cols` values of row `i`, rounded to bf16 (their bits, as [`round`] gives). A convolution's patches (one row per tap of its
 /// kernel, [`crate::ops`]) are given so, and unfolded straight into the packed bf16
 /// operand a few rows at a time: unfolding them into an f32 matrix and packing that were
 /// two passes over the largest operand of the product (the unfolded matrix, 1 MiB for a
@@ -402,22 +402,32 @@ pub struct Rows<'a> {
     pub rows: usize,
     /// The number of values per row.
     pub cols: usize,
-    /// Writes row `i` (`cols` values) into the slice given.
-    pub fill: &'a (dyn Fn(usize, &mut [f32]) + Sync),
+    /// Writes row `i` (`cols` values, bf16 bits) into the slice given.
+    pub fill: &'a (dyn Fn(usize, &mut [u16]) + Sync),
 }
 
 impl Rows<'_> {
-    /// The whole matrix, row-major, in a scratch buffer (for products that take stored
-    /// operands).
+    /// The whole matrix, row-major, widened (exactly) to f32 in a scratch buffer (for
+    /// products that take stored operands).
     fn stored(&self) -> Vec<f32> {
         let mut m = crate::scratch::take(self.rows * self.cols);
+        let mut row = vec![0u16; self.cols];
         if self.cols > 0 {
-            m.chunks_mut(self.cols)
-                .enumerate()
-                .for_each(|(i, r)| (self.fill)(i, r));
+            for (i, r) in m.chunks_mut(self.cols).enumerate() {
+                (self.fill)(i, &mut row);
+                r.iter_mut().zip(&row).for_each(|(v, &b)| *v = widen(b));
+            }
         }
         m
     }
+}
+
+/// `dst[i] = round(src[i])` as bf16 bits, equal lengths (vectorised where the CPU has
+/// AVX512-BF16, whose rounding turns subnormal values, below 1.2e-38, into zero).
+pub fn round_bits(src: &[f32], dst: &mut [u16]) {
+    // SAFETY: overwriting initialised u16 through `MaybeUninit<u16>`.
+    let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len()) };
+    simd::round_slice(src, dst)
 }
 
 impl Lhs {
@@ -1058,18 +1068,18 @@ mod amx {
     }
 
     /// The rows of `a` (`rows × cols`, the left operand `m × k`) packed as [`pack_lhs`]
-    /// does, each row made into a scratch row and rounded from there.
+    /// does, each row made into a scratch row and copied from there.
     fn pack_lhs_rows(a: &super::Rows, mp: usize, kp: usize) -> Aligned<u16> {
         let (m, k) = (a.rows, a.cols);
         let mut out = Aligned::unfilled(mp * kp);
-        let mut row = crate::scratch::take(k);
+        let mut row = vec![0u16; k];
         for (bi, dst) in out.chunks_mut(B * kp).enumerate() {
             let r0 = bi * B;
             let rows = m.saturating_sub(r0).min(B);
             for r in 0..rows {
                 (a.fill)(r0 + r, &mut row);
                 for (t, part) in row.chunks(B).enumerate() {
-                    f32::bits_slice(part, &mut dst[lhs_at(r, t * B, kp)..][..part.len()]);
+                    dst[lhs_at(r, t * B, kp)..][..part.len()].copy_from_slice(part);
                 }
                 if k < kp {
                     dst[lhs_at(r, k, kp)..][..kp - k].fill(0);
@@ -1081,32 +1091,22 @@ mod amx {
                     .for_each(|p| dst[lhs_at(r, p, kp)..][..B].fill(0));
             }
         }
-        crate::scratch::give(row);
         out
     }
 
     /// The rows of `b` (`k × n`, the right operand) packed as [`pack_rhs`] does, two rows
-    /// at a time: each pair made into scratch rows, rounded whole, and interleaved into
-    /// every panel.
+    /// at a time: each pair made into scratch rows and interleaved into every panel.
     fn pack_rhs_rows(b: &super::Rows, kp: usize, np: usize) -> Aligned<u32> {
         let (k, n) = (b.rows, b.cols);
         let panel = kp / 2 * B;
         let mut out = Aligned::unfilled(np / B * panel);
-        let mut row = crate::scratch::take(n);
-        // The pair's two rows rounded, zero past n (the last panel's padding columns).
+        // The pair's two rows, zero past n (the last panel's padding columns).
         let (mut lo, mut hi) = (vec![0u16; np], vec![0u16; np]);
-        let round = |row: &[f32], dst: &mut [u16]| {
-            // SAFETY: overwriting initialised u16 through `MaybeUninit<u16>`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), n) };
-            super::simd::round_slice(row, dst)
-        };
         for i in 0..kp / 2 {
             if 2 * i < k {
-                (b.fill)(2 * i, &mut row);
-                round(&row, &mut lo);
+                (b.fill)(2 * i, &mut lo[..n]);
                 if 2 * i + 1 < k {
-                    (b.fill)(2 * i + 1, &mut row);
-                    round(&row, &mut hi);
+                    (b.fill)(2 * i + 1, &mut hi[..n]);
                 } else {
                     hi.fill(0);
                 }
@@ -1125,7 +1125,6 @@ mod amx {
                 }
             }
         }
-        crate::scratch::give(row);
         out
     }
 
@@ -1526,11 +1525,15 @@ mod tests {
                     gemm_serial(m, n, k, lhs, b, 0.0, &mut serial);
                     // op(b) made a row at a time, and its transpose (`Rows`).
                     let op_b = |p: usize, j: usize| bv[if tb { j * k + p } else { p * n + j }];
-                    let b_row = |p: usize, dst: &mut [f32]| {
-                        dst.iter_mut().enumerate().for_each(|(j, d)| *d = op_b(p, j))
+                    let b_row = |p: usize, dst: &mut [u16]| {
+                        dst.iter_mut()
+                            .enumerate()
+                            .for_each(|(j, d)| *d = round(op_b(p, j)))
                     };
-                    let bt_row = |j: usize, dst: &mut [f32]| {
-                        dst.iter_mut().enumerate().for_each(|(p, d)| *d = op_b(p, j))
+                    let bt_row = |j: usize, dst: &mut [u16]| {
+                        dst.iter_mut()
+                            .enumerate()
+                            .for_each(|(p, d)| *d = round(op_b(p, j)))
                     };
                     let (b_rows, bt_rows) = (
                         Rows {
