@@ -891,7 +891,7 @@ mod amx {
                     let ps = (k - p0).min(B);
                     for (dp, line) in sq.iter_mut().enumerate().take(ps) {
                         let src = &data[(p0 + dp) * ld + r0..][..rows];
-                        line[..rows].iter_mut().zip(src).for_each(|(d, s)| *d = s.bits());
+                        E::bits_slice(src, &mut line[..rows]);
                     }
                     for r in 0..rows {
                         let line = &mut dst[lhs_at(r, p0, kp)..][..ps];
