@@ -1360,6 +1360,25 @@ fn zero_short<T: Copy + Default>(s: &mut [T]) {
     }
 }
 
+/// `dst.copy_from_slice(src)` for the short runs of a convolution's patches (a few dozen
+/// values: a plane's row, or a 7 × 7 plane), inline in blocks of 16 values rather than a
+/// call to `memmove` per run (with the unfolding around them, 13 % of a bf16 GAN critic
+/// convolution's samples).
+#[inline(always)]
+fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
+    let src = &src[..dst.len()];
+    let (blocks, tail) = dst.as_chunks_mut::<16>();
+    let (from, rest) = src.as_chunks::<16>();
+    for (d, s) in blocks.iter_mut().zip(from) {
+        // SAFETY: `d` and `s` are whole blocks of 16 values; a volatile-free unaligned
+        // read and write of the block as one value keeps it a pair of vector moves.
+        unsafe { (d as *mut [T; 16]).write_unaligned((s as *const [T; 16]).read_unaligned()) }
+    }
+    for (d, s) in tail.iter_mut().zip(rest) {
+        *d = *s;
+    }
+}
+
 impl Run {
     /// The gaps, as ranges of positions from the run's start.
     fn gaps(self) -> impl Iterator<Item = std::ops::Range<usize>> {
@@ -1822,7 +1841,7 @@ impl Unfold<'_> {
                     zero_short(&mut out[next..run.at]);
                 }
                 let o = &mut out[run.at..run.at + run.len];
-                o.copy_from_slice(&src[run.from..run.from + run.len]);
+                copy_short(o, &src[run.from..run.from + run.len]);
                 for gap in run.gaps() {
                     zero_short(&mut o[gap]);
                 }
