@@ -375,17 +375,29 @@ fn product(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &
     a.check(m, k, "lhs");
     b.check(k, n, "rhs");
     assert!(c.len() >= m * n, "bf16::gemm: output too short");
-    if m == 0 || n == 0 {
+    // SAFETY: `c` holds m · n initialised values.
+    if unsafe { nothing_to_multiply((m, n, k), beta, c.as_mut_ptr()) } {
         return;
-    }
-    if k == 0 {
-        // SAFETY: `c` holds m · n initialised values.
-        return unsafe { scale(c.as_mut_ptr(), m * n, beta) };
     }
     match amx::kernel() {
         Some(kernel) => amx::gemm(kernel, m, n, k, a, b, beta, c, serial),
         None => widened(m, n, k, a, b, beta, c, serial),
     }
+}
+
+/// Whether a product of `m × k` by `k × n` has nothing to multiply (an extent of 0); for
+/// `k = 0` it has written `c = beta · c` (the empty sums).
+///
+/// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0.
+unsafe fn nothing_to_multiply((m, n, k): (usize, usize, usize), beta: f32, c: *mut f32) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 {
+        scale(c, m * n, beta);
+        return true;
+    }
+    false
 }
 
 /// `c = beta · c` for an empty product: zeros with `beta = 0` (nothing read).
@@ -429,11 +441,8 @@ impl Lhs {
     unsafe fn times_raw(&self, n: usize, b: Operand, beta: f32, c: *mut f32) {
         let (m, k) = (self.0.m, self.0.k);
         b.check(k, n, "rhs");
-        if m == 0 || n == 0 {
+        if nothing_to_multiply((m, n, k), beta, c) {
             return;
-        }
-        if k == 0 {
-            return scale(c, m * n, beta);
         }
         let kernel = amx::kernel().expect("packed only where a bf16 kernel runs");
         amx::gemm_packed(kernel, &self.0, n, b, beta, c)
@@ -502,11 +511,8 @@ impl Lhs {
             "bf16::Lhs::times_rows: {} rows for a product {k} deep",
             b.rows
         );
-        if m == 0 || n == 0 {
+        if nothing_to_multiply((m, n, k), beta, c) {
             return;
-        }
-        if k == 0 {
-            return scale(c, m * n, beta);
         }
         let kernel = amx::kernel().expect("packed only where a bf16 kernel runs");
         amx::gemm_packed_rows(kernel, &self.0, b, beta, c)
@@ -522,12 +528,9 @@ pub fn gemm_serial_rows_t(m: usize, a: Operand, b: Rows, beta: f32, c: &mut [f32
     let (n, k) = (b.rows, b.cols);
     a.check(m, k, "lhs");
     assert!(c.len() >= m * n, "bf16::gemm: output too short");
-    if m == 0 || n == 0 {
+    // SAFETY: `c` holds m · n initialised values.
+    if unsafe { nothing_to_multiply((m, n, k), beta, c.as_mut_ptr()) } {
         return;
-    }
-    if k == 0 {
-        // SAFETY: `c` holds m · n initialised values.
-        return unsafe { scale(c.as_mut_ptr(), m * n, beta) };
     }
     match amx::kernel() {
         Some(kernel) => amx::gemm_rows_t(kernel, m, a, b, beta, c),
