@@ -2497,32 +2497,39 @@ impl CustomOp2 for ConvTranspose {
         let group =
             |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, (dw, beta): (&mut [f32], f32)| {
                 let wide = imgs * ihw;
-                // The output gradients' patches side by side: cols [okk, wide], made once for
-                // both products.
-                let mut cols = crate::scratch::take(okk * wide);
-                conv.unfold(&gv[n0 * ohw..], imgs, (o, h, w, ih, iw), false)
-                    .write_matrix(&mut cols);
+                // The output gradients' patches side by side: cols [okk, wide]. Where every
+                // wanted product runs in bf16, unfolded from the rounded gradients into each
+                // packed operand (no f32 matrix); else made once as an f32 matrix for both.
+                let in_bf16 =
+                    (!need_dw || conv.in_bf16(i, okk, wide)) && w_weight.as_ref().is_none_or(Weight::is_bf16);
+                let cols = conv.unfold(&gv[n0 * ohw..], imgs, (o, h, w, ih, iw), in_bf16);
+                let mut stored = Vec::new();
+                if !in_bf16 {
+                    stored = crate::scratch::take(okk * wide);
+                    cols.write_matrix(&mut stored);
+                }
                 if need_dw {
                     // dW [i, okk] = x [i, wide] · colsᵀ [wide, okk] + beta · dW
                     let xn = &xv[n0 * i * ihw..(n0 + imgs) * i * ihw];
                     let side = side_by_side(xn, (imgs, i, ihw));
-                    conv.product(
-                        i,
-                        okk,
-                        wide,
-                        Mat::new(side.as_deref().unwrap_or(xn), wide),
-                        Mat::new(&cols, wide).t(),
-                        beta,
-                        dw,
-                    );
+                    let x = Mat::new(side.as_deref().unwrap_or(xn), wide);
+                    if in_bf16 {
+                        conv.product_by_patches(i, x, &cols, beta, dw);
+                    } else {
+                        conv.product(i, okk, wide, x, Mat::new(&stored, wide).t(), beta, dw);
+                    }
                     crate::scratch::give(side.unwrap_or_default());
                 }
                 if let Some(d) = d {
                     // dx [imgs, i, ihw] = W [i, okk] · cols [okk, imgs·ihw], image by image
                     let w = w_weight.as_ref().expect("made where the input needs a gradient");
-                    w.apart(&cols, (i, ihw, imgs), d);
+                    if in_bf16 {
+                        w.apart_patches(&cols, (i, ihw, imgs), d);
+                    } else {
+                        w.apart(&stored, (i, ihw, imgs), d);
+                    }
                 }
-                crate::scratch::give(cols);
+                crate::scratch::give(stored);
             };
         let dw_len = if need_dw { i * okk } else { 0 };
         let mut dw = Vec::new();
