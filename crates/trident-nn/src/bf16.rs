@@ -379,6 +379,22 @@ fn product(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &
     if unsafe { nothing_to_multiply((m, n, k), beta, c.as_mut_ptr()) } {
         return;
     }
+    // SAFETY: `c` holds m · n initialised values.
+    unsafe { product_raw((m, n, k), a, b, beta, c.as_mut_ptr(), serial) }
+}
+
+/// [`product`] into `c` after its checks.
+///
+/// SAFETY: `c` points at `m · n` f32 no one else accesses, initialised unless `beta` is 0
+/// (then nothing of it is read).
+unsafe fn product_raw(
+    (m, n, k): (usize, usize, usize),
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: *mut f32,
+    serial: bool,
+) {
     match amx::kernel() {
         Some(kernel) => amx::gemm(kernel, m, n, k, a, b, beta, c, serial),
         None => widened(m, n, k, a, b, beta, c, serial),
@@ -536,7 +552,19 @@ pub fn gemm_serial_rows_t(m: usize, a: Operand, b: Rows, beta: f32, c: &mut [f32
         Some(kernel) => amx::gemm_rows_t(kernel, m, a, b, beta, c),
         None => {
             let stored = b.stored();
-            widened(m, n, k, a, Operand::F32(Mat::new(&stored, k).t()), beta, c, true);
+            // SAFETY: `c` holds m · n initialised values.
+            unsafe {
+                widened(
+                    m,
+                    n,
+                    k,
+                    a,
+                    Operand::F32(Mat::new(&stored, k).t()),
+                    beta,
+                    c.as_mut_ptr(),
+                    true,
+                )
+            };
             crate::scratch::give(stored);
         }
     }
@@ -561,6 +589,36 @@ pub fn matmul(bf16: bool, m: usize, n: usize, k: usize, a: Operand, b: Operand, 
     b.check(k, n, "rhs");
     let (a, b) = (AsF32::new(a), AsF32::new(b));
     blas::gemm(m, n, k, 1.0, a.mat(), b.mat(), beta, c);
+}
+
+/// [`matmul`] with `beta = 0` into memory not yet written: every one of the `m × n`
+/// values is written, none is read (a linear layer's new gradients, not zero-filled
+/// first).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_into(
+    bf16: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    c: &mut [MaybeUninit<f32>],
+) {
+    if k >= MIN_BF16_DEPTH {
+        crate::trace::count_bf16_ready(2 * (m * n * k) as u64);
+    }
+    a.check(m, k, "lhs");
+    b.check(k, n, "rhs");
+    assert!(c.len() >= m * n, "bf16::matmul_into: output too short");
+    if bf16 && bf16_products(k) {
+        // SAFETY: `c` has room for m · n values; with beta = 0 none is read.
+        if unsafe { !nothing_to_multiply((m, n, k), 0.0, c.as_mut_ptr().cast()) } {
+            unsafe { product_raw((m, n, k), a, b, 0.0, c.as_mut_ptr().cast(), false) }
+        }
+        return;
+    }
+    let (a, b) = (AsF32::new(a), AsF32::new(b));
+    blas::gemm_into(m, n, k, 1.0, a.mat(), b.mat(), c);
 }
 
 /// An operand as an f32 matrix: an f32 one as it is, a bf16 one widened (exactly) into a
@@ -619,7 +677,18 @@ pub fn bf16_products(k: usize) -> bool {
 /// The portable path: round both operands to bf16, widen them back and run the f32 GEMM
 /// (on the calling thread alone with `serial`).
 #[allow(clippy::too_many_arguments)]
-fn widened(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32], serial: bool) {
+///
+/// SAFETY: as [`product_raw`]'s.
+unsafe fn widened(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: *mut f32,
+    serial: bool,
+) {
     let mut wa = vec![0f32; m * k];
     let row_a = |(i, row): (usize, &mut [f32])| {
         row.iter_mut()
@@ -635,11 +704,25 @@ fn widened(m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &
     if serial {
         wa.chunks_mut(k).enumerate().for_each(row_a);
         wb.chunks_mut(n).enumerate().for_each(row_b);
-        blas::gemm_serial(m, n, k, 1.0, Mat::new(&wa, k), Mat::new(&wb, n), beta, c);
     } else {
         wa.par_chunks_mut(k).enumerate().for_each(row_a);
         wb.par_chunks_mut(n).enumerate().for_each(row_b);
-        blas::gemm(m, n, k, 1.0, Mat::new(&wa, k), Mat::new(&wb, n), beta, c);
+    }
+    let (wa, wb) = (Mat::new(&wa, k), Mat::new(&wb, n));
+    if beta == 0.0 {
+        // SAFETY: `c` holds m · n values, written here, none read.
+        let c = unsafe { std::slice::from_raw_parts_mut(c.cast::<MaybeUninit<f32>>(), m * n) };
+        match serial {
+            true => blas::gemm_serial_into(m, n, k, 1.0, wa, wb, c),
+            false => blas::gemm_into(m, n, k, 1.0, wa, wb, c),
+        }
+    } else {
+        // SAFETY: `c` holds m · n initialised values.
+        let c = unsafe { std::slice::from_raw_parts_mut(c, m * n) };
+        match serial {
+            true => blas::gemm_serial(m, n, k, 1.0, wa, wb, beta, c),
+            false => blas::gemm(m, n, k, 1.0, wa, wb, beta, c),
+        }
     }
 }
 
@@ -1018,10 +1101,12 @@ mod amx {
     }
 
     /// `c = op(a) · op(b) + beta · c` on `kernel`, on the calling thread alone with `serial`;
-    /// the operands and `c` checked by the caller to hold op(a) `m × k`, op(b) `k × n` and
-    /// `m × n` values.
+    /// the operands checked by the caller to hold op(a) `m × k` and op(b) `k × n`.
+    ///
+    /// SAFETY: `c` points at `m · n` f32 no one else accesses, initialised unless `beta`
+    /// is 0 (then nothing of it is read).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm(
+    pub(super) unsafe fn gemm(
         kernel: Kernel,
         m: usize,
         n: usize,
@@ -1029,7 +1114,7 @@ mod amx {
         a: Operand,
         b: Operand,
         beta: f32,
-        c: &mut [f32],
+        c: *mut f32,
         serial: bool,
     ) {
         // A transposed operand packs slowly (a transpose on the left, a pair at a time on
@@ -1057,18 +1142,8 @@ mod amx {
                 || pack_rhs(&b, k, n, kp, np, false),
             )
         };
-        // SAFETY: `c` holds the m · n initialised values (checked by the caller).
-        unsafe {
-            multiply(
-                kernel,
-                (&pa, &pb),
-                (m, n, k),
-                beta,
-                c.as_mut_ptr(),
-                transposed,
-                serial,
-            )
-        }
+        // SAFETY: the caller's promise on `c`.
+        unsafe { multiply(kernel, (&pa, &pb), (m, n, k), beta, c, transposed, serial) }
     }
 
     /// op(a) `m × k` packed once for several products ([`gemm_packed`]).
@@ -1557,7 +1632,7 @@ mod amx {
         unreachable!("the bf16 kernels are x86-64 only")
     }
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gemm(
+    pub(super) unsafe fn gemm(
         _: Kernel,
         _: usize,
         _: usize,
@@ -1565,7 +1640,7 @@ mod amx {
         _: Operand,
         _: Operand,
         _: f32,
-        _: &mut [f32],
+        _: *mut f32,
         _: bool,
     ) {
         unreachable!("the bf16 kernels are x86-64 only")
@@ -1683,7 +1758,8 @@ mod tests {
                     let err = crate::math::max_abs_diff(&want, &got);
                     assert!(err < 1e-4, "{m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}");
                     let mut portable = vec![f32::NAN; m * n];
-                    widened(m, n, k, lhs, b, 0.0, &mut portable, false);
+                    // SAFETY: `portable` holds the m × n values.
+                    unsafe { widened(m, n, k, lhs, b, 0.0, portable.as_mut_ptr(), false) };
                     let err = crate::math::max_abs_diff(&want, &portable);
                     assert!(
                         err < 1e-4,
@@ -1721,6 +1797,19 @@ mod tests {
                     gemm_serial_rows_t(m, lhs, bt_rows, 0.0, &mut by_rows);
                     gemm_serial_rows_t(m, lhs, bt_rows, 1.0, &mut by_rows);
                     by_rows.iter_mut().for_each(|v| *v /= 2.0);
+                    // The layers' entry into unwritten memory: the same bits as `matmul`
+                    // (bf16 products where they pay, else f32 ones).
+                    // SAFETY: `matmul_into` writes all m × n values.
+                    let into =
+                        unsafe { crate::scratch::written(m * n, |c| matmul_into(true, m, n, k, lhs, b, c)) };
+                    let mut by_matmul = vec![f32::NAN; m * n];
+                    matmul(true, m, n, k, lhs, b, 0.0, &mut by_matmul);
+                    assert!(
+                        into.iter()
+                            .zip(&by_matmul)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "matmul_into {m}x{n}x{k} ta={ta} tb={tb} {name}"
+                    );
                     let mut outs = vec![("serial", serial), ("rows transposed, accumulated", by_rows)];
                     if let Some(packed) = Lhs::pack(m, k, lhs) {
                         let mut times = vec![f32::NAN; m * n];

@@ -481,23 +481,52 @@ unsafe fn gemm_crate(
     }
 }
 
-/// The `gemm` crate's product into `c` (`m × n`, row-major), on `threads` rayon threads.
+/// Work below this many multiply-adds runs on one thread.
+const PAR_MIN_FLOP: usize = 1 << 18;
+
+/// [`gemm_serial`] with the rows of `c` split across rayon's threads.
 #[allow(clippy::too_many_arguments)]
-fn gemm_crate_parallel(
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: Mat,
-    b: Mat,
-    beta: f32,
-    c: &mut [f32],
-    threads: usize,
-) {
+pub fn gemm(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: &mut [f32]) {
     check_extents(m, n, k, &a, &b, c.len(), n);
-    // SAFETY: extents checked; `c` is initialised.
-    unsafe {
-        gemm_crate(
+    // SAFETY: as long as checked, and initialised.
+    unsafe { gemm_raw(m, n, k, alpha, a, b, beta, c.as_mut_ptr()) }
+}
+
+/// [`gemm`] with `beta = 0` into an output that need not be initialised: every one of its
+/// `m × n` values is written, none is read (a new gradient is not zero-filled first).
+pub fn gemm_into(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, c: &mut [MaybeUninit<f32>]) {
+    check_extents(m, n, k, &a, &b, c.len(), n);
+    // SAFETY: as long as checked; with beta = 0 nothing of `c` is read, only written.
+    unsafe { gemm_raw(m, n, k, alpha, a, b, 0.0, c.as_mut_ptr().cast()) }
+}
+
+/// The output pointer, shared by tasks that write disjoint blocks of rows.
+#[derive(Clone, Copy)]
+struct Rows(*mut f32);
+// SAFETY: each task writes only its own rows of the output.
+unsafe impl Send for Rows {}
+unsafe impl Sync for Rows {}
+
+impl Rows {
+    /// The output from value `i` on (a method, so closures capture the whole `Rows`).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// [`gemm`] into `c` (`m × n`, row-major).
+///
+/// # Safety
+/// [`check_extents`] passed for `c`'s length; `c` is valid for writes over `m · n` values
+/// and, unless `beta` is 0, initialised.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: *mut f32) {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || m * n * k < PAR_MIN_FLOP || m < 2 {
+        return gemm_serial_raw(m, n, k, alpha, a, b, beta, c, n);
+    }
+    if blas().is_none() {
+        return gemm_crate(
             m,
             n,
             k,
@@ -505,35 +534,31 @@ fn gemm_crate_parallel(
             a,
             b,
             beta,
-            c.as_mut_ptr(),
+            c,
             n,
             gemm::Parallelism::Rayon(threads),
-        )
-    }
-}
-
-/// Work below this many multiply-adds runs on one thread.
-const PAR_MIN_FLOP: usize = 1 << 18;
-
-/// [`gemm_serial`] with the rows of `c` split across rayon's threads.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: &mut [f32]) {
-    let threads = rayon::current_num_threads();
-    if threads <= 1 || m * n * k < PAR_MIN_FLOP || m < 2 {
-        return gemm_serial(m, n, k, alpha, a, b, beta, c);
-    }
-    if blas().is_none() {
-        return gemm_crate_parallel(m, n, k, alpha, a, b, beta, c, threads);
+        );
     }
     // Blocks of rows, a multiple of 8 so the kernels' row panels stay whole.
     let block = m.div_ceil(threads).div_ceil(8) * 8;
-    c[..m * n]
-        .par_chunks_mut(block * n)
-        .enumerate()
-        .for_each(|(i, cb)| {
-            let rows = cb.len() / n;
-            gemm_serial(rows, n, k, alpha, a.rows_from(i * block), b, beta, cb);
-        });
+    let out = Rows(c);
+    (0..m.div_ceil(block)).into_par_iter().for_each(move |i| {
+        let rows = block.min(m - i * block);
+        // SAFETY: rows i·block.. of `c`, inside it and written by this task alone.
+        unsafe {
+            gemm_serial_raw(
+                rows,
+                n,
+                k,
+                alpha,
+                a.rows_from(i * block),
+                b,
+                beta,
+                out.at(i * block * n),
+                n,
+            )
+        }
+    });
 }
 
 #[cfg(test)]
@@ -594,7 +619,21 @@ mod tests {
             assert!(err < 1e-4, "ta={ta} tb={tb}: max error {err}");
             // The fallback kernel, whichever backend this machine uses.
             let mut fallback = vec![1f32; m * n];
-            gemm_crate_parallel(m, n, k, 1.0, am, bm, 0.0, &mut fallback, 2);
+            // SAFETY: `fallback` holds the m × n values.
+            unsafe {
+                gemm_crate(
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    am,
+                    bm,
+                    0.0,
+                    fallback.as_mut_ptr(),
+                    n,
+                    gemm::Parallelism::Rayon(2),
+                )
+            };
             let err = crate::math::max_abs_diff(&want, &fallback);
             assert!(err < 1e-4, "gemm crate ta={ta} tb={tb}: max error {err}");
             // Into an output that was never written (NaN-filled in test builds), serially.
@@ -603,6 +642,11 @@ mod tests {
                 unsafe { crate::scratch::written(m * n, |c| gemm_serial_into(m, n, k, 1.0, am, bm, c)) };
             let err = crate::math::max_abs_diff(&want, &fresh);
             assert!(err < 1e-4, "into ta={ta} tb={tb}: max error {err}");
+            // The same split over the threads.
+            // SAFETY: the product writes all m × n values.
+            let fresh = unsafe { crate::scratch::written(m * n, |c| gemm_into(m, n, k, 1.0, am, bm, c)) };
+            let err = crate::math::max_abs_diff(&want, &fresh);
+            assert!(err < 1e-4, "parallel into ta={ta} tb={tb}: max error {err}");
             // beta = 1 accumulates.
             gemm(m, n, k, 1.0, am, bm, 1.0, &mut got);
             let twice: Vec<f32> = want.iter().map(|x| 2.0 * x).collect();

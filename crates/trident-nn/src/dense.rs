@@ -81,7 +81,7 @@ impl Linear {
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let g = g.contiguous()?;
         let (m, k, n, _) = linear_dims(x.layout(), w.layout())?;
-        let (mut dx, mut dw) = (vec![0f32; m * k], vec![0f32; n * k]);
+        let (dx, dw);
         let db = {
             let (sx, lx) = x.storage_and_layout();
             let (sw, lw) = w.storage_and_layout();
@@ -94,8 +94,13 @@ impl Linear {
                 Operand::F32(Mat::new(ws, k)),
                 Operand::F32(Mat::new(xs, k)),
             );
-            bf16::matmul(self.bf16, m, k, n, g, w, 0.0, &mut dx);
-            bf16::matmul(self.bf16, n, k, m, g.t(), x, 0.0, &mut dw);
+            // Written whole by the products (beta = 0), not zero-filled first.
+            // SAFETY: `matmul_into` writes all m · k (n · k) values.
+            dx =
+                unsafe { crate::scratch::written(m * k, |c| bf16::matmul_into(self.bf16, m, k, n, g, w, c)) };
+            dw = unsafe {
+                crate::scratch::written(n * k, |c| bf16::matmul_into(self.bf16, n, k, m, g.t(), x, c))
+            };
             bias.then(|| column_sums(gs, m, n))
         };
         let dev = x.device();
