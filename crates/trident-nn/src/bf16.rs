@@ -397,7 +397,7 @@ unsafe fn product_raw(
 ) {
     match amx::kernel() {
         Some(kernel) => amx::gemm(kernel, m, n, k, a, b, beta, c, serial),
-        None => widened(m, n, k, a, b, beta, c, serial),
+        None => widened((m, n, k), a, b, beta, c, serial),
     }
 }
 
@@ -555,9 +555,7 @@ pub fn gemm_serial_rows_t(m: usize, a: Operand, b: Rows, beta: f32, c: &mut [f32
             // SAFETY: `c` holds m · n initialised values.
             unsafe {
                 widened(
-                    m,
-                    n,
-                    k,
+                    (m, n, k),
                     a,
                     Operand::F32(Mat::new(&stored, k).t()),
                     beta,
@@ -676,13 +674,10 @@ pub fn bf16_products(k: usize) -> bool {
 
 /// The portable path: round both operands to bf16, widen them back and run the f32 GEMM
 /// (on the calling thread alone with `serial`).
-#[allow(clippy::too_many_arguments)]
 ///
 /// SAFETY: as [`product_raw`]'s.
 unsafe fn widened(
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
     a: Operand,
     b: Operand,
     beta: f32,
@@ -1759,7 +1754,7 @@ mod tests {
                     assert!(err < 1e-4, "{m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}");
                     let mut portable = vec![f32::NAN; m * n];
                     // SAFETY: `portable` holds the m × n values.
-                    unsafe { widened(m, n, k, lhs, b, 0.0, portable.as_mut_ptr(), false) };
+                    unsafe { widened((m, n, k), lhs, b, 0.0, portable.as_mut_ptr(), false) };
                     let err = crate::math::max_abs_diff(&want, &portable);
                     assert!(
                         err < 1e-4,
