@@ -453,6 +453,28 @@ impl Lhs {
         unsafe { self.times_raw(n, b, 0.0, c.as_mut_ptr().cast()) }
     }
 
+    /// `c = op(a) · b` for `b` given by its `k` rows ([`Rows`]), on the calling thread,
+    /// into memory not yet written (every one of the `m × n` values is written, none is
+    /// read): `b`'s rows are packed as they are made.
+    pub fn times_rows_into(&self, b: Rows, c: &mut [MaybeUninit<f32>]) {
+        let (m, k, n) = (self.0.m, self.0.k, b.cols);
+        assert!(c.len() >= m * n, "bf16::Lhs::times_rows_into: output too short");
+        assert_eq!(
+            b.rows, k,
+            "bf16::Lhs::times_rows_into: {} rows for a product {k} deep",
+            b.rows
+        );
+        let c = c.as_mut_ptr().cast();
+        // SAFETY: `c` has room for m · n values; with beta = 0 none is read.
+        unsafe {
+            if nothing_to_multiply((m, n, k), 0.0, c) {
+                return;
+            }
+            let kernel = amx::kernel().expect("packed only where a bf16 kernel runs");
+            amx::gemm_packed_rows(kernel, &self.0, b, c)
+        }
+    }
+
     /// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0.
     unsafe fn times_raw(&self, n: usize, b: Operand, beta: f32, c: *mut f32) {
         let (m, k) = (self.0.m, self.0.k);
@@ -466,8 +488,8 @@ impl Lhs {
 }
 
 /// A `rows × cols` matrix that is not stored but made a row at a time: `fill(i, row)`
-/// writes the `cols` values of row `i`, rounded to bf16 (their bits, as [`round`] gives). A convolution's patches (one row per tap of its
-/// kernel, [`crate::ops`]) are given so, and unfolded straight into the packed bf16
+/// writes the `cols` values of row `i`, rounded to bf16 (their bits, as [`round`] gives).
+/// A convolution's patches (one row per tap of its kernel, [`crate::ops`]) are given so, and unfolded straight into the packed bf16
 /// operand a few rows at a time: unfolding them into an f32 matrix and packing that were
 /// two passes over the largest operand of the product (the unfolded matrix, 1 MiB for a
 /// GAN critic's group of images, is larger than the packed one, and both did not stay in
@@ -504,35 +526,6 @@ pub fn round_bits(src: &[f32], dst: &mut [u16]) {
     // SAFETY: overwriting initialised u16 through `MaybeUninit<u16>`.
     let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len()) };
     simd::round_slice(src, dst)
-}
-
-impl Lhs {
-    /// `c = op(a) · b` for `b` given by its `k` rows ([`Rows`]), on the calling thread,
-    /// into memory not yet written (every one of the `m × n` values is written, none is
-    /// read): `b`'s rows are rounded and packed as they are made.
-    pub fn times_rows_into(&self, b: Rows, c: &mut [MaybeUninit<f32>]) {
-        assert!(
-            c.len() >= self.0.m * b.cols,
-            "bf16::Lhs::times_rows: output too short"
-        );
-        // SAFETY: `c` has room for m · n values; with beta = 0 none is read.
-        unsafe { self.times_rows_raw(b, 0.0, c.as_mut_ptr().cast()) }
-    }
-
-    /// SAFETY: `c` points at `m · n` f32, initialised unless `beta` is 0.
-    unsafe fn times_rows_raw(&self, b: Rows, beta: f32, c: *mut f32) {
-        let (m, k, n) = (self.0.m, self.0.k, b.cols);
-        assert_eq!(
-            b.rows, k,
-            "bf16::Lhs::times_rows: {} rows for a product {k} deep",
-            b.rows
-        );
-        if nothing_to_multiply((m, n, k), beta, c) {
-            return;
-        }
-        let kernel = amx::kernel().expect("packed only where a bf16 kernel runs");
-        amx::gemm_packed_rows(kernel, &self.0, b, beta, c)
-    }
 }
 
 /// `c = op(a) · bᵀ + beta · c` on the calling thread, for op(a) `m × k` and `b` given by
@@ -577,16 +570,9 @@ pub fn gemm_serial_rows_t(m: usize, a: Operand, b: Rows, beta: f32, c: &mut [f32
 /// memory and is as fast as f32, not slower.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(bf16: bool, m: usize, n: usize, k: usize, a: Operand, b: Operand, beta: f32, c: &mut [f32]) {
-    if k >= MIN_BF16_DEPTH {
-        crate::trace::count_bf16_ready(2 * (m * n * k) as u64);
-    }
-    if bf16 && bf16_products(k) {
-        return gemm(m, n, k, a, b, beta, c);
-    }
-    a.check(m, k, "lhs");
-    b.check(k, n, "rhs");
-    let (a, b) = (AsF32::new(a), AsF32::new(b));
-    blas::gemm(m, n, k, 1.0, a.mat(), b.mat(), beta, c);
+    assert!(c.len() >= m * n, "bf16::matmul: output too short");
+    // SAFETY: `c` holds m · n initialised values.
+    unsafe { matmul_raw(bf16, (m, n, k), a, b, beta, c.as_mut_ptr()) }
 }
 
 /// [`matmul`] with `beta = 0` into memory not yet written: every one of the `m × n`
@@ -602,21 +588,35 @@ pub fn matmul_into(
     b: Operand,
     c: &mut [MaybeUninit<f32>],
 ) {
+    assert!(c.len() >= m * n, "bf16::matmul_into: output too short");
+    // SAFETY: `c` has room for m · n values; with beta = 0 none is read.
+    unsafe { matmul_raw(bf16, (m, n, k), a, b, 0.0, c.as_mut_ptr().cast()) }
+}
+
+/// [`matmul`] into `c`.
+///
+/// SAFETY: `c` points at `m · n` f32 no one else accesses, initialised unless `beta` is 0.
+unsafe fn matmul_raw(
+    bf16: bool,
+    (m, n, k): (usize, usize, usize),
+    a: Operand,
+    b: Operand,
+    beta: f32,
+    c: *mut f32,
+) {
     if k >= MIN_BF16_DEPTH {
         crate::trace::count_bf16_ready(2 * (m * n * k) as u64);
     }
     a.check(m, k, "lhs");
     b.check(k, n, "rhs");
-    assert!(c.len() >= m * n, "bf16::matmul_into: output too short");
     if bf16 && bf16_products(k) {
-        // SAFETY: `c` has room for m · n values; with beta = 0 none is read.
-        if unsafe { !nothing_to_multiply((m, n, k), 0.0, c.as_mut_ptr().cast()) } {
-            unsafe { product_raw((m, n, k), a, b, 0.0, c.as_mut_ptr().cast(), false) }
+        if !nothing_to_multiply((m, n, k), beta, c) {
+            product_raw((m, n, k), a, b, beta, c, false);
         }
         return;
     }
     let (a, b) = (AsF32::new(a), AsF32::new(b));
-    blas::gemm_into(m, n, k, 1.0, a.mat(), b.mat(), c);
+    blas::gemm_raw(m, n, k, 1.0, a.mat(), b.mat(), beta, c);
 }
 
 /// An operand as an f32 matrix: an f32 one as it is, a bf16 one widened (exactly) into a
@@ -704,19 +704,11 @@ unsafe fn widened(
         wb.par_chunks_mut(n).enumerate().for_each(row_b);
     }
     let (wa, wb) = (Mat::new(&wa, k), Mat::new(&wb, n));
-    if beta == 0.0 {
-        // SAFETY: `c` holds m · n values, written here, none read.
-        let c = unsafe { std::slice::from_raw_parts_mut(c.cast::<MaybeUninit<f32>>(), m * n) };
+    // SAFETY: the caller's promise on `c`; the widened operands hold m × k and k × n.
+    unsafe {
         match serial {
-            true => blas::gemm_serial_into(m, n, k, 1.0, wa, wb, c),
-            false => blas::gemm_into(m, n, k, 1.0, wa, wb, c),
-        }
-    } else {
-        // SAFETY: `c` holds m · n initialised values.
-        let c = unsafe { std::slice::from_raw_parts_mut(c, m * n) };
-        match serial {
-            true => blas::gemm_serial(m, n, k, 1.0, wa, wb, beta, c),
-            false => blas::gemm(m, n, k, 1.0, wa, wb, beta, c),
+            true => blas::gemm_serial_raw(m, n, k, 1.0, wa, wb, beta, c, n),
+            false => blas::gemm_raw(m, n, k, 1.0, wa, wb, beta, c),
         }
     }
 }
@@ -896,9 +888,7 @@ mod amx {
             super::round(self)
         }
         fn bits_slice(src: &[f32], dst: &mut [u16]) {
-            // SAFETY: overwriting initialised u16 through `MaybeUninit<u16>`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len()) };
-            super::simd::round_slice(src, dst)
+            super::round_bits(src, dst)
         }
         fn pair_slices(lo: &[f32], hi: &[f32], dst: &mut [u32]) {
             super::simd::pair_slices(lo, hi, dst)
@@ -1062,12 +1052,7 @@ mod amx {
         out
     }
 
-    /// The output pointer, shared by tasks that write disjoint blocks.
-    #[derive(Clone, Copy)]
-    struct Out(*mut f32);
-    // SAFETY: each task writes only its own rows × columns of the output.
-    unsafe impl Send for Out {}
-    unsafe impl Sync for Out {}
+    use crate::blas::SharedOut as Out;
 
     /// Which instructions multiply the packed blocks.
     #[derive(Clone, Copy, PartialEq)]
@@ -1174,19 +1159,15 @@ mod amx {
         multiply(kernel, (&a.data, &pb), (m, n, k), beta, c, false, true)
     }
 
-    /// [`gemm_packed`] with a right operand given by rows ([`super::Rows`]).
+    /// [`gemm_packed`] with `beta = 0` and a right operand given by rows
+    /// ([`super::Rows`]).
     ///
-    /// SAFETY: as [`gemm`]'s, with `b` `a.k × n` checked by the caller.
-    pub(super) unsafe fn gemm_packed_rows(
-        kernel: Kernel,
-        a: &PackedLhs,
-        b: super::Rows,
-        beta: f32,
-        c: *mut f32,
-    ) {
+    /// SAFETY: `c` points at `a.m · n` f32 (written, not read), `b` `a.k × n` checked by
+    /// the caller.
+    pub(super) unsafe fn gemm_packed_rows(kernel: Kernel, a: &PackedLhs, b: super::Rows, c: *mut f32) {
         let (m, k, n) = (a.m, a.k, b.cols);
         let pb = pack_rhs_rows(&b, round_up(k), round_up(n));
-        multiply(kernel, (&a.data, &pb), (m, n, k), beta, c, false, true)
+        multiply(kernel, (&a.data, &pb), (m, n, k), 0.0, c, false, true)
     }
 
     /// `c = op(a) · bᵀ + beta · c` ([`super::gemm_serial_rows_t`]) on `kernel`, on the
@@ -1620,7 +1601,7 @@ mod amx {
     pub(super) unsafe fn gemm_packed(_: Kernel, _: &PackedLhs, _: usize, _: Operand, _: f32, _: *mut f32) {
         unreachable!("the bf16 kernels are x86-64 only")
     }
-    pub(super) unsafe fn gemm_packed_rows(_: Kernel, _: &PackedLhs, _: super::Rows, _: f32, _: *mut f32) {
+    pub(super) unsafe fn gemm_packed_rows(_: Kernel, _: &PackedLhs, _: super::Rows, _: *mut f32) {
         unreachable!("the bf16 kernels are x86-64 only")
     }
     pub(super) fn gemm_rows_t(_: Kernel, _: usize, _: Operand, _: super::Rows, _: f32, _: &mut [f32]) {

@@ -371,7 +371,7 @@ pub fn gemm_serial_into(
 /// [`check_extents`] passed for `c`'s length; `c` is valid for writes over that extent
 /// and, unless `beta` is 0, initialised (it is read only then).
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_serial_raw(
+pub(crate) unsafe fn gemm_serial_raw(
     m: usize,
     n: usize,
     k: usize,
@@ -500,16 +500,17 @@ pub fn gemm_into(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, c: &m
     unsafe { gemm_raw(m, n, k, alpha, a, b, 0.0, c.as_mut_ptr().cast()) }
 }
 
-/// The output pointer, shared by tasks that write disjoint blocks of rows.
+/// An output pointer shared by the tasks of one product, each writing its own disjoint
+/// block of the output (rows here, 32 × 32 blocks in [`crate::bf16`]).
 #[derive(Clone, Copy)]
-struct Rows(*mut f32);
-// SAFETY: each task writes only its own rows of the output.
-unsafe impl Send for Rows {}
-unsafe impl Sync for Rows {}
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+// SAFETY: the tasks sharing one write disjoint parts of the output.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
 
-impl Rows {
-    /// The output from value `i` on (a method, so closures capture the whole `Rows`).
-    fn at(self, i: usize) -> *mut f32 {
+impl SharedOut {
+    /// The output from value `i` on (a method, so closures capture the whole pointer).
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
     }
 }
@@ -520,7 +521,16 @@ impl Rows {
 /// [`check_extents`] passed for `c`'s length; `c` is valid for writes over `m · n` values
 /// and, unless `beta` is 0, initialised.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_raw(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: *mut f32) {
+pub(crate) unsafe fn gemm_raw(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: *mut f32,
+) {
     let threads = rayon::current_num_threads();
     if threads <= 1 || m * n * k < PAR_MIN_FLOP || m < 2 {
         return gemm_serial_raw(m, n, k, alpha, a, b, beta, c, n);
@@ -541,7 +551,7 @@ unsafe fn gemm_raw(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, bet
     }
     // Blocks of rows, a multiple of 8 so the kernels' row panels stay whole.
     let block = m.div_ceil(threads).div_ceil(8) * 8;
-    let out = Rows(c);
+    let out = SharedOut(c);
     (0..m.div_ceil(block)).into_par_iter().for_each(move |i| {
         let rows = block.min(m - i * block);
         // SAFETY: rows i·block.. of `c`, inside it and written by this task alone.
