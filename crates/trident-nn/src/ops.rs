@@ -11,6 +11,7 @@ use candle_core::{
     backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
 };
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
@@ -1304,6 +1305,7 @@ struct Conv {
 
 /// [`Conv::runs`] collected for one geometry `(c, h, w, oh, ow)`, with where each patch
 /// row's runs start (`starts[row]..starts[row + 1]`; a row's runs are consecutive).
+#[derive(Clone)]
 struct Plan {
     dims: (usize, usize, usize, usize, usize),
     runs: Vec<Run>,
@@ -1483,14 +1485,12 @@ impl Conv {
         }
     }
 
-    /// Calls `f` with the [`Plan`] of the geometry `(c, h, w, oh, ow)`: [`Self::plan`] when
-    /// that is its geometry (the first one asked for), else one worked out for this call.
-    fn with_plan<R>(&self, dims: (usize, usize, usize, usize, usize), f: impl FnOnce(&Plan) -> R) -> R {
-        let plan = self.plan.get_or_init(|| Plan::new(self, dims));
-        if plan.dims == dims {
-            f(plan)
-        } else {
-            f(&Plan::new(self, dims))
+    /// The [`Plan`] of the geometry `(c, h, w, oh, ow)`: [`Self::plan`] when that is its
+    /// geometry (the first one asked for), else one worked out for this call.
+    fn plan_for(&self, dims: (usize, usize, usize, usize, usize)) -> Cow<'_, Plan> {
+        match self.plan.get_or_init(|| Plan::new(self, dims)) {
+            plan if plan.dims == dims => Cow::Borrowed(plan),
+            _ => Cow::Owned(Plan::new(self, dims)),
         }
     }
 
@@ -1603,13 +1603,9 @@ impl Conv {
                 }
             }
         };
-        let plan = match self.plan.get_or_init(|| Plan::new(self, dims)) {
-            plan if plan.dims == dims => PlanRef::Kept(plan),
-            _ => PlanRef::Own(Plan::new(self, dims)),
-        };
         Unfold {
             src,
-            plan,
+            plan: self.plan_for(dims),
             imgs,
             per,
             ohw: dims.3 * dims.4,
@@ -1634,18 +1630,16 @@ impl Conv {
     ) {
         let (c, h, w, _, _) = dims;
         let mut add = |dst: &mut [f32]| {
-            self.with_plan(dims, |plan| {
-                for &run in &plan.runs {
-                    let g = &mut dcols_t[run.row * ld + col0 + run.at..][..run.len];
-                    for gap in run.gaps() {
-                        zero_short(&mut g[gap]);
-                    }
-                    dst[run.from..run.from + run.len]
-                        .iter_mut()
-                        .zip(&*g)
-                        .for_each(|(d, g)| *d += g);
+            for &run in &self.plan_for(dims).runs {
+                let g = &mut dcols_t[run.row * ld + col0 + run.at..][..run.len];
+                for gap in run.gaps() {
+                    zero_short(&mut g[gap]);
                 }
-            })
+                dst[run.from..run.from + run.len]
+                    .iter_mut()
+                    .zip(&*g)
+                    .for_each(|(d, g)| *d += g);
+            }
         };
         let d = &mut d[..c * h * w];
         if self.stride == 1 {
@@ -1803,12 +1797,6 @@ impl Drop for Bits {
     }
 }
 
-/// The [`Plan`] an [`Unfold`] follows: the op's own, or one made for another geometry.
-enum PlanRef<'a> {
-    Kept(&'a Plan),
-    Own(Plan),
-}
-
 /// The transposed patches of a group of images, `[c·k·k, imgs·oh·ow]` (one row per tap,
 /// each image's `oh·ow` positions side by side), made a row at a time: into an f32 matrix
 /// for f32 products ([`Self::write_matrix`]), or, from images rounded to bf16
@@ -1816,7 +1804,8 @@ enum PlanRef<'a> {
 /// [`crate::bf16::Rows`]).
 struct Unfold<'a> {
     src: Src<'a>,
-    plan: PlanRef<'a>,
+    /// The op's own plan, or one made for another geometry.
+    plan: Cow<'a, Plan>,
     imgs: usize,
     /// Values of `src` per image.
     per: usize,
@@ -1824,18 +1813,11 @@ struct Unfold<'a> {
 }
 
 impl Unfold<'_> {
-    fn plan(&self) -> &Plan {
-        match &self.plan {
-            PlanRef::Kept(plan) => plan,
-            PlanRef::Own(plan) => plan,
-        }
-    }
-
     /// Patch row `r` of every image into `dst` (`imgs · oh · ow` values, each written once)
     /// from `src` (`per` values an image): its runs copied as slices, zero where the tap
     /// falls in the padding.
     fn row_of<T: Copy + Default>(&self, src: &[T], r: usize, dst: &mut [T]) {
-        let runs = self.plan().row(r);
+        let runs = self.plan.row(r);
         for (j, out) in dst[..self.imgs * self.ohw].chunks_exact_mut(self.ohw).enumerate() {
             let src = &src[j * self.per..];
             // Taps' runs come in position order; what lies between them is padding.
@@ -1857,7 +1839,7 @@ impl Unfold<'_> {
 
     /// The number of patch rows, `c·k·k`.
     fn len(&self) -> usize {
-        self.plan().starts.len() - 1
+        self.plan.starts.len() - 1
     }
 
     /// Whether the rows are made in bf16 ([`Self::rows`]), not f32.
@@ -2105,7 +2087,6 @@ impl CustomOp2 for Conv {
             && !wt_weight.as_ref().is_some_and(Weight::is_bf16)
             && crate::direct_conv::available()
             && crate::direct_conv::suits_input_gradient(&geometry);
-        // Written whole by the direct kernel; else zeros for the groups' folds to add into.
         // A group of images n0.. (as in the forward pass): adds their weight gradient into
         // `dw` (`beta` 0: writes it) and, with `d` (their slice of dx), writes their input
         // gradients there.
@@ -2140,13 +2121,7 @@ impl CustomOp2 for Conv {
         let dw_len = if need_dw { o * ckk } else { 0 };
         let no_dx = None::<(&mut [MaybeUninit<f32>], usize)>;
         let mut dw = Vec::new();
-        let dx = if direct_dx {
-            let dx = crate::direct_conv::backward_input(gv, wv, geometry);
-            if need_dw {
-                dw = per_group_backward(no_dx, b, g, dw_len, group);
-            }
-            Some(dx)
-        } else if need_dx {
+        let dx = if need_dx && !direct_dx {
             let write = |dx: &mut [MaybeUninit<f32>]| {
                 dw = per_group_backward(Some((dx, chw)), b, g, dw_len, group);
             };
@@ -2157,7 +2132,8 @@ impl CustomOp2 for Conv {
             if need_dw {
                 dw = per_group_backward(no_dx, b, g, dw_len, group);
             }
-            None
+            // Written whole by the direct kernel.
+            direct_dx.then(|| crate::direct_conv::backward_input(gv, wv, geometry))
         };
         input_and_weight_grads(&x, dx, &weight, need_dw.then_some(dw))
     }
