@@ -175,10 +175,7 @@ impl Trainer {
         if per_epoch == 0 {
             return Err(TrainError::Invalid("the training set gives no batch".into()));
         }
-        let bf16 = c.precision == super::Precision::Bf16;
-        if bf16 && self.progress {
-            eprintln!("bf16 mixed precision: {}", trident_nn::bf16::mixed_precision());
-        }
+        let bf16 = self.mixed_precision();
         let n_critic = step.critic_steps().max(1);
         let batches = per_epoch * c.epochs;
         let mut critic = Updater::of(step.critic_params(), c, batches, None, self.progress)?;

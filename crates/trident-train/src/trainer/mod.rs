@@ -332,6 +332,16 @@ pub struct Trainer {
 }
 
 impl Trainer {
+    /// Whether this run trains in bf16 mixed precision (`train.precision`), said on the
+    /// progress stream with what it does on this CPU: both training loops start so.
+    fn mixed_precision(&self) -> bool {
+        let bf16 = self.config.precision == Precision::Bf16;
+        if bf16 && self.progress {
+            eprintln!("bf16 mixed precision: {}", trident_nn::bf16::mixed_precision());
+        }
+        bf16
+    }
+
     /// A trainer writing into `run_dir`.
     pub fn new(config: TrainConfig, classes: Vec<String>, run_dir: &Path) -> Self {
         Trainer {
@@ -528,10 +538,7 @@ impl Trainer {
         let log = RunLog::open(&self.run_dir, state.epoch, c.epochs, self.lead(), self.progress)?;
         // Ops record the mode when they are created: every forward pass, training and
         // evaluation, runs in the configured precision.
-        let bf16 = c.precision == Precision::Bf16;
-        if bf16 && self.progress {
-            eprintln!("bf16 mixed precision: {}", trident_nn::bf16::mixed_precision());
-        }
+        let bf16 = self.mixed_precision();
         Ok(Opened::Run(Box::new(Run {
             config: c,
             dp,
