@@ -1694,6 +1694,78 @@ mod tests {
         v.into_iter().map(|x| unsafe { x.assume_init() }).collect()
     }
 
+    /// `op(a) · op(b)` (`op_b(p, j)` its elements) through the entry points beside
+    /// [`gemm`], each labelled, for the caller to compare with the reference: on the
+    /// calling thread, with op(b) and its transpose made a row at a time ([`Rows`]), and
+    /// from a left operand packed once (where a bf16 kernel runs), also into unwritten
+    /// memory. Checks on the way that `matmul_into` gives the same bits as `matmul`.
+    fn other_entry_points(
+        (m, n, k): (usize, usize, usize),
+        lhs: Operand,
+        b: Operand,
+        op_b: &(dyn Fn(usize, usize) -> f32 + Sync),
+        case: &str,
+    ) -> Vec<(&'static str, Vec<f32>)> {
+        let mut serial = vec![f32::NAN; m * n];
+        gemm_serial(m, n, k, lhs, b, 0.0, &mut serial);
+        let b_row = |p: usize, dst: &mut [u16]| {
+            dst.iter_mut()
+                .enumerate()
+                .for_each(|(j, d)| *d = round(op_b(p, j)))
+        };
+        let bt_row = |j: usize, dst: &mut [u16]| {
+            dst.iter_mut()
+                .enumerate()
+                .for_each(|(p, d)| *d = round(op_b(p, j)))
+        };
+        let (b_rows, bt_rows) = (
+            Rows {
+                rows: k,
+                cols: n,
+                fill: &b_row,
+            },
+            Rows {
+                rows: n,
+                cols: k,
+                fill: &bt_row,
+            },
+        );
+        let mut by_rows = vec![f32::NAN; m * n];
+        gemm_serial_rows_t(m, lhs, bt_rows, 0.0, &mut by_rows);
+        gemm_serial_rows_t(m, lhs, bt_rows, 1.0, &mut by_rows);
+        by_rows.iter_mut().for_each(|v| *v /= 2.0);
+        // The layers' entry into unwritten memory: the same bits as `matmul` (bf16
+        // products where they pay, else f32 ones).
+        // SAFETY: `matmul_into` writes all m × n values.
+        let into = unsafe { crate::scratch::written(m * n, |c| matmul_into(true, m, n, k, lhs, b, c)) };
+        let mut by_matmul = vec![f32::NAN; m * n];
+        matmul(true, m, n, k, lhs, b, 0.0, &mut by_matmul);
+        assert!(
+            into.iter()
+                .zip(&by_matmul)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "matmul_into {case}"
+        );
+        let mut outs = vec![("serial", serial), ("rows transposed, accumulated", by_rows)];
+        if let Some(packed) = Lhs::pack(m, k, lhs) {
+            let mut times = vec![f32::NAN; m * n];
+            packed.times(n, b, 0.0, &mut times);
+            let mut into = vec![MaybeUninit::new(f32::NAN); m * n];
+            packed.times_into(n, b, &mut into);
+            packed.times(n, b, 1.0, &mut times);
+            times.iter_mut().for_each(|v| *v /= 2.0);
+            let mut rows_into = vec![MaybeUninit::new(f32::NAN); m * n];
+            crate::scratch::poison();
+            packed.times_rows_into(b_rows, &mut rows_into);
+            outs.extend([
+                ("packed, accumulated", times),
+                ("packed into", initialised(into)),
+                ("packed by rows into", initialised(rows_into)),
+            ]);
+        }
+        outs
+    }
+
     /// Every layout, ragged sizes (not multiples of the 32-wide blocks) and both output
     /// modes, on whichever kernel this machine has and on the portable one.
     #[test]
@@ -1741,74 +1813,12 @@ mod tests {
                         err < 1e-4,
                         "portable {m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}"
                     );
-                    // The same on the calling thread, and from a left operand packed once
-                    // (where a bf16 kernel runs), also into unwritten memory.
-                    let mut serial = vec![f32::NAN; m * n];
-                    gemm_serial(m, n, k, lhs, b, 0.0, &mut serial);
-                    // op(b) made a row at a time, and its transpose (`Rows`).
                     let op_b = |p: usize, j: usize| bv[if tb { j * k + p } else { p * n + j }];
-                    let b_row = |p: usize, dst: &mut [u16]| {
-                        dst.iter_mut()
-                            .enumerate()
-                            .for_each(|(j, d)| *d = round(op_b(p, j)))
-                    };
-                    let bt_row = |j: usize, dst: &mut [u16]| {
-                        dst.iter_mut()
-                            .enumerate()
-                            .for_each(|(p, d)| *d = round(op_b(p, j)))
-                    };
-                    let (b_rows, bt_rows) = (
-                        Rows {
-                            rows: k,
-                            cols: n,
-                            fill: &b_row,
-                        },
-                        Rows {
-                            rows: n,
-                            cols: k,
-                            fill: &bt_row,
-                        },
-                    );
-                    let mut by_rows = vec![f32::NAN; m * n];
-                    gemm_serial_rows_t(m, lhs, bt_rows, 0.0, &mut by_rows);
-                    gemm_serial_rows_t(m, lhs, bt_rows, 1.0, &mut by_rows);
-                    by_rows.iter_mut().for_each(|v| *v /= 2.0);
-                    // The layers' entry into unwritten memory: the same bits as `matmul`
-                    // (bf16 products where they pay, else f32 ones).
-                    // SAFETY: `matmul_into` writes all m × n values.
-                    let into =
-                        unsafe { crate::scratch::written(m * n, |c| matmul_into(true, m, n, k, lhs, b, c)) };
-                    let mut by_matmul = vec![f32::NAN; m * n];
-                    matmul(true, m, n, k, lhs, b, 0.0, &mut by_matmul);
-                    assert!(
-                        into.iter()
-                            .zip(&by_matmul)
-                            .all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "matmul_into {m}x{n}x{k} ta={ta} tb={tb} {name}"
-                    );
-                    let mut outs = vec![("serial", serial), ("rows transposed, accumulated", by_rows)];
-                    if let Some(packed) = Lhs::pack(m, k, lhs) {
-                        let mut times = vec![f32::NAN; m * n];
-                        packed.times(n, b, 0.0, &mut times);
-                        let mut into = vec![MaybeUninit::new(f32::NAN); m * n];
-                        packed.times_into(n, b, &mut into);
-                        packed.times(n, b, 1.0, &mut times);
-                        times.iter_mut().for_each(|v| *v /= 2.0);
-                        let mut rows_into = vec![MaybeUninit::new(f32::NAN); m * n];
-                        crate::scratch::poison();
-                        packed.times_rows_into(b_rows, &mut rows_into);
-                        outs.extend([
-                            ("packed, accumulated", times),
-                            ("packed into", initialised(into)),
-                            ("packed by rows into", initialised(rows_into)),
-                        ]);
-                    }
+                    let case = format!("{m}x{n}x{k} ta={ta} tb={tb} {name}");
+                    let outs = other_entry_points((m, n, k), lhs, b, &op_b, &case);
                     for (how, out) in outs {
                         let err = crate::math::max_abs_diff(&want, &out);
-                        assert!(
-                            err < 1e-4,
-                            "{how} {m}x{n}x{k} ta={ta} tb={tb} {name}: error {err}"
-                        );
+                        assert!(err < 1e-4, "{how} {case}: error {err}");
                     }
                     // beta = 1 accumulates onto what the output holds.
                     gemm(m, n, k, lhs, b, 1.0, &mut got);
