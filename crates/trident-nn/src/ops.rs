@@ -1376,9 +1376,7 @@ fn copy_short<T: Copy>(dst: &mut [T], src: &[T]) {
     let (blocks, tail) = dst.as_chunks_mut::<16>();
     let (from, rest) = src.as_chunks::<16>();
     for (d, s) in blocks.iter_mut().zip(from) {
-        // SAFETY: `d` and `s` are whole blocks of 16 values; a volatile-free unaligned
-        // read and write of the block as one value keeps it a pair of vector moves.
-        unsafe { (d as *mut [T; 16]).write_unaligned((s as *const [T; 16]).read_unaligned()) }
+        *d = *s; // a block of 16 as one value: vector moves
     }
     for (d, s) in tail.iter_mut().zip(rest) {
         *d = *s;
