@@ -3,9 +3,12 @@
 # PyTorch's equivalent (benches/peers/torch_gan.py), on the same number of batches, in
 # interleaved rounds on this machine.
 #
-#   benches/gan_epochs.sh [rounds] [batches] [dcgan|wgan|wgan-gp …]   # TRIDENT_BIN: the binary (default trident)
+#   benches/gan_epochs.sh [rounds] [batches] [dcgan|wgan|wgan-gp …]   # TRIDENT_BIN: the binary (default trident),
+#                                             # or several, space-separated, run in turn
 #   PRECISION=bf16 benches/gan_epochs.sh …   # both sides in bf16 mixed precision (Trident's
 #                                             # precision = "bf16", PyTorch's autocast)
+#   TRIDENT_BIN="old/trident new/trident" PEER=none benches/gan_epochs.sh 6 60 wgan
+#                                             # an A/B of Trident builds, interleaved, no PyTorch
 #
 # Trident runs one epoch of `batches` batches (data.max_train, no [gan] judge) and its
 # figure is that epoch's `epoch_seconds` in metrics.jsonl (the training pass; the sample
@@ -31,13 +34,18 @@ for r in $(seq 1 "$rounds"); do
     if [ "${PRECISION:-f32}" = bf16 ]; then
       sed -i 's/^\[train\]$/[train]\nprecision = "bf16"/' "$work/$kind.toml"
     fi
-    "$bin" train --config "$work/$kind.toml" --epochs 1 >/dev/null 2>"$work/log" || { cat "$work/log" >&2; exit 1; }
-    python3 - "$work/$kind-$r" "$kind" "$batches" "$bs" <<'PY'
+    for b in $bin; do
+      rm -rf "$work/$kind-$r"
+      "$b" train --config "$work/$kind.toml" --epochs 1 >/dev/null 2>"$work/log" || { cat "$work/log" >&2; exit 1; }
+      python3 - "$work/$kind-$r" "$kind" "$batches" "$bs" "$b" <<'PY'
 import json, sys
-run, kind, batches, bs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+run, kind, batches, bs, b = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 r = [json.loads(l) for l in open(f"{run}/metrics.jsonl")][0]
-print(f"{kind:7s} trident  {batches} batches of {bs}  {r['epoch_seconds']:.2f} s  {r['examples_per_second']:,.0f} ex/s")
+print(f"{kind:7s} trident ({b})  {batches} batches of {bs}  {r['epoch_seconds']:.2f} s  {r['examples_per_second']:,.0f} ex/s")
 PY
-    python3 benches/peers/torch_gan.py "$kind" "$batches" | tail -1
+    done
+    if [ "${PEER:-torch}" != none ]; then
+      python3 benches/peers/torch_gan.py "$kind" "$batches" | tail -1
+    fi
   done
 done
