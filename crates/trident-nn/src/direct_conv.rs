@@ -15,9 +15,10 @@
 //! docs/PERFORMANCE.md): on AVX-512, for kernels larger than 1 × 1 with enough output
 //! channels to fill the lanes, over a reduction (`c·k·k`) long enough to pay for writing
 //! the tile out; [`forward`] for convolutions, [`backward_input`] for transposed
-//! convolutions and for the input gradient of a convolution whose weight is frozen (with
-//! a weight gradient wanted too, the unfolded backward pass shares its products' inputs
-//! and was as fast). An AVX2 form (8 lanes, tiles of 2 × 6 in 16 registers) ran level with
+//! convolutions and for a convolution's input gradient. [`weight_gradient`] turns the
+//! roles round (the sums over output positions, in registers, per tap) for the weight
+//! gradients of 3 × 3 and 4 × 4 kernels, both convolutions' and transposed ones': with
+//! it, neither gradient unfolds patches. An AVX2 form (8 lanes, tiles of 2 × 6 in 16 registers) ran level with
 //! unfolding onto OpenBLAS's Haswell kernels, or 1.2x slower (Fashion CNN conv2), and was
 //! not kept. `TRIDENT_CONV=unfold` turns it off (comparisons).
 
@@ -377,12 +378,25 @@ fn pack_weight(
 
 /// Planes `img` (`[c, h, w]`) with zeros around them, `[top, left, bottom, right]`:
 /// `[c, h + top + bottom, w + left + right]`.
-fn pad(img: &[f32], (c, h, w): (usize, usize, usize), [top, left, bottom, right]: [usize; 4]) -> Vec<f32> {
+fn pad(img: &[f32], (c, h, w): (usize, usize, usize), pads: [usize; 4]) -> Vec<f32> {
+    let [top, left, bottom, right] = pads;
+    let mut out = crate::scratch::take(c * (h + top + bottom) * (w + left + right));
+    pad_into(img, (c, h, w), pads, &mut out);
+    out
+}
+
+/// [`pad`] into `out` (`[c, h + top + bottom, w + left + right]`, every value written).
+fn pad_into(
+    img: &[f32],
+    (c, h, w): (usize, usize, usize),
+    [top, left, bottom, right]: [usize; 4],
+    out: &mut [f32],
+) {
     let (hp, wp) = (h + top + bottom, w + left + right);
-    let mut out = crate::scratch::take(c * hp * wp);
+    let out = &mut out[..c * hp * wp];
     if hp == h && wp == w {
         out.copy_from_slice(&img[..c * h * w]);
-        return out;
+        return;
     }
     for (plane, src) in out.chunks_mut(hp * wp).zip(img.chunks(h * w)) {
         plane[..top * wp].fill(0.0);
@@ -393,7 +407,220 @@ fn pad(img: &[f32], (c, h, w): (usize, usize, usize), [top, left, bottom, right]
             row[left + w..].fill(0.0);
         }
     }
-    out
+}
+
+/// Tap rows (one input channel's kernel row: `k` taps) per weight-gradient tile of `nb`
+/// lane-blocks of output channels: as many as keep the tile's `rows · k · nb`
+/// accumulators, its `nb` output-gradient vectors and a broadcast within the 32 vector
+/// registers, at most 4.
+const fn weight_rows(nb: usize, k: usize) -> usize {
+    let r = (31 - nb) / (k * nb);
+    if r > 4 {
+        4
+    } else {
+        r
+    }
+}
+
+/// The tiles of a weight gradient: each `(first lane-block, lane-blocks, first tap row)`,
+/// lane-blocks split as evenly as [`tiles`] splits them (at most 4 a tile), tap rows
+/// (`c · k` of them, channel by channel) [`weight_rows`] at a time.
+fn weight_tiles(g: &Geometry) -> Vec<(usize, usize, usize)> {
+    let rows = g.c * g.k;
+    tiles(g.o.div_ceil(LANES), 4)
+        .flat_map(|(j0, nb)| {
+            let per = weight_rows(nb, g.k);
+            (0..rows.div_ceil(per)).map(move |i| (j0, nb, i * per))
+        })
+        .collect()
+}
+
+/// Whether [`weight_gradient`] runs for `g`: a 3 × 3 or 4 × 4 kernel (the two it is
+/// compiled for), output channels filling at least half the lanes, and at least 16 tiles
+/// to share among the threads (a first convolution's one input channel makes 1–4, one
+/// thread's work: its weight gradient stays with the unfolded product).
+pub(crate) fn suits_weight_gradient(g: &Geometry) -> bool {
+    matches!(g.k, 3 | 4) && 2 * g.o >= LANES && weight_tiles(g).len() >= 16
+}
+
+/// One weight-gradient tile's work over a chunk of images: the chunk's zero-padded
+/// images (`image` values each, planes `hp × wp`) and channels-last output gradients
+/// (`oh · ow` positions of `ob` values each), the tile's first tap row (of `rows`: tap row
+/// `t` is channel `t / k`'s kernel row `t % k`) and first lane-block `j0`; `dims` are
+/// `(oh, ow, stride, hp, wp)`.
+struct WeightTile<'a> {
+    x: &'a [f32],
+    dy: &'a [f32],
+    image: usize,
+    row0: usize,
+    rows: usize,
+    j0: usize,
+    ob: usize,
+    dims: (usize, usize, usize, usize, usize),
+}
+
+impl WeightTile<'_> {
+    /// The tile's `r` tap rows' offsets in an image (past the last row: the last row
+    /// again, its sums dropped by the caller); panics unless every read of `nb`
+    /// lane-blocks and `k` taps lies inside the chunk.
+    fn offsets<const R: usize>(&self, k: usize, nb: usize) -> [usize; R] {
+        let (oh, ow, s, hp, wp) = self.dims;
+        assert!(self.row0 < self.rows && self.rows.is_multiple_of(k));
+        assert!((oh - 1) * s + k <= hp && (ow - 1) * s + k <= wp);
+        let imgs = self.x.len() / self.image;
+        assert!(imgs > 0 && self.x.len() == imgs * self.image);
+        assert!(self.image >= self.rows / k * hp * wp);
+        assert!(self.dy.len() >= imgs * oh * ow * self.ob && (self.j0 + nb) * LANES <= self.ob);
+        std::array::from_fn(|r| {
+            let t = (self.row0 + r).min(self.rows - 1);
+            (t / k) * hp * wp + (t % k) * wp
+        })
+    }
+}
+
+/// The weight gradient (`[o, c, k, k]`) of the convolution `g` of `x` (`[b, c, h, w]`)
+/// for the output gradient `dy` (`[b, o, oh, ow]`), without unfolding patches.
+///
+/// `dW[oc, ch, ky, kx] = Σ_n Σ_(y, x) dy[n, oc, y, x] · x[n, ch, y·s + ky − p, x·s + kx − p]`.
+/// Output channels lie across the lanes (the output gradients re-laid channels-last,
+/// `[b, oh·ow, ⌈o/16⌉·16]`); a tile of up to 4 lane-blocks by a few tap rows (an input
+/// channel's kernel row, all `k` taps) holds its sums in registers while it walks every
+/// output position: per position, one vector of output gradients per lane-block and one
+/// broadcast input per tap, read from the zero-padded images. The unfolded form wrote a
+/// patch matrix `k²/s²` times the images' size and had the GEMM copy it again into its
+/// panels.
+///
+/// Tiles run in parallel on rayon's pool; each sums the images in order (a chunk of images
+/// at a time, its sums carried in memory between chunks), so the result does not depend
+/// on the number of threads.
+///
+/// # Panics
+/// Unless the CPU has AVX-512F, `g.k` is 3 or 4 and the slices hold the geometry.
+pub(crate) fn weight_gradient(x: &[f32], dy: &[f32], g: Geometry) -> Vec<f32> {
+    weight_gradient_in(x, dy, g, 32 << 20)
+}
+
+/// [`weight_gradient`], the images in batches of at most `batch_bytes` padded and
+/// re-laid (at least one image a batch).
+fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, batch_bytes: usize) -> Vec<f32> {
+    let Geometry {
+        b,
+        c,
+        h,
+        w,
+        o,
+        k,
+        stride: s,
+        padding: p,
+        oh,
+        ow,
+    } = g;
+    assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
+    assert!(matches!(k, 3 | 4), "direct weight gradient of a {k} × {k} kernel");
+    assert!(x.len() >= b * c * h * w && dy.len() >= b * o * oh * ow);
+    let (hp, wp) = (h + 2 * p, w + 2 * p);
+    assert!((oh - 1) * s + k <= hp && (ow - 1) * s + k <= wp, "{g:?}");
+    let (image, positions, ob) = (c * hp * wp, oh * ow, o.div_ceil(LANES) * LANES);
+    let (chw, ohw) = (c * h * w, o * positions);
+    let tiles = weight_tiles(&g);
+    let acc_len = |nb: usize| weight_rows(nb, k) * k * nb * LANES;
+    // Runs of consecutive tiles, several per thread (this VM's threads are not equally
+    // fast), each with its tiles' sums.
+    let runs = (4 * rayon::current_num_threads()).clamp(1, tiles.len());
+    let per_run = tiles.len().div_ceil(runs);
+    let mut sums: Vec<Vec<f32>> = tiles
+        .chunks(per_run)
+        .map(|run| vec![0f32; run.iter().map(|&(_, nb, _)| acc_len(nb)).sum()])
+        .collect();
+    // The images in batches of at most `batch_bytes` padded and re-laid (32 MiB: all of a
+    // GAN's or the Fashion CNN's batch at once, large images a few at a time); within a
+    // batch, each run walks chunks of images whose output gradients (four lane-blocks)
+    // fill 256 KiB, kept in cache while the run's tiles go over them.
+    let batch = (batch_bytes / (4 * (image + positions * ob))).clamp(1, b);
+    let chunk = (256 * 1024 / (positions * 4 * LANES * 4)).clamp(1, batch);
+    let mut padded = crate::scratch::take(batch * image);
+    let mut dyt = crate::scratch::take(batch * positions * ob);
+    for m0 in (0..b).step_by(batch) {
+        let imgs = batch.min(b - m0);
+        // The batch's images zero-padded and its output gradients channels-last (lanes
+        // past `o` zero), image by image in parallel.
+        let (padded, dyt) = (&mut padded[..imgs * image], &mut dyt[..imgs * positions * ob]);
+        padded
+            .par_chunks_mut(image)
+            .zip(x[m0 * chw..(m0 + imgs) * chw].par_chunks(chw))
+            .for_each(|(out, img)| pad_into(img, (c, h, w), [p; 4], out));
+        dyt.par_chunks_mut(positions * ob)
+            .zip(dy[m0 * ohw..(m0 + imgs) * ohw].par_chunks(ohw))
+            .for_each(|(out, img)| {
+                for (pos, row) in out.chunks_mut(ob).enumerate() {
+                    for (oc, v) in row[..o].iter_mut().enumerate() {
+                        *v = img[oc * positions + pos];
+                    }
+                    row[o..].fill(0.0);
+                }
+            });
+        let (padded, dyt) = (&*padded, &*dyt);
+        tiles
+            .par_chunks(per_run)
+            .zip(sums.par_iter_mut())
+            .for_each(|(run, sums)| {
+                for n0 in (0..imgs).step_by(chunk) {
+                    let n1 = (n0 + chunk).min(imgs);
+                    let mut at = 0;
+                    for &(j0, nb, row0) in run {
+                        let acc = &mut sums[at..at + acc_len(nb)];
+                        at += acc_len(nb);
+                        let tile = WeightTile {
+                            x: &padded[n0 * image..n1 * image],
+                            dy: &dyt[n0 * positions * ob..n1 * positions * ob],
+                            image,
+                            row0,
+                            rows: c * k,
+                            j0,
+                            ob,
+                            dims: (oh, ow, s, hp, wp),
+                        };
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: the CPU has AVX-512F (asserted above); `WeightTile::offsets`
+                        // (in the kernel) bounds every read.
+                        unsafe {
+                            x86::weight(&tile, k, nb, acc)
+                        }
+                    }
+                }
+            });
+    }
+    crate::scratch::give(padded);
+    crate::scratch::give(dyt);
+    // Each tile's sums `[row, kx, block, lane]` to their places in `[o, c, k, k]`; tap
+    // rows past `c · k` (a last tile's repeats) dropped.
+    let mut dw = vec![0f32; o * c * k * k];
+    for (run, sums) in tiles.chunks(per_run).zip(&sums) {
+        let mut at = 0;
+        for &(j0, nb, row0) in run {
+            let acc = &sums[at..at + acc_len(nb)];
+            at += acc_len(nb);
+            for r in 0..weight_rows(nb, k) {
+                let t = row0 + r;
+                if t >= c * k {
+                    break;
+                }
+                let (ch, ky) = (t / k, t % k);
+                for kx in 0..k {
+                    for j in 0..nb {
+                        let lanes = &acc[((r * k + kx) * nb + j) * LANES..][..LANES];
+                        for (lane, &v) in lanes.iter().enumerate() {
+                            let oc = (j0 + j) * LANES + lane;
+                            if oc < o {
+                                dw[((oc * c + ch) * k + ky) * k + kx] = v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dw
 }
 
 /// Splits `n` positions (or lane-blocks) into the fewest tiles of at most `max`, as even
@@ -407,7 +634,7 @@ fn tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{tiles, Pass, LANES};
+    use super::{tiles, weight_rows, Pass, WeightTile, LANES};
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
@@ -508,6 +735,80 @@ mod x86 {
             }
         }
     }
+
+    /// Adds one tile's products over its chunk of images into `acc` (`[row, kx, block,
+    /// lane]`, [`super::weight_rows`]`(nb, k)` rows): the kernel for `(nb, k)`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    pub(super) unsafe fn weight(tile: &WeightTile, k: usize, nb: usize, acc: &mut [f32]) {
+        macro_rules! dispatch {
+            ($(($nb:literal, $k:literal)),*) => {
+                match (nb, k) {
+                    $(($nb, $k) => weight_tile::<$nb, $k, { weight_rows($nb, $k) }>(tile, acc),)*
+                    _ => unreachable!("weight-gradient tile of {nb} blocks, {k} taps"),
+                }
+            };
+        }
+        dispatch!((1, 3), (2, 3), (3, 3), (4, 3), (1, 4), (2, 4), (3, 4), (4, 4))
+    }
+
+    /// `NB` lane-blocks of output channels by `R` tap rows of `K` taps: the sums in
+    /// registers over every output position of the chunk, loaded from and stored back to
+    /// `acc`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weight_tile<const NB: usize, const K: usize, const R: usize>(
+        tile: &WeightTile,
+        acc: &mut [f32],
+    ) {
+        assert!(acc.len() >= R * K * NB * LANES);
+        let rows: [usize; R] = tile.offsets(K, NB);
+        let (oh, ow, s, _, wp) = tile.dims;
+        let ob = tile.ob;
+        let mut sums = [[[_mm512_setzero_ps(); NB]; K]; R];
+        for (r, row) in sums.iter_mut().enumerate() {
+            for (kx, blocks) in row.iter_mut().enumerate() {
+                for (j, v) in blocks.iter_mut().enumerate() {
+                    *v = _mm512_loadu_ps(acc.as_ptr().add(((r * K + kx) * NB + j) * LANES));
+                }
+            }
+        }
+        let imgs = tile.x.len() / tile.image;
+        for n in 0..imgs {
+            let xi = tile.x.as_ptr().add(n * tile.image);
+            let di = tile.dy.as_ptr().add(n * oh * ow * ob + tile.j0 * LANES);
+            for y in 0..oh {
+                let xrow = xi.add(y * s * wp);
+                let drow = di.add(y * ow * ob);
+                for q in 0..ow {
+                    let d = drow.add(q * ob);
+                    let mut dv = [_mm512_setzero_ps(); NB];
+                    for (j, v) in dv.iter_mut().enumerate() {
+                        *v = _mm512_loadu_ps(d.add(j * LANES));
+                    }
+                    let xq = xrow.add(q * s);
+                    for (r, row) in sums.iter_mut().enumerate() {
+                        let xr = xq.add(rows[r]);
+                        for (kx, blocks) in row.iter_mut().enumerate() {
+                            // Each broadcast input feeds every block's sum for that tap.
+                            let xv = _mm512_set1_ps(*xr.add(kx));
+                            for (j, v) in blocks.iter_mut().enumerate() {
+                                *v = _mm512_fmadd_ps(dv[j], xv, *v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (r, row) in sums.iter().enumerate() {
+            for (kx, blocks) in row.iter().enumerate() {
+                for (j, v) in blocks.iter().enumerate() {
+                    _mm512_storeu_ps(acc.as_mut_ptr().add(((r * K + kx) * NB + j) * LANES), *v);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -553,6 +854,13 @@ mod tests {
         let mut dx = vec![0f64; g.b * g.c * g.h * g.w];
         each_product(g, |i, k, o| dx[i] += f64::from(dy[o]) * f64::from(wt[k]));
         dx.into_iter().map(|v| v as f32).collect()
+    }
+
+    /// The weight gradient by its definition, in f64.
+    fn reference_weight_gradient(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
+        let mut dw = vec![0f64; g.o * g.c * g.k * g.k];
+        each_product(g, |i, k, o| dw[k] += f64::from(x[i]) * f64::from(dy[o]));
+        dw.into_iter().map(|v| v as f32).collect()
     }
 
     /// Every value of `got` within 1e-4 (relative, above 1) of `want`'s.
@@ -709,6 +1017,52 @@ mod tests {
     }
 
     #[test]
+    fn direct_weight_gradients_match_the_definition() {
+        if !cpu_has_avx512() {
+            eprintln!("no AVX-512 on this CPU: the direct convolution does not run here");
+            return;
+        }
+        // 3 × 3 and 4 × 4, strides 1 and 2, padding 0–2; output channels below, at and
+        // past a lane-block and past four of them (every tile width 1–4); tap rows not a
+        // multiple of a tile's (a last tile's repeated rows); more images than a chunk;
+        // batches of one image, of three, and all at once.
+        let shapes = [
+            geometry(2, 5, (9, 11), 70, 3, 1, 1),
+            geometry(3, 6, (14, 14), 16, 4, 2, 1),
+            geometry(2, 7, (13, 15), 40, 3, 2, 0),
+            geometry(40, 9, (12, 12), 9, 3, 1, 2),
+            geometry(2, 11, (8, 9), 33, 4, 1, 2),
+            geometry(1, 13, (7, 7), 64, 3, 1, 1),
+        ];
+        for (i, g) in shapes.iter().enumerate() {
+            let x = values(g.b * g.c * g.h * g.w, 400 + i as u64);
+            let dy = values(g.b * g.o * g.oh * g.ow, 500 + i as u64);
+            let want = reference_weight_gradient(&x, &dy, g);
+            let per_image = 4
+                * (g.c * (g.h + 2 * g.padding) * (g.w + 2 * g.padding)
+                    + g.oh * g.ow * g.o.div_ceil(LANES) * LANES);
+            let all_at_once = weight_gradient(&x, &dy, *g);
+            for batch_bytes in [1, 3 * per_image, 32 << 20] {
+                let dw = weight_gradient_in(&x, &dy, *g, batch_bytes);
+                // Each sum runs over the images in order whatever the batches: the same bits.
+                assert!(
+                    dw == all_at_once,
+                    "{g:?}: batches of {batch_bytes} bytes changed the sums"
+                );
+                // Sums of up to 40 · 144 products of values in [-1, 1): compared relative to
+                // their size.
+                let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+                for (j, (a, b)) in dw.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale,
+                        "{g:?}, batches of {batch_bytes} bytes, value {j}: {a} against {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn only_kernels_larger_than_one_with_enough_channels_go_direct() {
         let g = geometry(1, 16, (8, 8), 32, 3, 1, 1);
         assert!(suits(&g) && suits(&Geometry { o: 8, ..g }));
@@ -723,5 +1077,12 @@ mod tests {
             !suits_input_gradient(&Geometry { o: 31, ..critic })
                 && suits_input_gradient(&Geometry { o: 32, ..critic })
         );
+        // The weight gradient: 3 × 3 or 4 × 4, enough tiles (the Fashion CNN's first
+        // convolution, one input channel, is one tile).
+        assert!(suits_weight_gradient(&critic));
+        assert!(suits_weight_gradient(&geometry(64, 32, (14, 14), 64, 3, 1, 1)));
+        assert!(!suits_weight_gradient(&geometry(64, 1, (28, 28), 32, 3, 1, 1)));
+        assert!(!suits_weight_gradient(&Geometry { k: 5, ..critic }));
+        assert!(!suits_weight_gradient(&Geometry { o: 7, ..critic }));
     }
 }

@@ -2065,11 +2065,12 @@ impl CustomOp2 for Conv {
         // frozen critic scoring a generator's images).
         let (need_dx, need_dw) = (x.track_op(), weight.track_op());
         let chw = c * h * w;
-        // The input gradient alone (a frozen weight, as a critic's while its generator
-        // trains) directly where that runs faster: 1.07–1.37x on `conv_bench`'s shapes
-        // (critic conv2 9.5–9.9 against 12.0–12.3 ms). With the weight gradient too, the
+        // The input gradient directly where that runs faster: alone (a frozen weight, as a
+        // critic's while its generator trains) 1.07–1.37x on `conv_bench`'s shapes (critic
+        // conv2 9.5–9.9 against 12.0–12.3 ms). With an unfolded weight gradient, the
         // groups below share the output gradients between both products, and the direct
-        // input gradient beside them measured level or slower.
+        // input gradient beside them measured level or slower; with the direct weight
+        // gradient nothing is unfolded.
         let geometry = self.direct((b, c, h, w, oh, ow), o);
         let g = Self::group(b, ckk, ohw);
         if need_dw {
@@ -2080,8 +2081,16 @@ impl CustomOp2 for Conv {
         }
         // Wᵀ [ckk, o], the left operand of every group's input-gradient product.
         let wt_weight = need_dx.then(|| self.weight(Mat::new(wv, ckk).t(), (ckk, g * ohw, o)));
+        // The weight gradient directly (f32 products only) where the kernel suits the
+        // shape: then nothing is unfolded, and the input gradient too goes direct where it
+        // suits.
+        let direct_dw = need_dw
+            && !self.in_bf16(o, ckk, g * ohw)
+            && crate::direct_conv::available()
+            && crate::direct_conv::suits_weight_gradient(&geometry);
+        let dw_in_groups = need_dw && !direct_dw;
         let direct_dx = need_dx
-            && !need_dw
+            && !dw_in_groups
             && !wt_weight.as_ref().is_some_and(Weight::is_bf16)
             && crate::direct_conv::available()
             && crate::direct_conv::suits_input_gradient(&geometry);
@@ -2095,7 +2104,7 @@ impl CustomOp2 for Conv {
                 let gn = &gv[n0 * o * ohw..(n0 + imgs) * o * ohw];
                 let side = side_by_side(gn, (imgs, o, ohw));
                 let gw = side.as_deref().unwrap_or(gn);
-                if need_dw {
+                if dw_in_groups {
                     // dW [o, ckk] = gw [o, wide] · cols_tᵀ + beta · dW
                     let bits = self.in_bf16(o, ckk, wide);
                     let cols = self.unfold(&xv[n0 * chw..], imgs, (c, h, w, oh, ow), bits);
@@ -2116,7 +2125,7 @@ impl CustomOp2 for Conv {
         // Each group with its slice of `dx` (none when the input needs no gradient or the
         // direct kernel gives it); per task, the weight gradient of its groups, summed at
         // the end.
-        let dw_len = if need_dw { o * ckk } else { 0 };
+        let dw_len = if dw_in_groups { o * ckk } else { 0 };
         let no_dx = None::<(&mut [MaybeUninit<f32>], usize)>;
         let mut dw = Vec::new();
         let dx = if need_dx && !direct_dx {
@@ -2127,12 +2136,15 @@ impl CustomOp2 for Conv {
             // value of each.
             Some(unsafe { crate::scratch::written(b * chw, write) })
         } else {
-            if need_dw {
+            if dw_in_groups {
                 dw = per_group_backward(no_dx, b, g, dw_len, group);
             }
             // Written whole by the direct kernel.
             direct_dx.then(|| crate::direct_conv::backward_input(gv, wv, geometry))
         };
+        if direct_dw {
+            dw = crate::direct_conv::weight_gradient(xv, gv, geometry);
+        }
         input_and_weight_grads(&x, dx, &weight, need_dw.then_some(dw))
     }
 }
@@ -2468,6 +2480,21 @@ impl CustomOp2 for ConvTranspose {
         }
         // W [i, okk], the left operand of every group's input-gradient product.
         let w_weight = need_dx.then(|| conv.weight(Mat::new(wv, okk), (i, g * ihw, okk)));
+        // The convolution from [b, o, h, w] to x's [b, i, ih, iw]: this op's input gradient
+        // is its forward pass over the output gradients, this op's weight gradient its
+        // weight gradient (x as its output gradient). Each directly (f32 products) where the
+        // kernels suit the shape; what is left shares the unfolded output gradients below.
+        let geometry = conv.direct((b, o, h, w, ih, iw), i);
+        let direct = crate::direct_conv::available();
+        let direct_dw = need_dw
+            && direct
+            && !conv.in_bf16(i, okk, g * ihw)
+            && crate::direct_conv::suits_weight_gradient(&geometry);
+        let direct_dx = need_dx
+            && direct
+            && !w_weight.as_ref().is_some_and(Weight::is_bf16)
+            && crate::direct_conv::suits(&geometry);
+        let (need_dw, need_dx) = (need_dw && !direct_dw, need_dx && !direct_dx);
         let group =
             |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, (dw, beta): (&mut [f32], f32)| {
                 let wide = imgs * ihw;
@@ -2507,13 +2534,27 @@ impl CustomOp2 for ConvTranspose {
             };
         let dw_len = if need_dw { i * okk } else { 0 };
         let mut dw = Vec::new();
-        let write = |dx: &mut [MaybeUninit<f32>]| {
-            dw = per_group_backward(need_dx.then_some((dx, i * ihw)), b, g, dw_len, group);
-        };
-        // SAFETY: with need_dx the groups' slices cover dx in whole images and `apart`
-        // writes every value of each; without it dx is empty.
-        let dx = unsafe { crate::scratch::written(if need_dx { b * i * ihw } else { 0 }, write) };
-        input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
+        let mut dx = Vec::new();
+        if need_dw || need_dx {
+            let write = |dx: &mut [MaybeUninit<f32>]| {
+                dw = per_group_backward(need_dx.then_some((dx, i * ihw)), b, g, dw_len, group);
+            };
+            // SAFETY: with need_dx the groups' slices cover dx in whole images and `apart`
+            // writes every value of each; without it dx is empty.
+            dx = unsafe { crate::scratch::written(if need_dx { b * i * ihw } else { 0 }, write) };
+        }
+        if direct_dx {
+            dx = crate::direct_conv::forward(gv, wv, geometry);
+        }
+        if direct_dw {
+            dw = crate::direct_conv::weight_gradient(gv, xv, geometry);
+        }
+        input_and_weight_grads(
+            &x,
+            (need_dx || direct_dx).then_some(dx),
+            &weight,
+            (need_dw || direct_dw).then_some(dw),
+        )
     }
 }
 
@@ -3482,10 +3523,11 @@ mod tests {
         // copies whole planes.
         // 3 → 4 channels unfold everywhere; 16 → 32 go direct on AVX-512 CPUs where the
         // kernel is larger than 1 × 1 (`direct_conv::suits`; the frozen-weight input
-        // gradient below too, unless stride 3 leaves too few taps per phase).
+        // gradient below too, unless stride 3 leaves too few taps per phase); 32 → 48 has
+        // enough tap rows for the direct weight gradient too (`suits_weight_gradient`).
         let shapes = [(2, 7, 7, 3), (7, 6, 6, 3), (7, 5, 5, 1), (3, 12, 12, 3)];
         let cases = [(1, 1), (2, 0), (1, 0), (2, 1), (3, 2)];
-        let channels = [(3, 4), (16, 32)];
+        let channels = [(3, 4), (16, 32), (32, 48)];
         for (((b, h, wd, k), (stride, padding)), (c, o)) in shapes
             .into_iter()
             .flat_map(|s| cases.map(|c| (s, c)))
@@ -3793,6 +3835,74 @@ mod tests {
             assert!(g.get(&w).is_none());
             close(&flat(g.get(xv.as_tensor()).unwrap()), &gx, 1e-5);
         }
+    }
+
+    /// With channels enough for the direct kernels (on AVX-512 CPUs: the input gradient as
+    /// a convolution's forward pass, the weight gradient of a 4 × 4 kernel), both
+    /// gradients and each alone against the definition, in f64.
+    #[test]
+    fn conv_transpose2d_gradients_match_the_definition_with_many_channels() {
+        let dev = &Device::Cpu;
+        let (b, i, o, h, w, k, s, p) = (2, 32, 24, 5, 6, 4, 2, 1);
+        let (oh, ow) = ((h - 1) * s + k - 2 * p, (w - 1) * s + k - 2 * p);
+        let wave = |n: usize, f: f32| (0..n).map(|j| (j as f32 * f).sin()).collect::<Vec<f32>>();
+        let (xs, ws, ps) = (
+            wave(b * i * h * w, 0.37),
+            wave(i * o * k * k, 0.53),
+            wave(b * o * oh * ow, 0.11),
+        );
+        let (mut dx, mut dw) = (vec![0f64; xs.len()], vec![0f64; ws.len()]);
+        for n in 0..b {
+            for ci in 0..i {
+                for y in 0..h {
+                    for xx in 0..w {
+                        for co in 0..o {
+                            for ky in 0..k {
+                                for kx in 0..k {
+                                    let (oy, ox) = (
+                                        (y * s + ky) as isize - p as isize,
+                                        (xx * s + kx) as isize - p as isize,
+                                    );
+                                    if oy < 0 || ox < 0 || oy >= oh as isize || ox >= ow as isize {
+                                        continue;
+                                    }
+                                    let at = ((n * o + co) * oh + oy as usize) * ow + ox as usize;
+                                    let (xi, wi) =
+                                        (((n * i + ci) * h + y) * w + xx, ((ci * o + co) * k + ky) * k + kx);
+                                    dx[xi] += f64::from(ws[wi]) * f64::from(ps[at]);
+                                    dw[wi] += f64::from(xs[xi]) * f64::from(ps[at]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let to32 = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<_>>();
+        let (dx, dw) = (to32(dx), to32(dw));
+        let x = Var::from_vec(xs, (b, i, h, w), dev).unwrap();
+        let wt = Var::from_vec(ws, (i, o, k, k), dev).unwrap();
+        let probe = Tensor::from_vec(ps, (b, o, oh, ow), dev).unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let grads = |x: &Tensor, wt: &Tensor| {
+            (conv_transpose2d(x, wt, s, p).unwrap() * &probe)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap()
+        };
+        let both = grads(x.as_tensor(), wt.as_tensor());
+        close(&flat(both.get(x.as_tensor()).unwrap()), &dx, 1e-4);
+        close(&flat(both.get(wt.as_tensor()).unwrap()), &dw, 1e-4);
+        let data = x.as_tensor().detach();
+        let weight_alone = grads(&data, wt.as_tensor());
+        assert!(weight_alone.get(&data).is_none());
+        close(&flat(weight_alone.get(wt.as_tensor()).unwrap()), &dw, 1e-4);
+        let frozen = wt.as_tensor().detach();
+        let input_alone = grads(x.as_tensor(), &frozen);
+        assert!(input_alone.get(&frozen).is_none());
+        close(&flat(input_alone.get(x.as_tensor()).unwrap()), &dx, 1e-4);
     }
 
     #[test]
