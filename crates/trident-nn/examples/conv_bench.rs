@@ -1,10 +1,11 @@
 //! Convolution throughput (`ops::conv2d` and `ops::conv_transpose2d`, forward and backward)
 //! on the shapes Trident's networks train with: the Fashion CNN's two convolutions, the GAN
 //! critic's stride-2 ones and the generator's transposed ones, the convolutional
-//! autoencoder's four, EfficientNet-Lite0's 1 × 1 convolutions at 112 px; then, for the
-//! convolutions, the backward pass of a frozen weight (the input gradient alone, as a
-//! critic's while its generator trains). Medians of
-//! `RUNS` runs (default 31) after one warm-up; `ONLY=<text>` keeps the shapes whose name contains it.
+//! autoencoder's four, EfficientNet-Lite0's 1 × 1 convolutions at 112 px; then each
+//! gradient's backward pass alone: the input gradient of a frozen weight (as a critic's
+//! while its generator trains), the weight gradient of an input outside the graph (a first
+//! layer's images). Medians of `RUNS` runs (default 31) after one warm-up; `ONLY=<text>`
+//! keeps the shapes whose name contains it.
 //!
 //!     cargo run --release -p trident-nn --example conv_bench
 
@@ -152,23 +153,21 @@ fn bench(shape: &Shape, runs: usize) -> candle_core::Result<()> {
     // Forward + backward (input and weight gradients); the sum's own cost is small.
     let both = median_ms(runs, || drop(conv().sum_all().unwrap().backward().unwrap()));
     let bwd = both - fwd;
-    let frozen = if transposed {
-        String::new()
-    } else {
-        // The same with the weight outside the graph: the input gradient alone.
-        let wt = wt.as_tensor().detach();
-        let dx = median_ms(runs, || {
-            drop(
-                ops::conv2d(&x, &wt, s, p)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap(),
-            )
+    // The gradient passes alone: the weight outside the graph (a frozen critic's while its
+    // generator trains) or the input (a first layer's images).
+    let alone = |what: &str, x: &Tensor, wt: &Tensor| {
+        let ms = median_ms(runs, || {
+            let y = if transposed {
+                ops::conv_transpose2d(x, wt, s, p).unwrap()
+            } else {
+                ops::conv2d(x, wt, s, p).unwrap()
+            };
+            drop(y.sum_all().unwrap().backward().unwrap())
         }) - fwd;
-        format!(" | input gradient alone {dx:7.2} ms")
+        format!(" | {what} gradient alone {ms:7.2} ms")
     };
+    let frozen =
+        alone("input", &x, &wt.as_tensor().detach()) + &alone("weight", &x.as_tensor().detach(), &wt);
     println!(
         "{name:36} forward {fwd:7.2} ms {:6.1} GFLOP/s | backward {bwd:7.2} ms {:6.1} GFLOP/s{frozen}",
         flop / fwd / 1e6,
