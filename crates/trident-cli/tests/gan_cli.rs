@@ -257,7 +257,8 @@ fn a_wgan_gp_trains_in_bf16_mixed_precision_and_resumes_exactly() {
     };
     let whole = run("whole", "bf16");
     let log = ok_log(&trident(&["train", "--config", whole.to_str().unwrap()], d));
-    assert!(log.contains("bf16 mixed precision:"), "{log}");
+    // Said once, at the start (not per batch).
+    assert_eq!(log.matches("bf16 mixed precision:").count(), 1, "{log}");
     let f32_run = run("f32", "f32");
     ok(&trident(&["train", "--config", f32_run.to_str().unwrap()], d));
     let weights = |run: &str| tensors(&d.join(run).join("last/model.safetensors"));

@@ -134,6 +134,17 @@ fn adversarial_batch<S: AdversarialStep>(
     Ok((d_loss, lr))
 }
 
+/// What an adversarial run's loop works on: both updaters, the checkpoints, the resumable
+/// state, the run's log, and whether its batches run in bf16 mixed precision.
+struct GanRun<'a> {
+    bf16: bool,
+    critic: Updater,
+    generator: Updater,
+    checkpoints: Checkpoints<'a>,
+    state: crate::checkpoint::TrainerState,
+    log: RunLog,
+}
+
 impl Trainer {
     /// Trains `step`'s generator and critic on the real examples of `train`; after each
     /// epoch `judge` reports on the generator. With `resume`, continues from
@@ -167,7 +178,6 @@ impl Trainer {
         S: AdversarialStep,
         D: Dataset + 'static,
     {
-        let c = &self.config;
         self.refuse_for_gan()?;
         std::fs::create_dir_all(&self.run_dir).map_err(io_err(&self.run_dir))?;
         trident_nn::runtime::keep_freed_memory();
@@ -175,139 +185,174 @@ impl Trainer {
         if per_epoch == 0 {
             return Err(TrainError::Invalid("the training set gives no batch".into()));
         }
-        let bf16 = self.mixed_precision();
-        let n_critic = step.critic_steps().max(1);
-        let batches = per_epoch * c.epochs;
-        let mut critic = Updater::of(step.critic_params(), c, batches, None, self.progress)?;
-        let mut generator = Updater::of(
-            step.generator_params(),
-            c,
-            (batches / n_critic).max(1),
-            None,
-            self.progress,
-        )?;
-        let hash = self.config_hash(data_hash);
-        let checkpoints = Checkpoints::new(&self.run_dir, &self.checkpoint_files, None);
-        let mut state = checkpoints.open(
-            resume,
-            step.params(),
-            &mut [&mut generator, &mut critic],
-            &hash,
-            self.progress,
-        )?;
-        // The critic updates once per batch, the generator once per `n_critic`.
-        generator.optimizer_mut().steps = state.micro_step / n_critic;
-        let mut log = RunLog::open(&self.run_dir, state.epoch, c.epochs, true, self.progress)?;
-        if state.finished {
+        let mut run = self.open_adversarial(step, per_epoch, resume, data_hash)?;
+        if run.state.finished {
             // Killed while drawing the final plots: draw them again.
-            log.plots()?;
+            run.log.plots()?;
             return Ok(FitSummary {
-                records: log.records,
+                records: run.log.records,
                 interrupted: false,
                 early_stopped: false,
-                state,
+                state: run.state,
                 profile: None,
             });
         }
         let mut stop = StopRequest::new(&self.stop, self.stop_after_steps);
         let rule = EarlyStopping {
             monitor: Monitor::ValFd,
-            patience: c.early_stopping_patience,
+            patience: self.config.early_stopping_patience,
         };
         let (mut interrupted, mut early_stopped) = (false, false);
-        let params = step.params();
         let mut profiler = StepProfiler::new(self.profile.as_ref());
-        'epochs: while state.epoch < c.epochs {
-            let epoch = state.epoch;
-            let bar = log.progress_bar(per_epoch, epoch);
-            bar.set_position(state.batch_in_epoch);
-            let started = Instant::now();
-            let seen_before = state.epoch_sums.3;
-            if state.extra_sums.len() != SUMS {
-                state.extra_sums = vec![0.0; SUMS];
+        while run.state.epoch < self.config.epochs {
+            let (epoch, started) = (run.state.epoch, Instant::now());
+            let seen_before = run.state.epoch_sums.3;
+            if self.adversarial_epoch(step, train, &mut run, &mut stop, &mut profiler, per_epoch)? {
+                interrupted = true;
+                break;
             }
-            let mut loader = train.epoch_from(epoch, state.batch_in_epoch as usize);
-            let mut i = state.batch_in_epoch;
-            while i < per_epoch {
-                profiler.begin_step(state.optimizer_step + 1);
-                let batch = loader
-                    .next()
-                    .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
-                profiler.mark(Phase::Data);
-                // The batch's ops in the configured precision (they keep it for their
-                // backward passes); the judge's sampling and scoring stay f32.
-                let _precision = trident_nn::bf16::autocast(bf16);
-                let (d_loss, lr) = adversarial_batch(
-                    step,
-                    &batch,
-                    &mut state,
-                    [&mut critic, &mut generator],
-                    &mut profiler,
-                    c.seed,
-                    (epoch, i),
-                )?;
-                state.micro_step += 1;
-                i += 1;
-                state.batch_in_epoch = i;
-                bar.inc(1);
-                stop.steps_this_process += 1;
-                let n = state.optimizer_step;
-                if n.is_multiple_of(c.log_every.max(1)) {
-                    log.step_scalars(n, d_loss, lr, critic.grad_norm())?;
-                }
-                let (loss_sum, loss_n, _, seen) = state.epoch_sums;
-                let rate = (seen - seen_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                log.step_message(
-                    &bar,
-                    epoch,
-                    i,
-                    per_epoch,
-                    1,
-                    loss_sum / loss_n.max(1) as f64,
-                    rate,
-                );
-                let stop_now = stop.asked(0);
-                let periodic = c.checkpoint_every > 0 && n.is_multiple_of(c.checkpoint_every);
-                if (stop_now || periodic) && i < per_epoch {
-                    checkpoints.save_last(params, &state, &[&generator, &critic])?;
-                }
-                profiler.mark(Phase::Other);
-                profiler.end_step(n);
-                if stop_now && i < per_epoch {
-                    bar.abandon_with_message("interrupted: checkpoint written");
-                    interrupted = true;
-                    break 'epochs;
-                }
-            }
-            bar.finish_and_clear();
             let seconds = started.elapsed().as_secs_f64();
             let (figures, metric) = judge(epoch)?;
-            let lr = critic.lr(state.optimizer_step.saturating_sub(1));
-            log.epoch(epoch_record(&state, figures, lr, seconds, seen_before))?;
-            state.extra_sums = vec![0.0; SUMS];
-            let verdict = rule.end_epoch(&mut state, epoch, metric, c.epochs);
-            checkpoints.save_epoch(params, &state, &[&generator, &critic], verdict.improved)?;
-            log.plots_periodically()?;
+            let lr = run.critic.lr(run.state.optimizer_step.saturating_sub(1));
+            run.log
+                .epoch(epoch_record(&run.state, figures, lr, seconds, seen_before))?;
+            run.state.extra_sums = vec![0.0; SUMS];
+            let verdict = rule.end_epoch(&mut run.state, epoch, metric, self.config.epochs);
+            run.checkpoints.save_epoch(
+                step.params(),
+                &run.state,
+                &[&run.generator, &run.critic],
+                verdict.improved,
+            )?;
+            run.log.plots_periodically()?;
             if verdict.early {
                 early_stopped = true;
                 if self.progress {
-                    eprintln!("{}", rule.stop_message(&state));
+                    eprintln!("{}", rule.stop_message(&run.state));
                 }
                 break;
             }
-            if stop.asked(0) && !state.finished {
+            if stop.asked(0) && !run.state.finished {
                 interrupted = true;
                 break;
             }
         }
-        log.plots_if_behind()?;
+        run.log.plots_if_behind()?;
         Ok(FitSummary {
-            records: log.records,
+            records: run.log.records,
             interrupted,
             early_stopped,
-            state,
+            state: run.state,
             profile: profiler.finish(self.progress)?,
         })
+    }
+
+    /// The two updaters (the critic's stepping every batch, the generator's every
+    /// `critic_steps`-th), the checkpoints (resumed from `last` with `resume`) and the log of
+    /// an adversarial run of `per_epoch` batches an epoch.
+    fn open_adversarial<S: AdversarialStep>(
+        &self,
+        step: &S,
+        per_epoch: u64,
+        resume: bool,
+        data_hash: &str,
+    ) -> Result<GanRun<'_>, TrainError> {
+        let c = &self.config;
+        let bf16 = self.mixed_precision();
+        let n_critic = step.critic_steps().max(1);
+        let batches = per_epoch * c.epochs;
+        let mut critic = Updater::of(step.critic_params(), c, batches, None, self.progress)?;
+        let generator_steps = (batches / n_critic).max(1);
+        let mut generator = Updater::of(step.generator_params(), c, generator_steps, None, self.progress)?;
+        let checkpoints = Checkpoints::new(&self.run_dir, &self.checkpoint_files, None);
+        let hash = self.config_hash(data_hash);
+        let updaters: &mut [&mut Updater] = &mut [&mut generator, &mut critic];
+        let state = checkpoints.open(resume, step.params(), updaters, &hash, self.progress)?;
+        // The critic updates once per batch, the generator once per `n_critic`.
+        generator.optimizer_mut().steps = state.micro_step / n_critic;
+        let log = RunLog::open(&self.run_dir, state.epoch, c.epochs, true, self.progress)?;
+        Ok(GanRun {
+            bf16,
+            critic,
+            generator,
+            checkpoints,
+            state,
+            log,
+        })
+    }
+
+    /// The rest of `run`'s current epoch, batch by batch (from where a resumed run
+    /// stopped), with a checkpoint every `checkpoint_every` optimizer steps and on a stop
+    /// request; returns whether the run was stopped mid-epoch (its checkpoint written).
+    fn adversarial_epoch<S, D>(
+        &self,
+        step: &S,
+        train: &DataLoader<D, S::Batch>,
+        run: &mut GanRun<'_>,
+        stop: &mut StopRequest<'_>,
+        profiler: &mut StepProfiler<'_>,
+        per_epoch: u64,
+    ) -> Result<bool, TrainError>
+    where
+        S: AdversarialStep,
+        D: Dataset + 'static,
+    {
+        let c = &self.config;
+        let GanRun {
+            bf16,
+            critic,
+            generator,
+            checkpoints,
+            state,
+            log,
+        } = run;
+        let (epoch, started, seen_before) = (state.epoch, Instant::now(), state.epoch_sums.3);
+        let bar = log.progress_bar(per_epoch, epoch);
+        bar.set_position(state.batch_in_epoch);
+        if state.extra_sums.len() != SUMS {
+            state.extra_sums = vec![0.0; SUMS];
+        }
+        let mut loader = train.epoch_from(epoch, state.batch_in_epoch as usize);
+        while state.batch_in_epoch < per_epoch {
+            let i = state.batch_in_epoch;
+            profiler.begin_step(state.optimizer_step + 1);
+            let batch = loader
+                .next()
+                .ok_or_else(|| TrainError::Invalid("loader ended early".into()))??;
+            profiler.mark(Phase::Data);
+            // The batch's ops in the configured precision (they keep it for their
+            // backward passes); the judge's sampling and scoring stay f32.
+            let _precision = trident_nn::bf16::autocast(*bf16);
+            let updaters = [&mut *critic, &mut *generator];
+            let (d_loss, lr) =
+                adversarial_batch(step, &batch, state, updaters, profiler, c.seed, (epoch, i))?;
+            state.micro_step += 1;
+            state.batch_in_epoch = i + 1;
+            bar.inc(1);
+            stop.steps_this_process += 1;
+            let n = state.optimizer_step;
+            if n.is_multiple_of(c.log_every.max(1)) {
+                log.step_scalars(n, d_loss, lr, critic.grad_norm())?;
+            }
+            let (loss_sum, loss_n, _, seen) = state.epoch_sums;
+            let rate = (seen - seen_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            let mean = loss_sum / loss_n.max(1) as f64;
+            log.step_message(&bar, epoch, i + 1, per_epoch, 1, mean, rate);
+            let stop_now = stop.asked(0);
+            let periodic = c.checkpoint_every > 0 && n.is_multiple_of(c.checkpoint_every);
+            let mid_epoch = state.batch_in_epoch < per_epoch;
+            if (stop_now || periodic) && mid_epoch {
+                checkpoints.save_last(step.params(), state, &[&*generator, &*critic])?;
+            }
+            profiler.mark(Phase::Other);
+            profiler.end_step(n);
+            if stop_now && mid_epoch {
+                bar.abandon_with_message("interrupted: checkpoint written");
+                return Ok(true);
+            }
+        }
+        bar.finish_and_clear();
+        Ok(false)
     }
 
     /// What a GAN's loop does not offer, refused by name before anything is written.
