@@ -908,6 +908,15 @@ mod tests {
         }
     }
 
+    /// Whether this CPU lacks AVX-512 (the direct kernels' tests then check nothing, and say so).
+    fn skipped_without_avx512() -> bool {
+        let skipped = !cpu_has_avx512();
+        if skipped {
+            eprintln!("no AVX-512 on this CPU: the direct convolution does not run here");
+        }
+        skipped
+    }
+
     /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed
@@ -975,8 +984,7 @@ mod tests {
 
     #[test]
     fn direct_convolutions_match_the_definition() {
-        if !cpu_has_avx512() {
-            eprintln!("no AVX-512 on this CPU: the direct convolution does not run here");
+        if skipped_without_avx512() {
             return;
         }
         // Strides 1 and 2, padding 0–2, output channels below, at and past a lane-block
@@ -1002,8 +1010,7 @@ mod tests {
 
     #[test]
     fn direct_input_gradients_match_the_definition() {
-        if !cpu_has_avx512() {
-            eprintln!("no AVX-512 on this CPU: the direct convolution does not run here");
+        if skipped_without_avx512() {
             return;
         }
         // Strides 1–3 (every phase, phases no tap reaches: k 1 or 2 at stride 3),
@@ -1029,8 +1036,7 @@ mod tests {
 
     #[test]
     fn direct_weight_gradients_match_the_definition() {
-        if !cpu_has_avx512() {
-            eprintln!("no AVX-512 on this CPU: the direct convolution does not run here");
+        if skipped_without_avx512() {
             return;
         }
         // 3 × 3 and 4 × 4, strides 1 and 2, padding 0–2; output channels below, at and
