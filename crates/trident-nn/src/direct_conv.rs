@@ -1059,6 +1059,15 @@ mod tests {
                 * (g.c * (g.h + 2 * g.padding) * (g.w + 2 * g.padding)
                     + g.oh * g.ow * g.o.div_ceil(LANES) * LANES);
             let all_at_once = weight_gradient(&x, &dy, *g);
+            // The same bits on one thread and on three as on the default pool.
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let dw = pool.install(|| weight_gradient(&x, &dy, *g));
+                assert!(dw == all_at_once, "{g:?}: {threads} threads changed the sums");
+            }
             for batch_bytes in [1, 3 * per_image, 32 << 20] {
                 let dw = weight_gradient_in(&x, &dy, *g, batch_bytes);
                 // Each sum runs over the images in order whatever the batches: the same bits.
