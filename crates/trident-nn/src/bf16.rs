@@ -1530,54 +1530,66 @@ mod amx {
             for cb in [0, 16] {
                 let r: [__m512; 16] =
                     std::array::from_fn(|i| _mm512_loadu_ps(acc.as_ptr().add((rb + i) * B + cb)));
-                // Pairs of rows interleaved by 32 bits, then by 64: u[4g + q], lane L, holds
-                // rows 4g..4g + 4 of column 4L + q.
-                let t: [__m512; 16] = std::array::from_fn(|i| {
-                    let (a, b) = (r[i & !1], r[i | 1]);
-                    if i % 2 == 0 {
-                        _mm512_unpacklo_ps(a, b)
+                for (c, col) in super::transpose16(&r).into_iter().enumerate() {
+                    let d = dst.add((cb + c) * ldd + rb);
+                    let v = if beta == 0.0 {
+                        col
                     } else {
-                        _mm512_unpackhi_ps(a, b)
-                    }
-                });
-                let u: [__m512; 16] = std::array::from_fn(|i| {
-                    let (g, q) = (i / 4, i % 4);
-                    let (a, b) = (
-                        _mm512_castps_pd(t[4 * g + q / 2]),
-                        _mm512_castps_pd(t[4 * g + 2 + q / 2]),
-                    );
-                    _mm512_castpd_ps(if q % 2 == 0 {
-                        _mm512_unpacklo_pd(a, b)
-                    } else {
-                        _mm512_unpackhi_pd(a, b)
-                    })
-                });
-                for q in 0..4 {
-                    // Lanes 0, 1 (v, x) and 2, 3 (w, y) of the four row groups, then each
-                    // column's four lanes gathered.
-                    let v = _mm512_shuffle_f32x4::<0x44>(u[q], u[4 + q]);
-                    let w = _mm512_shuffle_f32x4::<0xEE>(u[q], u[4 + q]);
-                    let x = _mm512_shuffle_f32x4::<0x44>(u[8 + q], u[12 + q]);
-                    let y = _mm512_shuffle_f32x4::<0xEE>(u[8 + q], u[12 + q]);
-                    let cols = [
-                        _mm512_shuffle_f32x4::<0x88>(v, x),
-                        _mm512_shuffle_f32x4::<0xDD>(v, x),
-                        _mm512_shuffle_f32x4::<0x88>(w, y),
-                        _mm512_shuffle_f32x4::<0xDD>(w, y),
-                    ];
-                    for (l, col) in cols.into_iter().enumerate() {
-                        let d = dst.add((cb + 4 * l + q) * ldd + rb);
-                        let v = if beta == 0.0 {
-                            col
-                        } else {
-                            _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(d), col)
-                        };
-                        _mm512_storeu_ps(d, v);
-                    }
+                        _mm512_fmadd_ps(_mm512_set1_ps(beta), _mm512_loadu_ps(d), col)
+                    };
+                    _mm512_storeu_ps(d, v);
                 }
             }
         }
     }
+}
+
+/// A 16 × 16 block of f32 transposed in AVX-512 registers: `r[i]` holds row `i`, the
+/// result's `[c]` column `c` (lane `i` of it, row `i`'s value). Shared by the bf16
+/// kernels' transposed store and the direct convolutions' re-laying of gradients.
+///
+/// # Safety
+/// The CPU has AVX512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn transpose16(r: &[std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved by 32 bits, then by 64: u[4g + q], lane L, holds rows
+    // 4g..4g + 4 of column 4L + q.
+    let t: [__m512; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        let (g, q) = (i / 4, i % 4);
+        let (a, b) = (
+            _mm512_castps_pd(t[4 * g + q / 2]),
+            _mm512_castps_pd(t[4 * g + 2 + q / 2]),
+        );
+        _mm512_castpd_ps(if q % 2 == 0 {
+            _mm512_unpacklo_pd(a, b)
+        } else {
+            _mm512_unpackhi_pd(a, b)
+        })
+    });
+    let mut cols = [_mm512_setzero_ps(); 16];
+    for q in 0..4 {
+        // Lanes 0, 1 (v, x) and 2, 3 (w, y) of the four row groups, then each column's
+        // four lanes gathered.
+        let v = _mm512_shuffle_f32x4::<0x44>(u[q], u[4 + q]);
+        let w = _mm512_shuffle_f32x4::<0xEE>(u[q], u[4 + q]);
+        let x = _mm512_shuffle_f32x4::<0x44>(u[8 + q], u[12 + q]);
+        let y = _mm512_shuffle_f32x4::<0xEE>(u[8 + q], u[12 + q]);
+        cols[q] = _mm512_shuffle_f32x4::<0x88>(v, x);
+        cols[4 + q] = _mm512_shuffle_f32x4::<0xDD>(v, x);
+        cols[8 + q] = _mm512_shuffle_f32x4::<0x88>(w, y);
+        cols[12 + q] = _mm512_shuffle_f32x4::<0xDD>(w, y);
+    }
+    cols
 }
 
 #[cfg(not(target_arch = "x86_64"))]
