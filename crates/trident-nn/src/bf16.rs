@@ -177,10 +177,35 @@ mod simd {
     }
 
     #[cfg(target_arch = "x86_64")]
-    mod x86 {
+    pub(super) mod x86 {
         use super::round;
         use std::arch::x86_64::*;
         use std::mem::MaybeUninit;
+
+        /// Sixteen pairs of bf16 bits as words, `lo` in each word's low half: the pairs
+        /// the packed right operand holds ([`super::super::amx`]).
+        ///
+        /// SAFETY: the CPU has AVX512F and AVX512BW.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw")]
+        pub(in crate::bf16) unsafe fn pair_words(lo: __m256i, hi: __m256i) -> __m512i {
+            _mm512_or_si512(
+                _mm512_cvtepu16_epi32(lo),
+                _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(hi)),
+            )
+        }
+
+        /// Sixteen f32 from `lo` and sixteen from `hi`, rounded to bf16 and paired
+        /// ([`pair_words`]) into `dst`.
+        ///
+        /// SAFETY: as `round_slice`; 16 values readable at `lo` and `hi`, writable at `dst`.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        unsafe fn pair16(lo: *const f32, hi: *const f32, dst: *mut u32) {
+            let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(lo)));
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(hi)));
+            _mm512_storeu_si512(dst.cast(), pair_words(l, h));
+        }
 
         /// SAFETY: the CPU has AVX512F, AVX512BW and AVX512-BF16; equal lengths.
         #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
@@ -212,13 +237,11 @@ mod simd {
             for i in 0..pairs {
                 let (lo, hi) = (src.add(2 * i * ld), src.add((2 * i + 1) * ld));
                 for s in 0..2 {
-                    let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(lo.add(16 * s))));
-                    let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(hi.add(16 * s))));
-                    let v = _mm512_or_si512(
-                        _mm512_cvtepu16_epi32(l),
-                        _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)),
+                    pair16(
+                        lo.add(16 * s),
+                        hi.add(16 * s),
+                        dst.as_mut_ptr().add((s * (kp / 2) + i) * 16),
                     );
-                    _mm512_storeu_si512(dst.as_mut_ptr().add((s * (kp / 2) + i) * 16).cast(), v);
                 }
             }
         }
@@ -228,13 +251,7 @@ mod simd {
         pub(super) unsafe fn pair_slices(lo: &[f32], hi: &[f32], dst: &mut [u32]) {
             let n = dst.len() / 16 * 16;
             for i in (0..n).step_by(16) {
-                let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(lo.as_ptr().add(i))));
-                let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(hi.as_ptr().add(i))));
-                let v = _mm512_or_si512(
-                    _mm512_cvtepu16_epi32(l),
-                    _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)),
-                );
-                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), v);
+                pair16(lo.as_ptr().add(i), hi.as_ptr().add(i), dst.as_mut_ptr().add(i));
             }
             for i in n..dst.len() {
                 dst[i] = round(lo[i]) as u32 | (round(hi[i]) as u32) << 16;
@@ -1269,10 +1286,7 @@ mod amx {
         for s in 0..strips {
             let l = _mm256_loadu_si256(lo.as_ptr().add(s * STRIP).cast());
             let h = _mm256_loadu_si256(hi.as_ptr().add(s * STRIP).cast());
-            let v = _mm512_or_si512(
-                _mm512_cvtepu16_epi32(l),
-                _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)),
-            );
+            let v = super::simd::x86::pair_words(l, h);
             _mm512_storeu_si512(out.as_mut_ptr().add((s * (kp / 2) + i) * STRIP).cast(), v);
         }
     }
