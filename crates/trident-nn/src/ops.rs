@@ -1701,6 +1701,21 @@ impl Conv {
         2 * (b * o * ckk * ohw) as u64
     }
 
+    /// Whether the weight gradient of the convolution `geometry` runs directly
+    /// ([`crate::direct_conv::weight_gradient`]) rather than as the unfolded product of
+    /// `m × k` by `k × n`: where that product would stay f32 and the kernel suits the CPU
+    /// and the shape. (This op's weight gradient, and a transposed convolution's: that of
+    /// the convolution it is the input gradient of.)
+    fn direct_weight_gradient(
+        &self,
+        geometry: &crate::direct_conv::Geometry,
+        (m, n, k): (usize, usize, usize),
+    ) -> bool {
+        !self.in_bf16(m, n, k)
+            && crate::direct_conv::available()
+            && crate::direct_conv::suits_weight_gradient(geometry)
+    }
+
     /// Whether an unfolded product of `m × k` by `k × n` runs in bf16: under autocast, on
     /// bf16 hardware ([`crate::bf16::accelerated`]), and deep and wide enough that the
     /// faster products outweigh rounding and packing both operands.
@@ -2081,13 +2096,9 @@ impl CustomOp2 for Conv {
         }
         // Wᵀ [ckk, o], the left operand of every group's input-gradient product.
         let wt_weight = need_dx.then(|| self.weight(Mat::new(wv, ckk).t(), (ckk, g * ohw, o)));
-        // The weight gradient directly (f32 products only) where the kernel suits the
-        // shape: then nothing is unfolded, and the input gradient too goes direct where it
-        // suits.
-        let direct_dw = need_dw
-            && !self.in_bf16(o, ckk, g * ohw)
-            && crate::direct_conv::available()
-            && crate::direct_conv::suits_weight_gradient(&geometry);
+        // The weight gradient directly where it can: then nothing is unfolded, and the
+        // input gradient too goes direct where it suits.
+        let direct_dw = need_dw && self.direct_weight_gradient(&geometry, (o, ckk, g * ohw));
         let dw_in_groups = need_dw && !direct_dw;
         let direct_dx = need_dx
             && !dw_in_groups
@@ -2485,31 +2496,27 @@ impl CustomOp2 for ConvTranspose {
         // weight gradient (x as its output gradient). Each directly (f32 products) where the
         // kernels suit the shape; what is left shares the unfolded output gradients below.
         let geometry = conv.direct((b, o, h, w, ih, iw), i);
-        let direct = crate::direct_conv::available();
-        let direct_dw = need_dw
-            && direct
-            && !conv.in_bf16(i, okk, g * ihw)
-            && crate::direct_conv::suits_weight_gradient(&geometry);
+        let direct_dw = need_dw && conv.direct_weight_gradient(&geometry, (i, okk, g * ihw));
         let direct_dx = need_dx
-            && direct
             && !w_weight.as_ref().is_some_and(Weight::is_bf16)
+            && crate::direct_conv::available()
             && crate::direct_conv::suits(&geometry);
-        let (need_dw, need_dx) = (need_dw && !direct_dw, need_dx && !direct_dx);
+        let (dw_in_groups, dx_in_groups) = (need_dw && !direct_dw, need_dx && !direct_dx);
         let group =
             |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, (dw, beta): (&mut [f32], f32)| {
                 let wide = imgs * ihw;
                 // The output gradients' patches side by side: cols [okk, wide]. Where every
                 // wanted product runs in bf16, unfolded from the rounded gradients into each
                 // packed operand (no f32 matrix); else made once as an f32 matrix for both.
-                let in_bf16 =
-                    (!need_dw || conv.in_bf16(i, okk, wide)) && w_weight.as_ref().is_none_or(Weight::is_bf16);
+                let in_bf16 = (!dw_in_groups || conv.in_bf16(i, okk, wide))
+                    && w_weight.as_ref().is_none_or(Weight::is_bf16);
                 let cols = conv.unfold(&gv[n0 * ohw..], imgs, (o, h, w, ih, iw), in_bf16);
                 let mut stored = Vec::new();
                 if !in_bf16 {
                     stored = crate::scratch::take(okk * wide);
                     cols.write_matrix(&mut stored);
                 }
-                if need_dw {
+                if dw_in_groups {
                     // dW [i, okk] = x [i, wide] · colsᵀ [wide, okk] + beta · dW
                     let xn = &xv[n0 * i * ihw..(n0 + imgs) * i * ihw];
                     let side = side_by_side(xn, (imgs, i, ihw));
@@ -2532,16 +2539,16 @@ impl CustomOp2 for ConvTranspose {
                 }
                 crate::scratch::give(stored);
             };
-        let dw_len = if need_dw { i * okk } else { 0 };
+        let dw_len = if dw_in_groups { i * okk } else { 0 };
         let mut dw = Vec::new();
         let mut dx = Vec::new();
-        if need_dw || need_dx {
+        if dw_in_groups || dx_in_groups {
             let write = |dx: &mut [MaybeUninit<f32>]| {
-                dw = per_group_backward(need_dx.then_some((dx, i * ihw)), b, g, dw_len, group);
+                dw = per_group_backward(dx_in_groups.then_some((dx, i * ihw)), b, g, dw_len, group);
             };
-            // SAFETY: with need_dx the groups' slices cover dx in whole images and `apart`
-            // writes every value of each; without it dx is empty.
-            dx = unsafe { crate::scratch::written(if need_dx { b * i * ihw } else { 0 }, write) };
+            // SAFETY: with dx_in_groups the groups' slices cover dx in whole images and
+            // `apart` writes every value of each; without it dx is empty.
+            dx = unsafe { crate::scratch::written(if dx_in_groups { b * i * ihw } else { 0 }, write) };
         }
         if direct_dx {
             dx = crate::direct_conv::forward(gv, wv, geometry);
@@ -2549,12 +2556,7 @@ impl CustomOp2 for ConvTranspose {
         if direct_dw {
             dw = crate::direct_conv::weight_gradient(gv, xv, geometry);
         }
-        input_and_weight_grads(
-            &x,
-            (need_dx || direct_dx).then_some(dx),
-            &weight,
-            (need_dw || direct_dw).then_some(dw),
-        )
+        input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
     }
 }
 
