@@ -6,8 +6,8 @@
 Runs each binary in turn, ROUNDS times, with `ONLY` (a shape-name filter; '' for all) and
 `RUNS` passed through, and prints per shape and pass (forward, backward with both gradients,
 the input gradient alone, the weight gradient alone) the fastest and the median of the
-rounds' medians for each binary (– where a build does not print that pass). One run's median moves by tens of per cent on a noisy VM;
-the rounds show by how much.
+rounds' medians for each binary (– where a build does not print that pass). One run's
+median moves by tens of per cent on a noisy VM; the rounds show by how much.
 """
 import collections
 import os

@@ -142,30 +142,23 @@ fn bench(shape: &Shape, runs: usize) -> candle_core::Result<()> {
         let ow = (w + 2 * p - k) / s + 1;
         (wt, 2.0 * (b * o * c * k * k * oh * ow) as f64)
     };
-    let conv = || {
+    let conv = |x: &Tensor, wt: &Tensor| {
         if transposed {
-            ops::conv_transpose2d(&x, &wt, s, p).unwrap()
+            ops::conv_transpose2d(x, wt, s, p).unwrap()
         } else {
-            ops::conv2d(&x, &wt, s, p).unwrap()
+            ops::conv2d(x, wt, s, p).unwrap()
         }
     };
-    let fwd = median_ms(runs, || drop(conv()));
-    // Forward + backward (input and weight gradients); the sum's own cost is small.
-    let both = median_ms(runs, || drop(conv().sum_all().unwrap().backward().unwrap()));
-    let bwd = both - fwd;
+    let fwd = median_ms(runs, || drop(conv(&x, &wt)));
+    // Forward + backward of the gradients `x` and `wt` track; the sum's own cost is small.
+    let backward = |x: &Tensor, wt: &Tensor| {
+        median_ms(runs, || drop(conv(x, wt).sum_all().unwrap().backward().unwrap())) - fwd
+    };
+    let bwd = backward(&x, &wt);
     // The gradient passes alone: the weight outside the graph (a frozen critic's while its
     // generator trains) or the input (a first layer's images).
-    let alone = |what: &str, x: &Tensor, wt: &Tensor| {
-        let ms = median_ms(runs, || {
-            let y = if transposed {
-                ops::conv_transpose2d(x, wt, s, p).unwrap()
-            } else {
-                ops::conv2d(x, wt, s, p).unwrap()
-            };
-            drop(y.sum_all().unwrap().backward().unwrap())
-        }) - fwd;
-        format!(" | {what} gradient alone {ms:7.2} ms")
-    };
+    let alone =
+        |what: &str, x: &Tensor, wt: &Tensor| format!(" | {what} gradient alone {:7.2} ms", backward(x, wt));
     let frozen =
         alone("input", &x, &wt.as_tensor().detach()) + &alone("weight", &x.as_tensor().detach(), &wt);
     println!(
