@@ -207,7 +207,15 @@ impl Trainer {
         while run.state.epoch < self.config.epochs {
             let (epoch, started) = (run.state.epoch, Instant::now());
             let seen_before = run.state.epoch_sums.3;
-            if self.adversarial_epoch(step, train, &mut run, &mut stop, &mut profiler, per_epoch)? {
+            let since = (started, seen_before);
+            if self.adversarial_epoch(
+                step,
+                train,
+                &mut run,
+                (&mut stop, &mut profiler),
+                per_epoch,
+                since,
+            )? {
                 interrupted = true;
                 break;
             }
@@ -284,14 +292,16 @@ impl Trainer {
     /// The rest of `run`'s current epoch, batch by batch (from where a resumed run
     /// stopped), with a checkpoint every `checkpoint_every` optimizer steps and on a stop
     /// request; returns whether the run was stopped mid-epoch (its checkpoint written).
+    /// `since`: when this process began the epoch, and the examples seen before (the
+    /// progress line's rate).
     fn adversarial_epoch<S, D>(
         &self,
         step: &S,
         train: &DataLoader<D, S::Batch>,
         run: &mut GanRun<'_>,
-        stop: &mut StopRequest<'_>,
-        profiler: &mut StepProfiler<'_>,
+        (stop, profiler): (&mut StopRequest<'_>, &mut StepProfiler<'_>),
         per_epoch: u64,
+        (started, seen_before): (Instant, u64),
     ) -> Result<bool, TrainError>
     where
         S: AdversarialStep,
@@ -306,7 +316,7 @@ impl Trainer {
             state,
             log,
         } = run;
-        let (epoch, started, seen_before) = (state.epoch, Instant::now(), state.epoch_sums.3);
+        let epoch = state.epoch;
         let bar = log.progress_bar(per_epoch, epoch);
         bar.set_position(state.batch_in_epoch);
         if state.extra_sums.len() != SUMS {
