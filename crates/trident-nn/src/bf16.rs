@@ -178,7 +178,6 @@ mod simd {
 
     #[cfg(target_arch = "x86_64")]
     pub(super) mod x86 {
-        use super::round;
         use std::arch::x86_64::*;
         use std::mem::MaybeUninit;
 
@@ -210,16 +209,24 @@ mod simd {
         /// SAFETY: the CPU has AVX512F, AVX512BW and AVX512-BF16; equal lengths.
         #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
         pub(super) unsafe fn round_slice(src: &[f32], dst: &mut [MaybeUninit<u16>]) {
-            let n = src.len() / 32 * 32;
-            for i in (0..n).step_by(32) {
-                let lo = _mm512_loadu_ps(src.as_ptr().add(i));
-                let hi = _mm512_loadu_ps(src.as_ptr().add(i + 16));
+            assert_eq!(src.len(), dst.len());
+            for i in (0..src.len()).step_by(32) {
+                // The last 1–31 values through masks (short rows, as a convolution's
+                // 14-wide ones, would otherwise be all tail).
+                let left = (src.len() - i).min(32);
+                let (lo_mask, hi_mask) = (mask16(left), mask16(left.saturating_sub(16)));
+                let lo = _mm512_maskz_loadu_ps(lo_mask, src.as_ptr().add(i));
+                let hi = _mm512_maskz_loadu_ps(hi_mask, src.as_ptr().add(i + 16));
                 let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), v);
+                let mask = (u32::from(hi_mask) << 16) | u32::from(lo_mask);
+                _mm512_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), mask, v);
             }
-            dst[n..].iter_mut().zip(&src[n..]).for_each(|(d, &s)| {
-                d.write(round(s));
-            });
+        }
+
+        /// The first `n` of 16 lanes (`n` at most 16).
+        #[inline]
+        fn mask16(n: usize) -> __mmask16 {
+            ((1u32 << n.min(16)) - 1) as __mmask16
         }
 
         /// SAFETY: as `round_slice`; the panel's rows and strips inside `data` and `dst`
@@ -253,8 +260,18 @@ mod simd {
             for i in (0..n).step_by(16) {
                 pair16(lo.as_ptr().add(i), hi.as_ptr().add(i), dst.as_mut_ptr().add(i));
             }
-            for i in n..dst.len() {
-                dst[i] = round(lo[i]) as u32 | (round(hi[i]) as u32) << 16;
+            if n < dst.len() {
+                // The last 1–15 through a mask.
+                let mask = mask16(dst.len() - n);
+                let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(
+                    mask,
+                    lo.as_ptr().add(n),
+                )));
+                let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(
+                    mask,
+                    hi.as_ptr().add(n),
+                )));
+                _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(n).cast(), mask, pair_words(l, h));
             }
         }
     }
@@ -369,6 +386,19 @@ pub fn mixed_precision() -> &'static str {
 /// `vdpbf16ps` on an AMD EPYC Zen 5, packing included (`examples/gemm_layouts.rs`).
 pub fn accelerated() -> bool {
     amx::kernel().is_some()
+}
+
+/// Whether bf16 products run on AVX512-BF16's `vdpbf16ps` here (bf16 arithmetic without
+/// AMX tiles, or with them turned off), which the direct convolutions
+/// ([`crate::direct_conv`]) also use.
+pub(crate) fn dot_products() -> bool {
+    matches!(amx::kernel(), Some(amx::Kernel::Dot))
+}
+
+/// `dst[i] = round(lo[i]) | round(hi[i]) << 16` (equal lengths): pairs of bf16 in words,
+/// `lo`'s in the low half.
+pub(crate) fn pair_into(lo: &[f32], hi: &[f32], dst: &mut [u32]) {
+    simd::pair_slices(lo, hi, dst)
 }
 
 /// `c = op(a) · op(b) + beta · c` with both operands rounded to bf16 and f32 accumulation;
@@ -1692,6 +1722,27 @@ mod tests {
             dst.iter().map(|d| unsafe { d.assume_init() }).collect::<Vec<_>>(),
             want
         );
+    }
+
+    /// The vector loops' masked tails: every length up to past two vectors, each value as
+    /// the scalar rounding gives it, nothing written past the end.
+    #[test]
+    fn short_rows_round_and_pair_as_round_does() {
+        for len in [0, 1, 7, 14, 15, 16, 17, 28, 31, 32, 33, 47] {
+            let (lo, hi) = (values(len, 1), values(len, 2));
+            let mut words = vec![0xdead_beefu32; len + 1];
+            pair_into(&lo, &hi, &mut words[..len]);
+            let want: Vec<u32> = (0..len)
+                .map(|i| round(lo[i]) as u32 | (round(hi[i]) as u32) << 16)
+                .collect();
+            assert_eq!(words[..len], want[..], "pairs of {len}");
+            assert_eq!(words[len], 0xdead_beef, "pairs of {len}: written past the end");
+            let mut bits = vec![0xbeefu16; len + 1];
+            round_bits(&lo, &mut bits[..len]);
+            let want: Vec<u16> = lo.iter().map(|&x| round(x)).collect();
+            assert_eq!(bits[..len], want[..], "rounding {len}");
+            assert_eq!(bits[len], 0xbeef, "rounding {len}: written past the end");
+        }
     }
 
     fn values(len: usize, seed: usize) -> Vec<f32> {

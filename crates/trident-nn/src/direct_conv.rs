@@ -18,7 +18,10 @@
 //! convolutions and for a convolution's input gradient. [`weight_gradient`] turns the
 //! roles round (the sums over output positions, in registers, per tap) for the weight
 //! gradients of 3 × 3 and 4 × 4 kernels, both convolutions' and transposed ones': with
-//! it, neither gradient unfolds patches. An AVX2 form (8 lanes, tiles of 2 × 6 in 16 registers) ran level with
+//! it, neither gradient unfolds patches. Under bf16 autocast, on a CPU with AVX512-BF16
+//! (and no AMX tiles), every pass runs in bf16 ([`Arith::Bf16`]): `vdpbf16ps` adds two
+//! products per lane, of two input channels (forward, input gradient) or of two output
+//! positions (weight gradient), into f32 sums. An AVX2 form (8 lanes, tiles of 2 × 6 in 16 registers) ran level with
 //! unfolding onto OpenBLAS's Haswell kernels, or 1.2x slower (Fashion CNN conv2), and was
 //! not kept. `TRIDENT_CONV=unfold` turns it off (comparisons).
 
@@ -43,6 +46,44 @@ pub(crate) struct Geometry {
 
 /// Output channels per vector: AVX-512's 16 lanes of f32.
 const LANES: usize = 16;
+
+/// What a direct pass multiplies in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arith {
+    /// f32 multiply-adds.
+    F32,
+    /// Both operands rounded to bf16, two input channels at a time multiplied and summed
+    /// into f32 (AVX512-BF16's `vdpbf16ps`: twice the multiply-adds of an f32 FMA per
+    /// instruction). The padded input and the packed weight then hold pairs of bf16 (the
+    /// even channel in the low half) in 4-byte words where the f32 form holds one value,
+    /// so that both forms share the passes, their addressing and their checks.
+    Bf16,
+}
+
+impl Arith {
+    /// Words per position for `channels` input channels: one per channel in f32, one per
+    /// pair of channels in bf16 (an odd last channel paired with zeros).
+    fn words(self, channels: usize) -> usize {
+        match self {
+            Arith::F32 => channels,
+            Arith::Bf16 => channels.div_ceil(2),
+        }
+    }
+}
+
+/// Whether the direct passes run in bf16 here ([`Arith::Bf16`]): direct convolutions
+/// ([`available`]) on a CPU whose bf16 products run on AVX512-BF16's `vdpbf16ps`
+/// ([`crate::bf16::dot_products`]; where AMX tiles run them, the unfolded products stay),
+/// unless `TRIDENT_CONV_BF16=unfold` keeps bf16 convolutions on unfolded products (for
+/// comparisons).
+pub(crate) fn bf16_available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        available()
+            && crate::bf16::dot_products()
+            && !std::env::var("TRIDENT_CONV_BF16").is_ok_and(|v| v.eq_ignore_ascii_case("unfold"))
+    })
+}
 
 /// Whether direct convolutions run here: a CPU with AVX-512F, unless
 /// `TRIDENT_CONV=unfold` (any other value is an error).
@@ -132,11 +173,12 @@ pub(crate) fn suits_input_gradient(g: &Geometry) -> bool {
 }
 
 /// The convolution `g` of `x` (`[b, c, h, w]`) with `wt` (`[o, c, k, k]`): `[b, o, oh, ow]`,
-/// images in parallel on rayon's pool.
+/// images in parallel on rayon's pool, in `arith`.
 ///
 /// # Panics
-/// Unless the CPU has AVX-512F ([`cpu_has_avx512`]) and the slices hold the geometry.
-pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
+/// Unless the CPU has AVX-512F ([`cpu_has_avx512`]) (and AVX512-BF16 for
+/// [`Arith::Bf16`]) and the slices hold the geometry.
+pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry, arith: Arith) -> Vec<f32> {
     let Geometry {
         b,
         c,
@@ -151,7 +193,7 @@ pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
     } = g;
     assert!(wt.len() >= o * c * k * k);
     let pass = Pass {
-        c_in: c,
+        c_in: arith.words(c),
         in_h: h + 2 * p,
         in_w: w + 2 * p,
         kh: k,
@@ -168,10 +210,10 @@ pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
         out_rs: ow,
         out_cs: 1,
     };
-    let packed = pack_weight((o, c), (k, k), |oc, ch, dy, dx| {
+    let packed = pack_weight(arith, (o, c), (k, k), |oc, ch, dy, dx| {
         wt[((oc * c + ch) * k + dy) * k + dx]
     });
-    run_images(x, (c, h, w), [p; 4], &[(pass, packed)], (b, o * oh * ow))
+    run_images(x, (c, h, w), [p; 4], &[(pass, packed)], (b, o * oh * ow), arith)
 }
 
 /// The input gradient (`[b, c, h, w]`) of the convolution `g` (weight `wt` `[o, c, k, k]`)
@@ -182,10 +224,11 @@ pub(crate) fn forward(x: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
 /// `kh ≡ iy + p (mod s)` only, from output rows one apart: each phase is a stride-1
 /// convolution of `dy` with that phase's taps (flipped), written to every `s`-th input.
 /// A phase no tap reaches (a kernel smaller than the stride) is a pass without taps: zero.
+/// In `arith`, as [`forward`].
 ///
 /// # Panics
-/// Unless the CPU has AVX-512F ([`cpu_has_avx512`]) and the slices hold the geometry.
-pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
+/// As [`forward`].
+pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry, arith: Arith) -> Vec<f32> {
     let Geometry {
         b,
         c,
@@ -238,7 +281,7 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
             }
             let taps = ty > 0 && tx > 0;
             let pass = Pass {
-                c_in: o,
+                c_in: arith.words(o),
                 in_h,
                 in_w,
                 kh: ty,
@@ -256,7 +299,7 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
                 out_cs: s,
             };
             // Tap (a, b) of the pass is kernel tap (first + s·(taps − 1 − a), …): flipped.
-            let packed = pack_weight((c, o), (ty, tx), |ch, oc, a, bb| {
+            let packed = pack_weight(arith, (c, o), (ty, tx), |ch, oc, a, bb| {
                 wt[((oc * c + ch) * k + fy + s * (ty - 1 - a)) * k + fx + s * (tx - 1 - bb)]
             });
             passes.push((pass, packed));
@@ -268,6 +311,7 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
         [top, left, bottom, right],
         &passes,
         (b, c * h * w),
+        arith,
     )
 }
 
@@ -276,15 +320,21 @@ pub(crate) fn backward_input(dy: &[f32], wt: &[f32], g: Geometry) -> Vec<f32> {
 /// `out_per` values of the output; images in parallel on rayon's pool. The passes must
 /// write every output value between them (each writes `out_c` planes of `rows × cols`
 /// positions, `out_base` + `out_rs`/`out_cs` steps: one pass covers a plane, or the `s²`
-/// phases of a transposed convolution do), which [`covers`] checks.
+/// phases of a transposed convolution do), which [`covers`] checks. In bf16 each image is
+/// rounded and paired as it is padded ([`pad_pairs_into`]).
 fn run_images(
     src: &[f32],
     (c, h, w): (usize, usize, usize),
     pads: [usize; 4],
     passes: &[(Pass, Vec<f32>)],
     (images, out_per): (usize, usize),
+    arith: Arith,
 ) -> Vec<f32> {
     assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
+    assert!(
+        arith == Arith::F32 || crate::bf16::dot_products(),
+        "bf16 direct convolution without AVX512-BF16"
+    );
     assert!(src.len() >= images * c * h * w);
     for (pass, _) in passes {
         pass.check();
@@ -295,9 +345,13 @@ fn run_images(
     );
     let write = |out: &mut [MaybeUninit<f32>]| {
         out.par_chunks_mut(out_per.max(1)).enumerate().for_each(|(n, y)| {
-            let padded = pad(&src[n * c * h * w..(n + 1) * c * h * w], (c, h, w), pads);
+            let img = &src[n * c * h * w..(n + 1) * c * h * w];
+            let padded = match arith {
+                Arith::F32 => pad(img, (c, h, w), pads),
+                Arith::Bf16 => pad_pairs(img, (c, h, w), pads),
+            };
             for (pass, packed) in passes {
-                run(pass, &padded, packed, y);
+                run(pass, &padded, packed, y, arith);
             }
             crate::scratch::give(padded);
         })
@@ -338,8 +392,9 @@ fn covers(passes: &[(Pass, Vec<f32>)], out_per: usize) -> bool {
     seen.into_iter().all(|s| s)
 }
 
-/// Runs `pass` over one padded input into `out`.
-fn run(pass: &Pass, padded: &[f32], packed: &[f32], out: &mut [MaybeUninit<f32>]) {
+/// Runs `pass` over one padded input into `out`, in `arith` (`padded` and `packed` in
+/// that arithmetic's words).
+fn run(pass: &Pass, padded: &[f32], packed: &[f32], out: &mut [MaybeUninit<f32>], arith: Arith) {
     assert!(padded.len() >= pass.c_in * pass.in_h * pass.in_w);
     assert!(packed.len() >= pass.out_c.div_ceil(LANES) * pass.c_in * pass.kh * pass.kw * LANES);
     let last = (pass.out_c - 1) * pass.out_plane
@@ -347,38 +402,64 @@ fn run(pass: &Pass, padded: &[f32], packed: &[f32], out: &mut [MaybeUninit<f32>]
         + (pass.rows - 1) * pass.out_rs
         + (pass.cols - 1) * pass.out_cs;
     assert!(out.len() > last, "{pass:?}: output");
-    // SAFETY: the CPU has AVX-512F (`run_images` asserts it); the asserts here and in
-    // `Pass::check` (run by `run_images`) bound every index the kernel reads or writes.
+    // SAFETY: the CPU has AVX-512F, and AVX512-BF16 for bf16 (`run_images` asserts
+    // both); the asserts here and in `Pass::check` (run by `run_images`) bound every index
+    // the kernel reads or writes.
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        x86::image(pass, padded, packed, out)
+        match arith {
+            Arith::F32 => x86::image(pass, padded, packed, out),
+            Arith::Bf16 => x86::image_pairs(pass, padded, packed, out),
+        }
     }
 }
 
 /// The weight `[out_c, c_in, kh, kw]`, read through `at(out channel, in channel, dy,
-/// dx)`, as `[⌈out_c/16⌉, c_in, kh, kw, 16]`, channels past `out_c` zero.
+/// dx)`, as `[⌈out_c/16⌉, words, kh, kw, 16]` in `arith`'s words ([`Arith::words`] of
+/// `c_in`: in bf16 each word the rounded pair of channels `2i`, `2i + 1`), channels past
+/// `out_c` (and an odd last channel's partner) zero.
 fn pack_weight(
+    arith: Arith,
     (out_c, c_in): (usize, usize),
     (kh, kw): (usize, usize),
     at: impl Fn(usize, usize, usize, usize) -> f32,
 ) -> Vec<f32> {
-    let per = c_in * kh * kw;
+    let words = arith.words(c_in);
+    let per = words * kh * kw;
     let blocks = out_c.div_ceil(LANES);
     let mut packed = vec![0f32; blocks * per * LANES];
+    let round = |oc, ch, dy, dx| {
+        if ch < c_in {
+            crate::bf16::round(at(oc, ch, dy, dx))
+        } else {
+            0
+        }
+    };
     for oc in 0..out_c {
         let dst = &mut packed[(oc / LANES) * per * LANES..][..per * LANES];
         let lane = oc % LANES;
         let mut i = 0;
-        for ch in 0..c_in {
+        for word in 0..words {
             for dy in 0..kh {
                 for dx in 0..kw {
-                    dst[i * LANES + lane] = at(oc, ch, dy, dx);
+                    dst[i * LANES + lane] = match arith {
+                        Arith::F32 => at(oc, word, dy, dx),
+                        Arith::Bf16 => {
+                            pair_word(round(oc, 2 * word, dy, dx), round(oc, 2 * word + 1, dy, dx))
+                        }
+                    };
                     i += 1;
                 }
             }
         }
     }
     packed
+}
+
+/// Two bf16 as the 4-byte word [`Arith::Bf16`]'s buffers hold (`lo` in the low half),
+/// kept in an f32 slot (moved, never computed with).
+fn pair_word(lo: u16, hi: u16) -> f32 {
+    f32::from_bits(u32::from(lo) | u32::from(hi) << 16)
 }
 
 /// Planes `img` (`[c, h, w]`) with zeros around them, `[top, left, bottom, right]`:
@@ -412,6 +493,34 @@ fn pad_into(
             row[left + w..].fill(0.0);
         }
     }
+}
+
+/// [`pad`] in bf16 pairs: `[⌈c/2⌉, h + top + bottom, w + left + right]` words, word
+/// `(i, y, x)` channels `2i` and `2i + 1` at `(y, x)` rounded and paired ([`pair_word`]),
+/// an odd last channel paired with zero.
+fn pad_pairs(img: &[f32], (c, h, w): (usize, usize, usize), pads: [usize; 4]) -> Vec<f32> {
+    let [top, left, bottom, right] = pads;
+    let pairs = c.div_ceil(2);
+    // Whole planes paired at once (a 14-wide row at a time, each row was a masked tail),
+    // then padded as f32 values are (the words' bits copied unchanged).
+    let mut paired = crate::scratch::take(pairs * h * w);
+    let zeros = vec![0f32; if c % 2 == 1 { h * w } else { 0 }];
+    for (i, plane) in paired.chunks_mut(h * w).enumerate() {
+        let lo = &img[2 * i * h * w..][..h * w];
+        let hi = if 2 * i + 1 < c {
+            &img[(2 * i + 1) * h * w..][..h * w]
+        } else {
+            &zeros[..]
+        };
+        // SAFETY: f32 and u32 have the same size and alignment, and every bit pattern
+        // is a valid value of each.
+        let words = unsafe { std::slice::from_raw_parts_mut(plane.as_mut_ptr().cast::<u32>(), plane.len()) };
+        crate::bf16::pair_into(lo, hi, words);
+    }
+    let mut out = crate::scratch::take(pairs * (h + top + bottom) * (w + left + right));
+    pad_into(&paired, (pairs, h, w), pads, &mut out);
+    crate::scratch::give(paired);
+    out
 }
 
 /// Tap rows (one input channel's kernel row: `k` taps) per weight-gradient tile of `nb`
@@ -448,71 +557,154 @@ pub(crate) fn suits_weight_gradient(g: &Geometry) -> bool {
     matches!(g.k, 3 | 4) && 2 * g.o >= LANES && weight_tiles(g).len() >= 16
 }
 
-/// One weight-gradient tile's work over a chunk of images: the chunk's zero-padded
-/// images (`c` planes `hp × wp` each) and channels-last output gradients (`oh · ow`
-/// positions of `ob` values each), the tile's first tap row (tap row `t` is channel
-/// `t / k`'s kernel row `t % k`) and first lane-block `j0`; `dims` are `(oh, ow, stride,
-/// hp, wp)`.
+/// How [`weight_gradient`] lays out a batch's images and output gradients, and how the
+/// kernel walks them, in its arithmetic. Input offsets count elements (f32, or bf16 for
+/// pairs) within one image.
+/// - f32: each image zero-padded (`c` planes of `hp × wp`), its output gradients
+///   channels-last (`oh · ow` positions of `ob` values); a step is one output position.
+/// - bf16 pairs: each padded row rounded to bf16 and split by column phase (each plane
+///   `hp` rows of `s` phase rows of `wq` values, phase `φ` holding padded columns `φ`,
+///   `φ + s`, …, zeros past the row), so that the two inputs a tap reads for two
+///   consecutive output positions lie side by side; the output gradients channels-last in
+///   pairs of consecutive positions of a row (`oh` rows of `⌈ow/2⌉` words of `ob` pairs,
+///   an odd row's last position paired with zero); a step is a pair of positions.
+#[derive(Clone, Copy, Debug)]
+struct WeightLayout {
+    pairs: bool,
+    oh: usize,
+    /// Steps per output row.
+    steps: usize,
+    /// Input elements per padded image, per channel plane, per tap row, per output row
+    /// and per step along it.
+    image: usize,
+    plane: usize,
+    tap_row: usize,
+    out_row: usize,
+    step: usize,
+    /// Each tap's (`kx`) input offset from its step's first.
+    taps: [usize; 4],
+    /// Lanes of re-laid output gradients per position (or pair): `o` rounded up to 16.
+    ob: usize,
+}
+
+impl WeightLayout {
+    fn new(g: &Geometry, arith: Arith) -> Self {
+        let (hp, wp, s, k) = (g.h + 2 * g.padding, g.w + 2 * g.padding, g.stride, g.k);
+        assert!(k <= 4, "direct weight gradient of a {k} × {k} kernel");
+        let ob = g.o.div_ceil(LANES) * LANES;
+        match arith {
+            Arith::F32 => WeightLayout {
+                pairs: false,
+                oh: g.oh,
+                steps: g.ow,
+                image: g.c * hp * wp,
+                plane: hp * wp,
+                tap_row: wp,
+                out_row: s * wp,
+                step: s,
+                taps: [0, 1, 2, 3],
+                ob,
+            },
+            Arith::Bf16 => {
+                // A phase row reaches the last pair's partner's last tap: ⌈ow/2⌉·2 − 1 +
+                // (k − 1)/s; even, so that every image is whole words.
+                let wq = (g.ow + 1 + (k - 1) / s).next_multiple_of(2);
+                WeightLayout {
+                    pairs: true,
+                    oh: g.oh,
+                    steps: g.ow.div_ceil(2),
+                    image: g.c * hp * s * wq,
+                    plane: hp * s * wq,
+                    tap_row: s * wq,
+                    out_row: s * s * wq,
+                    step: 2,
+                    taps: std::array::from_fn(|kx| (kx % s) * wq + kx / s),
+                    ob,
+                }
+            }
+        }
+    }
+
+    /// 4-byte words per padded image (two bf16 a word in pairs).
+    fn image_words(&self) -> usize {
+        if self.pairs {
+            self.image / 2
+        } else {
+            self.image
+        }
+    }
+
+    /// Words of re-laid output gradients per image.
+    fn dy_words(&self) -> usize {
+        self.oh * self.steps * self.ob
+    }
+}
+
+/// One weight-gradient tile's work over a chunk of images laid out as `layout` says: the
+/// chunk's inputs and re-laid output gradients (as words), the tile's first tap row (tap
+/// row `t` is channel `t / k`'s kernel row `t % k`) and first lane-block `j0`.
 struct WeightTile<'a> {
     x: &'a [f32],
     dy: &'a [f32],
-    c: usize,
+    layout: &'a WeightLayout,
+    rows: usize,
     row0: usize,
     j0: usize,
-    ob: usize,
-    dims: (usize, usize, usize, usize, usize),
 }
 
 impl WeightTile<'_> {
-    /// Values per padded image.
-    fn image(&self) -> usize {
-        let (_, _, _, hp, wp) = self.dims;
-        self.c * hp * wp
+    /// Images in the chunk.
+    fn images(&self) -> usize {
+        self.x.len() / self.layout.image_words()
     }
 
     /// The tile's `r` tap rows' offsets in an image (past the last row: the last row
     /// again, its sums dropped by the caller); panics unless every read of `nb`
     /// lane-blocks and `k` taps lies inside the chunk.
     fn offsets<const R: usize>(&self, k: usize, nb: usize) -> [usize; R] {
-        let (oh, ow, s, hp, wp) = self.dims;
-        let rows = self.c * k;
-        assert!(self.row0 < rows);
-        assert!((oh - 1) * s + k <= hp && (ow - 1) * s + k <= wp);
-        let imgs = self.x.len() / self.image();
-        assert!(imgs > 0 && self.x.len() == imgs * self.image());
-        assert!(self.dy.len() >= imgs * oh * ow * self.ob && (self.j0 + nb) * LANES <= self.ob);
-        std::array::from_fn(|r| {
-            let t = (self.row0 + r).min(rows - 1);
-            (t / k) * hp * wp + (t % k) * wp
-        })
+        let l = self.layout;
+        assert!(self.row0 < self.rows && self.rows.is_multiple_of(k));
+        let imgs = self.images();
+        assert!(imgs > 0 && self.x.len() == imgs * l.image_words());
+        assert!(self.dy.len() >= imgs * l.dy_words() && (self.j0 + nb) * LANES <= l.ob);
+        let offset = |t: usize| (t / k) * l.plane + (t % k) * l.tap_row;
+        let last_read = offset(self.rows - 1)
+            + (l.oh - 1) * l.out_row
+            + (l.steps - 1) * l.step
+            + l.taps[..k].iter().max().expect("k ≥ 1")
+            + usize::from(l.pairs);
+        assert!(last_read < l.image, "{l:?}: a tap reads past the image");
+        std::array::from_fn(|r| offset((self.row0 + r).min(self.rows - 1)))
     }
 }
 
 /// The weight gradient (`[o, c, k, k]`) of the convolution `g` of `x` (`[b, c, h, w]`)
-/// for the output gradient `dy` (`[b, o, oh, ow]`), without unfolding patches.
+/// for the output gradient `dy` (`[b, o, oh, ow]`), without unfolding patches, in
+/// `arith`.
 ///
 /// `dW[oc, ch, ky, kx] = Σ_n Σ_(y, x) dy[n, oc, y, x] · x[n, ch, y·s + ky − p, x·s + kx − p]`.
 /// Output channels lie across the lanes (the output gradients re-laid channels-last,
-/// `[b, oh·ow, ⌈o/16⌉·16]`); a tile of up to 4 lane-blocks by a few tap rows (an input
+/// [`WeightLayout`]); a tile of up to 4 lane-blocks by a few tap rows (an input
 /// channel's kernel row, all `k` taps) holds its sums in registers while it walks every
-/// output position: per position, one vector of output gradients per lane-block and one
-/// broadcast input per tap, read from the zero-padded images. The unfolded form wrote a
-/// patch matrix `k²/s²` times the images' size and had the GEMM copy it again into its
-/// panels.
+/// output position: per position (in bf16, per pair of positions: `vdpbf16ps` adds both
+/// products), one vector of output gradients per lane-block and one broadcast input per
+/// tap, read from the zero-padded images. The unfolded form wrote a patch matrix
+/// `k²/s²` times the images' size and had the GEMM copy it again into its panels.
 ///
 /// Tiles run in parallel on rayon's pool; each sums the images in order (a chunk of images
 /// at a time, its sums carried in memory between chunks), so the result does not depend
 /// on the number of threads.
 ///
 /// # Panics
-/// Unless the CPU has AVX-512F, `g.k` is 3 or 4 and the slices hold the geometry.
-pub(crate) fn weight_gradient(x: &[f32], dy: &[f32], g: Geometry) -> Vec<f32> {
-    weight_gradient_in(x, dy, g, 32 << 20)
+/// Unless the CPU has AVX-512F (and AVX512-BF16 for [`Arith::Bf16`]), `g.k` is 3 or 4
+/// and the slices hold the geometry.
+pub(crate) fn weight_gradient(x: &[f32], dy: &[f32], g: Geometry, arith: Arith) -> Vec<f32> {
+    weight_gradient_in(x, dy, g, arith, 32 << 20)
 }
 
 /// [`weight_gradient`], the images in batches of at most `batch_bytes` padded and
 /// re-laid (at least one image a batch).
-fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, batch_bytes: usize) -> Vec<f32> {
+fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, arith: Arith, batch_bytes: usize) -> Vec<f32> {
     let Geometry {
         b,
         c,
@@ -526,12 +718,19 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, batch_bytes: usize) ->
         ow,
     } = g;
     assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
+    assert!(
+        arith == Arith::F32 || crate::bf16::dot_products(),
+        "bf16 direct weight gradient without AVX512-BF16"
+    );
     assert!(matches!(k, 3 | 4), "direct weight gradient of a {k} × {k} kernel");
     assert!(x.len() >= b * c * h * w && dy.len() >= b * o * oh * ow);
-    let (hp, wp) = (h + 2 * p, w + 2 * p);
-    assert!((oh - 1) * s + k <= hp && (ow - 1) * s + k <= wp, "{g:?}");
-    let (image, positions, ob) = (c * hp * wp, oh * ow, o.div_ceil(LANES) * LANES);
-    let (chw, ohw) = (c * h * w, o * positions);
+    assert!(
+        (oh - 1) * s + k <= h + 2 * p && (ow - 1) * s + k <= w + 2 * p,
+        "{g:?}"
+    );
+    let layout = WeightLayout::new(&g, arith);
+    let (image, dy_image) = (layout.image_words(), layout.dy_words());
+    let (chw, ohw) = (c * h * w, o * oh * ow);
     let tiles = weight_tiles(&g);
     let acc_len = |nb: usize| weight_rows(nb, k) * k * nb * LANES;
     // Runs of consecutive tiles, several per thread (this VM's threads are not equally
@@ -546,28 +745,25 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, batch_bytes: usize) ->
     // GAN's or the Fashion CNN's batch at once, large images a few at a time); within a
     // batch, each run walks chunks of images whose output gradients (four lane-blocks)
     // fill 256 KiB, kept in cache while the run's tiles go over them.
-    let batch = (batch_bytes / (4 * (image + positions * ob))).clamp(1, b);
-    let chunk = (256 * 1024 / (positions * 4 * LANES * 4)).clamp(1, batch);
+    let batch = (batch_bytes / (4 * (image + dy_image))).clamp(1, b);
+    let chunk = (256 * 1024 / (layout.oh * layout.steps * 4 * LANES * 4)).clamp(1, batch);
     let mut padded = crate::scratch::take(batch * image);
-    let mut dyt = crate::scratch::take(batch * positions * ob);
+    let mut dyt = crate::scratch::take(batch * dy_image);
     for m0 in (0..b).step_by(batch) {
         let imgs = batch.min(b - m0);
-        // The batch's images zero-padded and its output gradients channels-last (lanes
-        // past `o` zero), image by image in parallel.
-        let (padded, dyt) = (&mut padded[..imgs * image], &mut dyt[..imgs * positions * ob]);
+        // The batch's images padded and its output gradients re-laid, image by image in
+        // parallel.
+        let (padded, dyt) = (&mut padded[..imgs * image], &mut dyt[..imgs * dy_image]);
         padded
             .par_chunks_mut(image)
             .zip(x[m0 * chw..(m0 + imgs) * chw].par_chunks(chw))
-            .for_each(|(out, img)| pad_into(img, (c, h, w), [p; 4], out));
-        dyt.par_chunks_mut(positions * ob)
-            .zip(dy[m0 * ohw..(m0 + imgs) * ohw].par_chunks(ohw))
-            .for_each(|(out, img)| {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: the CPU has AVX-512F (asserted above).
-                unsafe {
-                    x86::channels_last(img, (o, positions, ob), out)
-                }
+            .for_each(|(out, img)| match arith {
+                Arith::F32 => pad_into(img, (c, h, w), [p; 4], out),
+                Arith::Bf16 => pad_phases(img, (c, h, w), p, &layout, out),
             });
+        dyt.par_chunks_mut(dy_image)
+            .zip(dy[m0 * ohw..(m0 + imgs) * ohw].par_chunks(ohw))
+            .for_each(|(out, img)| relay_output_gradients(img, (o, oh, ow), &layout, out));
         let (padded, dyt) = (&*padded, &*dyt);
         tiles
             .par_chunks(per_run)
@@ -581,18 +777,20 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, batch_bytes: usize) ->
                         at += acc_len(nb);
                         let tile = WeightTile {
                             x: &padded[n0 * image..n1 * image],
-                            dy: &dyt[n0 * positions * ob..n1 * positions * ob],
-                            c,
+                            dy: &dyt[n0 * dy_image..n1 * dy_image],
+                            layout: &layout,
+                            rows: c * k,
                             row0,
                             j0,
-                            ob,
-                            dims: (oh, ow, s, hp, wp),
                         };
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: the CPU has AVX-512F (asserted above); `WeightTile::offsets`
-                        // (in the kernel) bounds every read.
+                        // SAFETY: the CPU has AVX-512F, and AVX512-BF16 for bf16 (asserted
+                        // above); `WeightTile::offsets` (in the kernel) bounds every read.
                         unsafe {
-                            x86::weight(&tile, k, nb, acc)
+                            match arith {
+                                Arith::F32 => x86::weight(&tile, k, nb, acc),
+                                Arith::Bf16 => x86::weight_pairs(&tile, k, nb, acc),
+                            }
                         }
                     }
                 }
@@ -631,6 +829,92 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, batch_bytes: usize) ->
     dw
 }
 
+/// One image (`[c, h, w]`) padded by `p` on every side, rounded to bf16 and split by
+/// column phase as [`WeightLayout`] lays it out for pairs, into `out` (the image's words,
+/// every one written).
+fn pad_phases(img: &[f32], (c, h, w): (usize, usize, usize), p: usize, l: &WeightLayout, out: &mut [f32]) {
+    let hp = h + 2 * p;
+    // A padded row is `s` phase rows of `wq`; an output row steps `s` padded rows.
+    let s = l.out_row / l.tap_row;
+    let wq = l.tap_row / s;
+    // SAFETY: a word is two u16; any bits are a valid u16.
+    let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u16>(), 2 * out.len()) };
+    assert!(img.len() == c * h * w && out.len() == l.image && l.plane == hp * s * wq);
+    // The whole image rounded at once (vectorised), then its rows placed.
+    let mut rounded = crate::scratch::take((c * h * w).div_ceil(2));
+    // SAFETY: as above.
+    let bits = unsafe { std::slice::from_raw_parts_mut(rounded.as_mut_ptr().cast::<u16>(), c * h * w) };
+    crate::bf16::round_bits(img, bits);
+    #[cfg(target_arch = "x86_64")]
+    let split = x86::PhaseSplit::new(w, p, s, wq);
+    for (plane, src) in out.chunks_mut(l.plane).zip(bits.chunks(h * w)) {
+        for (yy, dst) in plane.chunks_mut(s * wq).enumerate() {
+            if yy < p || yy >= p + h {
+                dst.fill(0);
+                continue;
+            }
+            let row = &src[(yy - p) * w..][..w];
+            #[cfg(target_arch = "x86_64")]
+            if let Some(split) = &split {
+                // SAFETY: `PhaseSplit::new` gives one only where the CPU has AVX512BW.
+                unsafe { split.row(row, dst) };
+                continue;
+            }
+            for (phase, d) in dst.chunks_mut(wq).enumerate() {
+                for (i, v) in d.iter_mut().enumerate() {
+                    *v = (i * s + phase)
+                        .checked_sub(p)
+                        .and_then(|col| row.get(col))
+                        .copied()
+                        .unwrap_or(0);
+                }
+            }
+        }
+    }
+    crate::scratch::give(rounded);
+}
+
+/// One image's output gradients (`[o, oh, ow]`) re-laid as `l` says into `out` (its
+/// words, every one written): channels-last ([`x86::channels_last`]), and for pairs the
+/// rows' consecutive positions rounded and paired.
+fn relay_output_gradients(
+    img: &[f32],
+    (o, oh, ow): (usize, usize, usize),
+    l: &WeightLayout,
+    out: &mut [f32],
+) {
+    let (positions, ob) = (oh * ow, l.ob);
+    if !l.pairs {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX-512F (`weight_gradient_in` asserts it).
+        unsafe {
+            x86::channels_last(img, (o, positions, ob), out)
+        }
+        return;
+    }
+    let mut last = crate::scratch::take(positions * ob);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as above.
+    unsafe {
+        x86::channels_last(img, (o, positions, ob), &mut last)
+    }
+    // SAFETY: f32 and u32 have the same size and alignment; any bits are a valid u32.
+    let words = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u32>(), out.len()) };
+    let zeros = vec![0f32; ob];
+    for (y, dst) in words[..oh * l.steps * ob].chunks_mut(l.steps * ob).enumerate() {
+        for (m, d) in dst.chunks_mut(ob).enumerate() {
+            let q = y * ow + 2 * m;
+            let hi = if 2 * m + 1 < ow {
+                &last[(q + 1) * ob..][..ob]
+            } else {
+                &zeros[..]
+            };
+            crate::bf16::pair_into(&last[q * ob..][..ob], hi, d);
+        }
+    }
+    crate::scratch::give(last);
+}
+
 /// Splits `n` positions (or lane-blocks) into the fewest tiles of at most `max`, as even
 /// as can be: a row of 7 on 6-wide tiles is 4 + 3, not 6 + 1 (a one-wide tile runs at a
 /// fraction of the rate).
@@ -652,12 +936,39 @@ mod x86 {
     const POSITIONS: usize = 7;
 
     /// Every tile of one image: lane-blocks of output channels at most [`BLOCKS`] at a
-    /// time, each output row in tiles of at most [`POSITIONS`].
+    /// time, each output row in tiles of at most [`POSITIONS`]; f32 words.
     ///
     /// # Safety
     /// The CPU has AVX-512F; `run`'s asserts hold.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn image(pass: &Pass, padded: &[f32], packed: &[f32], y: &mut [MaybeUninit<f32>]) {
+        image_in::<false>(pass, padded, packed, y)
+    }
+
+    /// [`image`] on bf16 pairs ([`super::Arith::Bf16`]).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX512-BF16; `run`'s asserts hold.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn image_pairs(
+        pass: &Pass,
+        padded: &[f32],
+        packed: &[f32],
+        y: &mut [MaybeUninit<f32>],
+    ) {
+        image_in::<true>(pass, padded, packed, y)
+    }
+
+    /// [`image`]'s body, on f32 words or (`PAIRS`) bf16 pairs: inlined into the two entry
+    /// points above, each compiled for its own instructions (the f32 one must run on
+    /// AVX-512 CPUs without AVX512-BF16).
+    #[inline(always)]
+    unsafe fn image_in<const PAIRS: bool>(
+        pass: &Pass,
+        padded: &[f32],
+        packed: &[f32],
+        y: &mut [MaybeUninit<f32>],
+    ) {
         // Lane-blocks split as evenly as positions: 4 blocks as 2 + 2, not 3 + 1.
         for (b0, nb) in tiles(pass.out_c.div_ceil(LANES), BLOCKS) {
             for r in 0..pass.rows {
@@ -668,7 +979,7 @@ mod x86 {
                     macro_rules! dispatch {
                         ($($nb:literal => [$($t:literal),*]),*) => {
                             match (nb, t) {
-                                $($(($nb, $t) => tile::<$nb, $t>(pass, padded, packed, at, y),)*)*
+                                $($(($nb, $t) => tile::<$nb, $t, PAIRS>(pass, padded, packed, at, y),)*)*
                                 _ => unreachable!("tile {nb} x {t} beyond {BLOCKS} x {POSITIONS}"),
                             }
                         };
@@ -689,11 +1000,11 @@ mod x86 {
     }
 
     /// `NB` lane-blocks of output channels from `at.b0` by `NT` positions from `at.q0` of
-    /// output row `at.r`: the whole reduction over `c_in · kh · kw` in registers, then
-    /// written out, channels past `out_c` dropped.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn tile<const NB: usize, const NT: usize>(
+    /// output row `at.r`: the whole reduction over `c_in · kh · kw` words in registers,
+    /// then written out, channels past `out_c` dropped. Per word, an f32 FMA, or with
+    /// `PAIRS` a `vdpbf16ps` (two channels' products added to each sum).
+    #[inline(always)]
+    unsafe fn tile<const NB: usize, const NT: usize, const PAIRS: bool>(
         pass: &Pass,
         padded: &[f32],
         packed: &[f32],
@@ -728,7 +1039,11 @@ mod x86 {
                     for t in 0..NT {
                         let xv = _mm512_set1_ps(*row.add(t * s + dx));
                         for j in 0..NB {
-                            acc[j][t] = _mm512_fmadd_ps(wv[j], xv, acc[j][t]);
+                            acc[j][t] = if PAIRS {
+                                dot_pairs(acc[j][t], wv[j], xv)
+                            } else {
+                                _mm512_fmadd_ps(wv[j], xv, acc[j][t])
+                            };
                         }
                     }
                 }
@@ -745,6 +1060,77 @@ mod x86 {
                     y.get_unchecked_mut((ch0 + lane) * pass.out_plane + pos)
                         .write(value);
                 }
+            }
+        }
+    }
+
+    /// `acc` plus, lane by lane, the products of the two bf16 in each of `a`'s and `b`'s
+    /// words (`vdpbf16ps`); `a` and `b` are the words' bits in f32 registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX512-BF16 (the function itself is compiled where it is inlined).
+    #[inline(always)]
+    unsafe fn dot_pairs(acc: __m512, a: __m512, b: __m512) -> __m512 {
+        _mm512_dpbf16_ps(
+            acc,
+            std::mem::transmute::<__m512, __m512bh>(a),
+            std::mem::transmute::<__m512, __m512bh>(b),
+        )
+    }
+
+    /// Splits rows of bf16 by column phase in registers ([`super::pad_phases`]): a row of
+    /// `w` values padded by `p` zeros on the left, phase `φ` of `s` taking its padded
+    /// columns `φ`, `φ + s`, … as `wq` values (zeros outside the row). One masked load,
+    /// and per phase a permutation and a masked store, where `w` and `wq` fit one vector
+    /// of 32 (a value at a time, the split was a third as long as the weight gradient's
+    /// kernel on the GAN critic).
+    pub(super) struct PhaseSplit {
+        index: [__m512i; 4],
+        keep: [__mmask32; 4],
+        w: usize,
+        s: usize,
+        wq: usize,
+    }
+
+    impl PhaseSplit {
+        /// `None` where the rows are too wide, the stride is above 4, or the CPU lacks
+        /// AVX512BW.
+        pub(super) fn new(w: usize, p: usize, s: usize, wq: usize) -> Option<Self> {
+            if w > 32 || wq > 32 || s > 4 || !std::arch::is_x86_feature_detected!("avx512bw") {
+                return None;
+            }
+            let mut index = [[0i16; 32]; 4];
+            let mut keep = [0u32; 4];
+            for (phase, (index, keep)) in index.iter_mut().zip(&mut keep).take(s).enumerate() {
+                for (i, lane) in index.iter_mut().enumerate().take(wq) {
+                    if let Some(col) = (i * s + phase).checked_sub(p).filter(|&col| col < w) {
+                        *lane = col as i16;
+                        *keep |= 1 << i;
+                    }
+                }
+            }
+            Some(PhaseSplit {
+                // SAFETY: 32 i16 are one 512-bit vector.
+                index: index.map(|v| unsafe { std::mem::transmute::<[i16; 32], __m512i>(v) }),
+                keep,
+                w,
+                s,
+                wq,
+            })
+        }
+
+        /// One row (`w` values) into `dst` (`s` phase rows of `wq`).
+        ///
+        /// # Safety
+        /// The CPU has AVX512BW (as `new` checked).
+        #[target_feature(enable = "avx512f,avx512bw")]
+        pub(super) unsafe fn row(&self, src: &[u16], dst: &mut [u16]) {
+            assert!(src.len() == self.w && dst.len() == self.s * self.wq);
+            let first = |n: usize| if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
+            let v = _mm512_maskz_loadu_epi16(first(self.w), src.as_ptr().cast());
+            for phase in 0..self.s {
+                let r = _mm512_maskz_permutexvar_epi16(self.keep[phase], self.index[phase], v);
+                _mm512_mask_storeu_epi16(dst.as_mut_ptr().add(phase * self.wq).cast(), first(self.wq), r);
             }
         }
     }
@@ -787,15 +1173,31 @@ mod x86 {
     }
 
     /// Adds one tile's products over its chunk of images into `acc` (`[row, kx, block,
-    /// lane]`, [`super::weight_rows`]`(nb, k)` rows): the kernel for `(nb, k)`.
+    /// lane]`, [`super::weight_rows`]`(nb, k)` rows): the kernel for `(nb, k)`, f32.
     ///
     /// # Safety
     /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn weight(tile: &WeightTile, k: usize, nb: usize, acc: &mut [f32]) {
+        weight_in::<false>(tile, k, nb, acc)
+    }
+
+    /// [`weight`] in bf16 pairs of positions.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn weight_pairs(tile: &WeightTile, k: usize, nb: usize, acc: &mut [f32]) {
+        weight_in::<true>(tile, k, nb, acc)
+    }
+
+    /// [`weight`]'s dispatch, inlined into each entry point (as [`image_in`]).
+    #[inline(always)]
+    unsafe fn weight_in<const PAIRS: bool>(tile: &WeightTile, k: usize, nb: usize, acc: &mut [f32]) {
         macro_rules! dispatch {
             ($(($nb:literal, $k:literal)),*) => {
                 match (nb, k) {
-                    $(($nb, $k) => weight_tile::<$nb, $k, { weight_rows($nb, $k) }>(tile, acc),)*
+                    $(($nb, $k) => weight_tile::<$nb, $k, { weight_rows($nb, $k) }, PAIRS>(tile, acc),)*
                     _ => unreachable!("weight-gradient tile of {nb} blocks, {k} taps"),
                 }
             };
@@ -804,18 +1206,18 @@ mod x86 {
     }
 
     /// `NB` lane-blocks of output channels by `R` tap rows of `K` taps: the sums in
-    /// registers over every output position of the chunk, loaded from and stored back to
-    /// `acc`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn weight_tile<const NB: usize, const K: usize, const R: usize>(
+    /// registers over every step (position, or pair of positions with `PAIRS`) of the
+    /// chunk, loaded from and stored back to `acc`.
+    #[inline(always)]
+    unsafe fn weight_tile<const NB: usize, const K: usize, const R: usize, const PAIRS: bool>(
         tile: &WeightTile,
         acc: &mut [f32],
     ) {
         assert!(acc.len() >= R * K * NB * LANES);
         let rows: [usize; R] = tile.offsets(K, NB);
-        let (oh, ow, s, _, wp) = tile.dims;
-        let ob = tile.ob;
+        let l = tile.layout;
+        // Each tap's input offset from its step's (f32: the tap itself, a constant).
+        let taps: [usize; K] = std::array::from_fn(|kx| if PAIRS { l.taps[kx] } else { kx });
         let mut sums = [[[_mm512_setzero_ps(); NB]; K]; R];
         for (r, row) in sums.iter_mut().enumerate() {
             for (kx, blocks) in row.iter_mut().enumerate() {
@@ -824,27 +1226,38 @@ mod x86 {
                 }
             }
         }
-        let image = tile.image();
-        for n in 0..tile.x.len() / image {
-            let xi = tile.x.as_ptr().add(n * image);
-            let di = tile.dy.as_ptr().add(n * oh * ow * ob + tile.j0 * LANES);
-            for y in 0..oh {
-                let xrow = xi.add(y * s * wp);
-                let drow = di.add(y * ow * ob);
-                for q in 0..ow {
-                    let d = drow.add(q * ob);
+        // The inputs as f32, or as bf16 whose pairs are read as one word.
+        let (xf, xh) = (tile.x.as_ptr(), tile.x.as_ptr().cast::<u16>());
+        let broadcast = |at: usize| {
+            if PAIRS {
+                _mm512_castsi512_ps(_mm512_set1_epi32(xh.add(at).cast::<i32>().read_unaligned()))
+            } else {
+                _mm512_set1_ps(*xf.add(at))
+            }
+        };
+        for n in 0..tile.images() {
+            let di = tile.dy.as_ptr().add(n * l.dy_words() + tile.j0 * LANES);
+            for y in 0..l.oh {
+                let xrow = n * l.image + y * l.out_row;
+                let drow = di.add(y * l.steps * l.ob);
+                for q in 0..l.steps {
+                    let d = drow.add(q * l.ob);
                     let mut dv = [_mm512_setzero_ps(); NB];
                     for (j, v) in dv.iter_mut().enumerate() {
                         *v = _mm512_loadu_ps(d.add(j * LANES));
                     }
-                    let xq = xrow.add(q * s);
+                    let xq = xrow + q * l.step;
                     for (r, row) in sums.iter_mut().enumerate() {
-                        let xr = xq.add(rows[r]);
+                        let xr = xq + rows[r];
                         for (kx, blocks) in row.iter_mut().enumerate() {
                             // Each broadcast input feeds every block's sum for that tap.
-                            let xv = _mm512_set1_ps(*xr.add(kx));
+                            let xv = broadcast(xr + taps[kx]);
                             for (j, v) in blocks.iter_mut().enumerate() {
-                                *v = _mm512_fmadd_ps(dv[j], xv, *v);
+                                *v = if PAIRS {
+                                    dot_pairs(*v, dv[j], xv)
+                                } else {
+                                    _mm512_fmadd_ps(dv[j], xv, *v)
+                                };
                             }
                         }
                     }
@@ -1043,9 +1456,33 @@ mod tests {
             let wt = values(g.o * g.c * g.k * g.k, 100 + i as u64);
             let want = reference(&x, &wt, g);
             // Unwritten values would show as NaN.
-            let out = forward(&x, &wt, *g);
+            let out = forward(&x, &wt, *g, Arith::F32);
             assert_close(&out, &want, g);
+            if let Some(arith) = bf16_here() {
+                // The products of the rounded operands, summed in f32: odd channel counts
+                // pair the last channel with zero.
+                let want = reference(&rounded(&x), &rounded(&wt), g);
+                assert_close(&forward(&x, &wt, *g, arith), &want, g);
+            }
         }
+    }
+
+    /// [`Arith::Bf16`] where this CPU has `vdpbf16ps`, else `None` (and says so).
+    fn bf16_here() -> Option<Arith> {
+        let here = crate::bf16::dot_products();
+        if !here {
+            eprintln!(
+                "no AVX512-BF16 (or AMX tiles take bf16 products): the bf16 direct passes do not run here"
+            );
+        }
+        here.then_some(Arith::Bf16)
+    }
+
+    /// `v` rounded to bf16 and widened back.
+    fn rounded(v: &[f32]) -> Vec<f32> {
+        v.iter()
+            .map(|&x| crate::bf16::widen(crate::bf16::round(x)))
+            .collect()
     }
 
     #[test]
@@ -1069,8 +1506,12 @@ mod tests {
             let dy = values(g.b * g.o * g.oh * g.ow, 200 + i as u64);
             let wt = values(g.o * g.c * g.k * g.k, 300 + i as u64);
             let want = reference_input_gradient(&dy, &wt, g);
-            let dx = backward_input(&dy, &wt, *g);
+            let dx = backward_input(&dy, &wt, *g, Arith::F32);
             assert_close(&dx, &want, g);
+            if let Some(arith) = bf16_here() {
+                let want = reference_input_gradient(&rounded(&dy), &rounded(&wt), g);
+                assert_close(&backward_input(&dy, &wt, *g, arith), &want, g);
+            }
         }
     }
 
@@ -1090,6 +1531,10 @@ mod tests {
             geometry(40, 9, (12, 12), 9, 3, 1, 2),
             geometry(2, 11, (8, 9), 33, 4, 1, 2),
             geometry(1, 13, (7, 7), 64, 3, 1, 1),
+            geometry(3, 8, (15, 13), 20, 4, 2, 2),
+            geometry(2, 3, (10, 7), 24, 3, 2, 1),
+            // Rows wider than one vector of 32 bf16 (split by phase a value at a time).
+            geometry(1, 4, (6, 40), 16, 3, 2, 1),
         ];
         for (i, g) in shapes.iter().enumerate() {
             let x = values(g.b * g.c * g.h * g.w, 400 + i as u64);
@@ -1098,25 +1543,37 @@ mod tests {
             let per_image = 4
                 * (g.c * (g.h + 2 * g.padding) * (g.w + 2 * g.padding)
                     + g.oh * g.ow * g.o.div_ceil(LANES) * LANES);
-            let all_at_once = weight_gradient(&x, &dy, *g);
-            assert_close(&all_at_once, &want, g);
-            // The same bits on one thread and on three as on the default pool.
-            for threads in [1, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let dw = pool.install(|| weight_gradient(&x, &dy, *g));
-                assert!(dw == all_at_once, "{g:?}: {threads} threads changed the sums");
+            let mut ariths = vec![(Arith::F32, want)];
+            if let Some(arith) = bf16_here() {
+                // The products of the rounded operands, summed in f32 (odd rows' last
+                // positions paired with zero).
+                ariths.push((arith, reference_weight_gradient(&rounded(&x), &rounded(&dy), g)));
             }
-            // `weight_gradient`'s 32 MiB take each test shape in one batch.
-            for batch_bytes in [1, 3 * per_image] {
-                let dw = weight_gradient_in(&x, &dy, *g, batch_bytes);
-                // Each sum runs over the images in order whatever the batches: the same bits.
-                assert!(
-                    dw == all_at_once,
-                    "{g:?}: batches of {batch_bytes} bytes changed the sums"
-                );
+            for (arith, want) in ariths {
+                let all_at_once = weight_gradient(&x, &dy, *g, arith);
+                assert_close(&all_at_once, &want, g);
+                // The same bits on one thread and on three as on the default pool.
+                for threads in [1, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let dw = pool.install(|| weight_gradient(&x, &dy, *g, arith));
+                    assert!(
+                        dw == all_at_once,
+                        "{g:?} {arith:?}: {threads} threads changed the sums"
+                    );
+                }
+                // `weight_gradient`'s 32 MiB take each test shape in one batch.
+                for batch_bytes in [1, 3 * per_image] {
+                    let dw = weight_gradient_in(&x, &dy, *g, arith, batch_bytes);
+                    // Each sum runs over the images in order whatever the batches: the
+                    // same bits.
+                    assert!(
+                        dw == all_at_once,
+                        "{g:?} {arith:?}: batches of {batch_bytes} bytes changed the sums"
+                    );
+                }
             }
         }
     }

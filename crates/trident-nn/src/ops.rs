@@ -1219,8 +1219,10 @@ impl CustomOp3 for ChannelAffine {
 /// linear layer and transposed the result: 14 MB per pass for the Fashion CNN's second
 /// convolution). Under bf16 autocast, on a CPU with bf16 arithmetic ([`conv_bf16`]), the
 /// products at least 64 deep and 32 wide run in bf16 with f32 sums (the weight rounded and
-/// packed once per pass, each group's patches as they are multiplied), and such a layer
-/// takes this unfolded path rather than the direct f32 kernels. (An earlier form, which
+/// packed once per pass, each group's patches as they are multiplied): with `vdpbf16ps`
+/// (AVX512-BF16 without AMX) in the direct kernels ([`crate::direct_conv::Arith`]) where
+/// they suit the shape, else (AMX tiles, or a shape the direct kernels do not take) on this
+/// unfolded path. (An earlier form, which
 /// packed the weight for every image and rounded the 9-deep products of a first layer too,
 /// made the CNN step slower: 39 against 24 ms on AVX512-BF16.)
 pub fn conv2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
@@ -1701,19 +1703,35 @@ impl Conv {
         2 * (b * o * ckk * ohw) as u64
     }
 
-    /// Whether the weight gradient of the convolution `geometry` runs directly
-    /// ([`crate::direct_conv::weight_gradient`]) rather than as the unfolded product of
-    /// `m × k` by `k × n`: where that product would stay f32 and the kernel suits the CPU
-    /// and the shape. (This op's weight gradient, and a transposed convolution's: that of
-    /// the convolution it is the input gradient of.)
+    /// The arithmetic the weight gradient of the convolution `geometry` runs in directly
+    /// ([`crate::direct_conv::weight_gradient`]), where it does rather than as the
+    /// unfolded product of `m × k` by `k × n`: that product's ([`Self::direct_arith`])
+    /// where the kernel suits the shape. (This op's weight gradient, and a transposed
+    /// convolution's: that of the convolution it is the input gradient of.)
     fn direct_weight_gradient(
         &self,
         geometry: &crate::direct_conv::Geometry,
         (m, n, k): (usize, usize, usize),
-    ) -> bool {
-        !self.in_bf16(m, n, k)
-            && crate::direct_conv::available()
-            && crate::direct_conv::suits_weight_gradient(geometry)
+    ) -> Option<crate::direct_conv::Arith> {
+        self.direct_arith((m, n, k))
+            .filter(|_| crate::direct_conv::suits_weight_gradient(geometry))
+    }
+
+    /// The arithmetic of a direct pass ([`crate::direct_conv`]) standing for an unfolded
+    /// product of `m × k` by `k × n`: bf16 where that product would run in bf16
+    /// ([`Self::in_bf16`]) and the CPU multiplies bf16 with `vdpbf16ps`
+    /// ([`crate::direct_conv::bf16_available`]), f32 where it would stay f32; `None` where
+    /// direct convolutions do not run, or the product would run in bf16 on AMX tiles (the
+    /// unfolded product then).
+    fn direct_arith(&self, (m, n, k): (usize, usize, usize)) -> Option<crate::direct_conv::Arith> {
+        use crate::direct_conv::{available, bf16_available, Arith};
+        if !available() {
+            None
+        } else if self.in_bf16(m, n, k) {
+            bf16_available().then_some(Arith::Bf16)
+        } else {
+            Some(Arith::F32)
+        }
     }
 
     /// Whether an unfolded product of `m × k` by `k × n` runs in bf16: under autocast, on
@@ -1911,8 +1929,7 @@ enum Weight<'a> {
 }
 
 impl Weight<'_> {
-    /// Whether this pass multiplies in bf16 (then it takes the unfolded path, not a direct
-    /// f32 kernel).
+    /// Whether this pass multiplies in bf16.
     fn is_bf16(&self) -> bool {
         matches!(self, Weight::Bf16(_))
     }
@@ -2034,12 +2051,14 @@ impl CustomOp2 for Conv {
         let geometry = self.direct((b, c, h, w, oh, ow), o);
         let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
         count_bf16_ready(o, g * ohw, ckk, self.flops(b, o, ckk, ohw));
+        if let Some(arith) = self.direct_arith((o, g * ohw, ckk)) {
+            if crate::direct_conv::suits(&geometry) {
+                let out = crate::direct_conv::forward(x, wt, geometry, arith);
+                return Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))));
+            }
+        }
         // W [o, ckk], the left operand of every group's product.
         let weight = self.weight(Mat::new(wt, ckk), (o, g * ohw, ckk));
-        if !weight.is_bf16() && crate::direct_conv::available() && crate::direct_conv::suits(&geometry) {
-            let out = crate::direct_conv::forward(x, wt, geometry);
-            return Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))));
-        }
         let write = |out: &mut [MaybeUninit<f32>]| {
             out.par_chunks_mut((g * o * ohw).max(1))
                 .enumerate()
@@ -2094,17 +2113,20 @@ impl CustomOp2 for Conv {
         if need_dx {
             count_bf16_ready(ckk, g * ohw, o, self.flops(b, o, ckk, ohw));
         }
-        // Wᵀ [ckk, o], the left operand of every group's input-gradient product.
-        let wt_weight = need_dx.then(|| self.weight(Mat::new(wv, ckk).t(), (ckk, g * ohw, o)));
         // The weight gradient directly where it can: then nothing is unfolded, and the
         // input gradient too goes direct where it suits.
-        let direct_dw = need_dw && self.direct_weight_gradient(&geometry, (o, ckk, g * ohw));
-        let dw_in_groups = need_dw && !direct_dw;
+        let dw_arith = self
+            .direct_weight_gradient(&geometry, (o, ckk, g * ohw))
+            .filter(|_| need_dw);
+        let dw_in_groups = need_dw && dw_arith.is_none();
+        let dx_arith = self.direct_arith((ckk, g * ohw, o));
         let direct_dx = need_dx
             && !dw_in_groups
-            && !wt_weight.as_ref().is_some_and(Weight::is_bf16)
-            && crate::direct_conv::available()
+            && dx_arith.is_some()
             && crate::direct_conv::suits_input_gradient(&geometry);
+        // Wᵀ [ckk, o], the left operand of every group's input-gradient product.
+        let wt_weight =
+            (need_dx && !direct_dx).then(|| self.weight(Mat::new(wv, ckk).t(), (ckk, g * ohw, o)));
         // A group of images n0.. (as in the forward pass): adds their weight gradient into
         // `dw` (`beta` 0: writes it) and, with `d` (their slice of dx), writes their input
         // gradients there.
@@ -2151,10 +2173,12 @@ impl CustomOp2 for Conv {
                 dw = per_group_backward(no_dx, b, g, dw_len, group);
             }
             // Written whole by the direct kernel.
-            direct_dx.then(|| crate::direct_conv::backward_input(gv, wv, geometry))
+            dx_arith
+                .filter(|_| direct_dx)
+                .map(|arith| crate::direct_conv::backward_input(gv, wv, geometry, arith))
         };
-        if direct_dw {
-            dw = crate::direct_conv::weight_gradient(xv, gv, geometry);
+        if let Some(arith) = dw_arith {
+            dw = crate::direct_conv::weight_gradient(xv, gv, geometry, arith);
         }
         input_and_weight_grads(&x, dx, &weight, need_dw.then_some(dw))
     }
@@ -2427,15 +2451,14 @@ impl CustomOp2 for ConvTranspose {
         // input's `ihw`).
         let g = Conv::group(b, okk, ihw);
         count_bf16_ready(okk, g * ihw, i, conv.flops(b, i, okk, ihw));
+        if let Some(arith) = conv.direct_arith((okk, g * ihw, i)) {
+            if crate::direct_conv::suits_input_gradient(&geometry) {
+                let out = crate::direct_conv::backward_input(x, wt, geometry, arith);
+                return Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))));
+            }
+        }
         // Wᵀ [okk, i], the left operand of every group's product.
         let weight = conv.weight(Mat::new(wt, okk).t(), (okk, g * ihw, i));
-        if !weight.is_bf16()
-            && crate::direct_conv::available()
-            && crate::direct_conv::suits_input_gradient(&geometry)
-        {
-            let out = crate::direct_conv::backward_input(x, wt, geometry);
-            return Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))));
-        }
         let write = |out: &mut [MaybeUninit<f32>]| {
             out.par_chunks_mut(g * o * h * w).enumerate().for_each(|(t, y)| {
                 let imgs = y.len() / (o * h * w);
@@ -2489,19 +2512,19 @@ impl CustomOp2 for ConvTranspose {
         if need_dx {
             count_bf16_ready(i, g * ihw, okk, conv.flops(b, i, okk, ihw));
         }
-        // W [i, okk], the left operand of every group's input-gradient product.
-        let w_weight = need_dx.then(|| conv.weight(Mat::new(wv, okk), (i, g * ihw, okk)));
         // The convolution from [b, o, h, w] to x's [b, i, ih, iw]: this op's input gradient
         // is its forward pass over the output gradients, this op's weight gradient its
-        // weight gradient (x as its output gradient). Each directly (f32 products) where the
-        // kernels suit the shape; what is left shares the unfolded output gradients below.
+        // weight gradient (x as its output gradient). Each directly where the kernels suit
+        // the shape; what is left shares the unfolded output gradients below.
         let geometry = conv.direct((b, o, h, w, ih, iw), i);
-        let direct_dw = need_dw && conv.direct_weight_gradient(&geometry, (i, okk, g * ihw));
-        let direct_dx = need_dx
-            && !w_weight.as_ref().is_some_and(Weight::is_bf16)
-            && crate::direct_conv::available()
-            && crate::direct_conv::suits(&geometry);
-        let (dw_in_groups, dx_in_groups) = (need_dw && !direct_dw, need_dx && !direct_dx);
+        let dw_arith = conv
+            .direct_weight_gradient(&geometry, (i, okk, g * ihw))
+            .filter(|_| need_dw);
+        let dx_arith = conv.direct_arith((i, g * ihw, okk));
+        let direct_dx = need_dx && dx_arith.is_some() && crate::direct_conv::suits(&geometry);
+        // W [i, okk], the left operand of every group's input-gradient product.
+        let w_weight = (need_dx && !direct_dx).then(|| conv.weight(Mat::new(wv, okk), (i, g * ihw, okk)));
+        let (dw_in_groups, dx_in_groups) = (need_dw && dw_arith.is_none(), need_dx && !direct_dx);
         let group =
             |n0: usize, imgs: usize, d: Option<&mut [MaybeUninit<f32>]>, (dw, beta): (&mut [f32], f32)| {
                 let wide = imgs * ihw;
@@ -2550,11 +2573,11 @@ impl CustomOp2 for ConvTranspose {
             // `apart` writes every value of each; without it dx is empty.
             dx = unsafe { crate::scratch::written(if dx_in_groups { b * i * ihw } else { 0 }, write) };
         }
-        if direct_dx {
-            dx = crate::direct_conv::forward(gv, wv, geometry);
+        if let Some(arith) = dx_arith.filter(|_| direct_dx) {
+            dx = crate::direct_conv::forward(gv, wv, geometry, arith);
         }
-        if direct_dw {
-            dw = crate::direct_conv::weight_gradient(gv, xv, geometry);
+        if let Some(arith) = dw_arith {
+            dw = crate::direct_conv::weight_gradient(gv, xv, geometry, arith);
         }
         input_and_weight_grads(&x, need_dx.then_some(dx), &weight, need_dw.then_some(dw))
     }
