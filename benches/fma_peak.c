@@ -17,34 +17,31 @@ static double seconds(struct timespec t0, struct timespec t1) {
     return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
 }
 
+/* Twelve chains of `step` (each `flops` wide) on accumulators `a`, timed and printed. */
+#define PEAK(name, flops, step)                                                              \
+    do {                                                                                     \
+        __m512 a[12];                                                                        \
+        for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);                       \
+        const long n = 400000000 / 12;                                                       \
+        struct timespec t0, t1;                                                              \
+        clock_gettime(CLOCK_MONOTONIC, &t0);                                                 \
+        for (long k = 0; k < n; k++)                                                         \
+            for (int i = 0; i < 12; i++) a[i] = step;                                        \
+        clock_gettime(CLOCK_MONOTONIC, &t1);                                                 \
+        float sum = 0; /* printed, so the chains are not optimised away */                   \
+        for (int i = 0; i < 12; i++) sum += _mm512_reduce_add_ps(a[i]);                      \
+        printf("%s: %.1f GFLOP/s on one core (checksum %g)\n", name,                         \
+               (double)n * 12 * (flops) / seconds(t0, t1) / 1e9, sum);                       \
+    } while (0)
+
 static void f32_peak(void) {
-    __m512 a[12];
     const __m512 b = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
-    const long n = 400000000 / 12;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long k = 0; k < n; k++)
-        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    float sum = 0; /* printed, so the chains are not optimised away */
-    for (int i = 0; i < 12; i++) sum += _mm512_reduce_add_ps(a[i]);
-    printf("f32 FMA: %.1f GFLOP/s on one core (checksum %g)\n", (double)n * 12 * 32 / seconds(t0, t1) / 1e9, sum);
+    PEAK("f32 FMA", 32, _mm512_fmadd_ps(a[i], b, c));
 }
 
 __attribute__((target("avx512bf16"))) static void bf16_peak(void) {
-    __m512 a[12];
     const __m512bh b = (__m512bh)_mm512_set1_epi32(0x3f803f80), c = (__m512bh)_mm512_set1_epi32(0x33d633d6);
-    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
-    const long n = 400000000 / 12;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long k = 0; k < n; k++)
-        for (int i = 0; i < 12; i++) a[i] = _mm512_dpbf16_ps(a[i], b, c);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    float sum = 0;
-    for (int i = 0; i < 12; i++) sum += _mm512_reduce_add_ps(a[i]);
-    printf("bf16 vdpbf16ps: %.1f GFLOP/s on one core (checksum %g)\n", (double)n * 12 * 64 / seconds(t0, t1) / 1e9, sum);
+    PEAK("bf16 vdpbf16ps", 64, _mm512_dpbf16_ps(a[i], b, c));
 }
 
 int main(int argc, char **argv) {
