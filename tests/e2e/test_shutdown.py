@@ -68,7 +68,13 @@ def test_sigterm_drains_in_flight_request(start_server):
         assert connection_refused(srv.http_port, timeout=1), (
             "a new connection was still served after SIGTERM:\n" + srv.log(last=20)
         )
-        assert srv.proc.poll() is None, "exited before answering the in-flight request"
+        if srv.proc.poll() is not None:
+            # On a slow machine the checks above can outlast the queue delay: the server
+            # then has answered and exited, and the answer must be waiting on the socket
+            # (a server that quit without answering leaves nothing, or a reset).
+            readable, _, _ = select.select([conn.sock], [], [], 0)
+            answered = bool(readable) and conn.sock.recv(1, socket.MSG_PEEK) != b""
+            assert answered, "exited without answering the in-flight request:\n" + srv.log(last=20)
 
         resp = conn.getresponse()
         data = resp.read()
