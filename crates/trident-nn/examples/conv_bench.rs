@@ -149,17 +149,10 @@ fn bench(shape: &Shape, runs: usize) -> candle_core::Result<()> {
             ops::conv2d(x, wt, s, p).unwrap()
         }
     };
-    // Every pass once before any is timed: the forward time is subtracted from the others,
-    // and the first shape's forward measured on a cold process (its buffers not yet
-    // recycled) made the gradients alone come out impossibly fast.
+    // The forward time is subtracted from the others: a slow first forward (a fresh
+    // process's, before `median_ms` warmed up for long enough) made the gradients alone
+    // come out impossibly fast.
     let (xd, wd) = (x.as_tensor().detach(), wt.as_tensor().detach());
-    for (x, wt) in [
-        (x.as_tensor(), wt.as_tensor()),
-        (x.as_tensor(), &wd),
-        (&xd, wt.as_tensor()),
-    ] {
-        drop(conv(x, wt).sum_all()?.backward()?);
-    }
     let fwd = median_ms(runs, || drop(conv(&x, &wt)));
     // Forward + backward of the gradients `x` and `wt` track; the sum's own cost is small.
     let backward = |x: &Tensor, wt: &Tensor| {
