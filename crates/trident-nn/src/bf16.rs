@@ -395,6 +395,19 @@ pub(crate) fn dot_products() -> bool {
     matches!(amx::kernel(), Some(amx::Kernel::Dot))
 }
 
+/// Whether this CPU has AVX512-BF16 (with AVX512F and BW), whichever kernel takes the bf16
+/// products: what the direct convolutions' bf16 passes need.
+pub(crate) fn avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd::has_avx512_bf16()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `dst[i] = round(lo[i]) | round(hi[i]) << 16` (equal lengths): pairs of bf16 in words,
 /// `lo`'s in the low half.
 pub(crate) fn pair_into(lo: &[f32], hi: &[f32], dst: &mut [u32]) {

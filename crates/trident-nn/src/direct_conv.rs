@@ -73,15 +73,25 @@ impl Arith {
 
 /// Whether the direct passes run in bf16 here ([`Arith::Bf16`]): direct convolutions
 /// ([`available`]) on a CPU whose bf16 products run on AVX512-BF16's `vdpbf16ps`
-/// ([`crate::bf16::dot_products`]; where AMX tiles run them, the unfolded products stay),
-/// unless `TRIDENT_CONV_BF16=unfold` keeps bf16 convolutions on unfolded products (for
-/// comparisons).
+/// ([`crate::bf16::dot_products`]; where AMX tiles run them, the unfolded products stay).
+/// `TRIDENT_CONV_BF16=unfold` keeps bf16 convolutions on unfolded products everywhere,
+/// `TRIDENT_CONV_BF16=direct` puts them on the direct kernels wherever the CPU has
+/// AVX512-BF16, AMX or not (for comparisons: on AMX CPUs the two have not been measured
+/// against each other).
 pub(crate) fn bf16_available() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
+        let choice = std::env::var("TRIDENT_CONV_BF16")
+            .unwrap_or_default()
+            .to_ascii_lowercase();
         available()
-            && crate::bf16::dot_products()
-            && !std::env::var("TRIDENT_CONV_BF16").is_ok_and(|v| v.eq_ignore_ascii_case("unfold"))
+            && match choice.as_str() {
+                "" => crate::bf16::dot_products(),
+                // `off` keeps the convolutions f32 (`ops::conv_bf16`), so nothing is bf16.
+                "off" | "unfold" => false,
+                "direct" => crate::bf16::avx512_bf16(),
+                other => panic!("TRIDENT_CONV_BF16={other}: expected `off`, `unfold` or `direct` (or unset)"),
+            }
     })
 }
 
@@ -332,7 +342,7 @@ fn run_images(
 ) -> Vec<f32> {
     assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
     assert!(
-        arith == Arith::F32 || crate::bf16::dot_products(),
+        arith == Arith::F32 || crate::bf16::avx512_bf16(),
         "bf16 direct convolution without AVX512-BF16"
     );
     assert!(src.len() >= images * c * h * w);
@@ -719,7 +729,7 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, arith: Arith, batch_by
     } = g;
     assert!(cpu_has_avx512(), "direct convolution without AVX-512F");
     assert!(
-        arith == Arith::F32 || crate::bf16::dot_products(),
+        arith == Arith::F32 || crate::bf16::avx512_bf16(),
         "bf16 direct weight gradient without AVX512-BF16"
     );
     assert!(matches!(k, 3 | 4), "direct weight gradient of a {k} × {k} kernel");
@@ -1469,11 +1479,9 @@ mod tests {
 
     /// [`Arith::Bf16`] where this CPU has `vdpbf16ps`, else `None` (and says so).
     fn bf16_here() -> Option<Arith> {
-        let here = crate::bf16::dot_products();
+        let here = crate::bf16::avx512_bf16();
         if !here {
-            eprintln!(
-                "no AVX512-BF16 (or AMX tiles take bf16 products): the bf16 direct passes do not run here"
-            );
+            eprintln!("no AVX512-BF16: the bf16 direct passes do not run here");
         }
         here.then_some(Arith::Bf16)
     }
