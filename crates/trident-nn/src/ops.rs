@@ -2119,11 +2119,11 @@ impl CustomOp2 for Conv {
             .direct_weight_gradient(&geometry, (o, ckk, g * ohw))
             .filter(|_| need_dw);
         let dw_in_groups = need_dw && dw_arith.is_none();
-        let dx_arith = self.direct_arith((ckk, g * ohw, o));
-        let direct_dx = need_dx
-            && !dw_in_groups
-            && dx_arith.is_some()
-            && crate::direct_conv::suits_input_gradient(&geometry);
+        // The input gradient's arithmetic where it runs directly.
+        let dx_arith = self
+            .direct_arith((ckk, g * ohw, o))
+            .filter(|_| need_dx && !dw_in_groups && crate::direct_conv::suits_input_gradient(&geometry));
+        let direct_dx = dx_arith.is_some();
         // Wᵀ [ckk, o], the left operand of every group's input-gradient product.
         let wt_weight =
             (need_dx && !direct_dx).then(|| self.weight(Mat::new(wv, ckk).t(), (ckk, g * ohw, o)));
@@ -2173,9 +2173,7 @@ impl CustomOp2 for Conv {
                 dw = per_group_backward(no_dx, b, g, dw_len, group);
             }
             // Written whole by the direct kernel.
-            dx_arith
-                .filter(|_| direct_dx)
-                .map(|arith| crate::direct_conv::backward_input(gv, wv, geometry, arith))
+            dx_arith.map(|arith| crate::direct_conv::backward_input(gv, wv, geometry, arith))
         };
         if let Some(arith) = dw_arith {
             dw = crate::direct_conv::weight_gradient(xv, gv, geometry, arith);
@@ -2520,8 +2518,10 @@ impl CustomOp2 for ConvTranspose {
         let dw_arith = conv
             .direct_weight_gradient(&geometry, (i, okk, g * ihw))
             .filter(|_| need_dw);
-        let dx_arith = conv.direct_arith((i, g * ihw, okk));
-        let direct_dx = need_dx && dx_arith.is_some() && crate::direct_conv::suits(&geometry);
+        let dx_arith = conv
+            .direct_arith((i, g * ihw, okk))
+            .filter(|_| need_dx && crate::direct_conv::suits(&geometry));
+        let direct_dx = dx_arith.is_some();
         // W [i, okk], the left operand of every group's input-gradient product.
         let w_weight = (need_dx && !direct_dx).then(|| conv.weight(Mat::new(wv, okk), (i, g * ihw, okk)));
         let (dw_in_groups, dx_in_groups) = (need_dw && dw_arith.is_none(), need_dx && !direct_dx);
@@ -2573,7 +2573,7 @@ impl CustomOp2 for ConvTranspose {
             // `apart` writes every value of each; without it dx is empty.
             dx = unsafe { crate::scratch::written(if dx_in_groups { b * i * ihw } else { 0 }, write) };
         }
-        if let Some(arith) = dx_arith.filter(|_| direct_dx) {
+        if let Some(arith) = dx_arith {
             dx = crate::direct_conv::forward(gv, wv, geometry, arith);
         }
         if let Some(arith) = dw_arith {
