@@ -194,16 +194,18 @@ mod simd {
             )
         }
 
-        /// Sixteen f32 from `lo` and sixteen from `hi`, rounded to bf16 and paired
-        /// ([`pair_words`]) into `dst`.
+        /// The first `n` (at most 16) of sixteen f32 from `lo` and from `hi`, rounded to
+        /// bf16 and paired ([`pair_words`]) into `dst`; the lanes past `n` are neither read
+        /// nor written.
         ///
-        /// SAFETY: as `round_slice`; 16 values readable at `lo` and `hi`, writable at `dst`.
+        /// SAFETY: as `round_slice`; `n` values readable at `lo` and `hi`, writable at `dst`.
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-        unsafe fn pair16(lo: *const f32, hi: *const f32, dst: *mut u32) {
-            let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(lo)));
-            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(hi)));
-            _mm512_storeu_si512(dst.cast(), pair_words(l, h));
+        unsafe fn pair16(lo: *const f32, hi: *const f32, dst: *mut u32, n: usize) {
+            let mask = mask16(n);
+            let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, lo)));
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, hi)));
+            _mm512_mask_storeu_epi32(dst.cast(), mask, pair_words(l, h));
         }
 
         /// SAFETY: the CPU has AVX512F, AVX512BW and AVX512-BF16; equal lengths.
@@ -248,6 +250,7 @@ mod simd {
                         lo.add(16 * s),
                         hi.add(16 * s),
                         dst.as_mut_ptr().add((s * (kp / 2) + i) * 16),
+                        16,
                     );
                 }
             }
@@ -256,22 +259,10 @@ mod simd {
         /// SAFETY: as `round_slice`.
         #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
         pub(super) unsafe fn pair_slices(lo: &[f32], hi: &[f32], dst: &mut [u32]) {
-            let n = dst.len() / 16 * 16;
-            for i in (0..n).step_by(16) {
-                pair16(lo.as_ptr().add(i), hi.as_ptr().add(i), dst.as_mut_ptr().add(i));
-            }
-            if n < dst.len() {
-                // The last 1–15 through a mask.
-                let mask = mask16(dst.len() - n);
-                let l: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(
-                    mask,
-                    lo.as_ptr().add(n),
-                )));
-                let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(
-                    mask,
-                    hi.as_ptr().add(n),
-                )));
-                _mm512_mask_storeu_epi32(dst.as_mut_ptr().add(n).cast(), mask, pair_words(l, h));
+            // The last 1–15 through the mask.
+            for i in (0..dst.len()).step_by(16) {
+                let n = (dst.len() - i).min(16);
+                pair16(lo.as_ptr().add(i), hi.as_ptr().add(i), dst.as_mut_ptr().add(i), n);
             }
         }
     }
