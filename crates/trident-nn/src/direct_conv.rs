@@ -742,14 +742,13 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, arith: Arith, batch_by
     let (image, dy_image) = (layout.image_words(), layout.dy_words());
     let (chw, ohw) = (c * h * w, o * oh * ow);
     let tiles = weight_tiles(&g);
-    let acc_len = |nb: usize| weight_rows(nb, k) * k * nb * LANES;
     // Runs of consecutive tiles, several per thread (this VM's threads are not equally
     // fast), each with its tiles' sums.
     let runs = (4 * rayon::current_num_threads()).clamp(1, tiles.len());
     let per_run = tiles.len().div_ceil(runs);
     let mut sums: Vec<Vec<f32>> = tiles
         .chunks(per_run)
-        .map(|run| vec![0f32; run.iter().map(|&(_, nb, _)| acc_len(nb)).sum()])
+        .map(|run| vec![0f32; run.iter().map(|&(_, nb, _)| tile_sums(nb, k)).sum()])
         .collect();
     // The images in batches of at most `batch_bytes` padded and re-laid (32 MiB: all of a
     // GAN's or the Fashion CNN's batch at once, large images a few at a time); within a
@@ -769,7 +768,7 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, arith: Arith, batch_by
             .zip(x[m0 * chw..(m0 + imgs) * chw].par_chunks(chw))
             .for_each(|(out, img)| match arith {
                 Arith::F32 => pad_into(img, (c, h, w), [p; 4], out),
-                Arith::Bf16 => pad_phases(img, (c, h, w), p, &layout, out),
+                Arith::Bf16 => pad_phases(img, (c, h, w), (p, s), &layout, out),
             });
         dyt.par_chunks_mut(dy_image)
             .zip(dy[m0 * ohw..(m0 + imgs) * ohw].par_chunks(ohw))
@@ -783,8 +782,8 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, arith: Arith, batch_by
                     let n1 = (n0 + chunk).min(imgs);
                     let mut at = 0;
                     for &(j0, nb, row0) in run {
-                        let acc = &mut sums[at..at + acc_len(nb)];
-                        at += acc_len(nb);
+                        let acc = &mut sums[at..at + tile_sums(nb, k)];
+                        at += tile_sums(nb, k);
                         let tile = WeightTile {
                             x: &padded[n0 * image..n1 * image],
                             dy: &dyt[n0 * dy_image..n1 * dy_image],
@@ -808,14 +807,29 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, arith: Arith, batch_by
     }
     crate::scratch::give(padded);
     crate::scratch::give(dyt);
-    // Each tile's sums `[row, kx, block, lane]` to their places in `[o, c, k, k]`; tap
-    // rows past `c · k` (a last tile's repeats) dropped.
+    place_sums(&g, tiles.chunks(per_run).zip(sums.iter().map(Vec::as_slice)))
+}
+
+/// Values of one weight-gradient tile's sums (`[row, kx, block, lane]`) for `nb`
+/// lane-blocks of a `k × k` kernel.
+const fn tile_sums(nb: usize, k: usize) -> usize {
+    weight_rows(nb, k) * k * nb * LANES
+}
+
+/// The weight gradient `[o, c, k, k]` of `g` from its tiles' sums: `runs` pairs each run
+/// of tiles with its sums, tile after tile ([`tile_sums`] each); tap rows past `c · k` (a
+/// last tile's repeats) dropped.
+fn place_sums<'a>(
+    g: &Geometry,
+    runs: impl Iterator<Item = (&'a [(usize, usize, usize)], &'a [f32])>,
+) -> Vec<f32> {
+    let Geometry { o, c, k, .. } = *g;
     let mut dw = vec![0f32; o * c * k * k];
-    for (run, sums) in tiles.chunks(per_run).zip(&sums) {
+    for (run, sums) in runs {
         let mut at = 0;
         for &(j0, nb, row0) in run {
-            let acc = &sums[at..at + acc_len(nb)];
-            at += acc_len(nb);
+            let acc = &sums[at..at + tile_sums(nb, k)];
+            at += tile_sums(nb, k);
             for r in 0..weight_rows(nb, k) {
                 let t = row0 + r;
                 if t >= c * k {
@@ -839,13 +853,18 @@ fn weight_gradient_in(x: &[f32], dy: &[f32], g: Geometry, arith: Arith, batch_by
     dw
 }
 
-/// One image (`[c, h, w]`) padded by `p` on every side, rounded to bf16 and split by
-/// column phase as [`WeightLayout`] lays it out for pairs, into `out` (the image's words,
+/// One image (`[c, h, w]`) padded by `p` on every side, rounded to bf16 and split by the
+/// stride `s`'s column phases as [`WeightLayout`] lays them out for pairs, into `out` (the image's words,
 /// every one written).
-fn pad_phases(img: &[f32], (c, h, w): (usize, usize, usize), p: usize, l: &WeightLayout, out: &mut [f32]) {
+fn pad_phases(
+    img: &[f32],
+    (c, h, w): (usize, usize, usize),
+    (p, s): (usize, usize),
+    l: &WeightLayout,
+    out: &mut [f32],
+) {
     let hp = h + 2 * p;
-    // A padded row is `s` phase rows of `wq`; an output row steps `s` padded rows.
-    let s = l.out_row / l.tap_row;
+    // A padded row is `s` phase rows of `wq`.
     let wq = l.tap_row / s;
     // SAFETY: a word is two u16; any bits are a valid u16.
     let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u16>(), 2 * out.len()) };
@@ -1464,26 +1483,31 @@ mod tests {
         for (i, g) in shapes.iter().enumerate() {
             let x = values(g.b * g.c * g.h * g.w, i as u64);
             let wt = values(g.o * g.c * g.k * g.k, 100 + i as u64);
-            let want = reference(&x, &wt, g);
-            // Unwritten values would show as NaN.
-            let out = forward(&x, &wt, *g, Arith::F32);
-            assert_close(&out, &want, g);
-            if let Some(arith) = bf16_here() {
-                // The products of the rounded operands, summed in f32: odd channel counts
-                // pair the last channel with zero.
-                let want = reference(&rounded(&x), &rounded(&wt), g);
+            // Unwritten values would show as NaN; odd channel counts pair the last
+            // channel with zero in bf16.
+            for (arith, want) in expected(&x, &wt, g, reference) {
                 assert_close(&forward(&x, &wt, *g, arith), &want, g);
             }
         }
     }
 
-    /// [`Arith::Bf16`] where this CPU has `vdpbf16ps`, else `None` (and says so).
-    fn bf16_here() -> Option<Arith> {
-        let here = crate::bf16::avx512_bf16();
-        if !here {
+    /// Each arithmetic this CPU runs the direct passes in, with what a pass of operands
+    /// `a` and `b` must give by `reference`: f32, and where the CPU has `vdpbf16ps` bf16,
+    /// whose products are those of the rounded operands, summed in f32 (where it has not,
+    /// bf16 is left out, and that is said).
+    fn expected(
+        a: &[f32],
+        b: &[f32],
+        g: &Geometry,
+        reference: fn(&[f32], &[f32], &Geometry) -> Vec<f32>,
+    ) -> Vec<(Arith, Vec<f32>)> {
+        let mut all = vec![(Arith::F32, reference(a, b, g))];
+        if crate::bf16::avx512_bf16() {
+            all.push((Arith::Bf16, reference(&rounded(a), &rounded(b), g)));
+        } else {
             eprintln!("no AVX512-BF16: the bf16 direct passes do not run here");
         }
-        here.then_some(Arith::Bf16)
+        all
     }
 
     /// `v` rounded to bf16 and widened back.
@@ -1513,11 +1537,7 @@ mod tests {
         for (i, g) in shapes.iter().enumerate() {
             let dy = values(g.b * g.o * g.oh * g.ow, 200 + i as u64);
             let wt = values(g.o * g.c * g.k * g.k, 300 + i as u64);
-            let want = reference_input_gradient(&dy, &wt, g);
-            let dx = backward_input(&dy, &wt, *g, Arith::F32);
-            assert_close(&dx, &want, g);
-            if let Some(arith) = bf16_here() {
-                let want = reference_input_gradient(&rounded(&dy), &rounded(&wt), g);
+            for (arith, want) in expected(&dy, &wt, g, reference_input_gradient) {
                 assert_close(&backward_input(&dy, &wt, *g, arith), &want, g);
             }
         }
@@ -1547,17 +1567,11 @@ mod tests {
         for (i, g) in shapes.iter().enumerate() {
             let x = values(g.b * g.c * g.h * g.w, 400 + i as u64);
             let dy = values(g.b * g.o * g.oh * g.ow, 500 + i as u64);
-            let want = reference_weight_gradient(&x, &dy, g);
             let per_image = 4
                 * (g.c * (g.h + 2 * g.padding) * (g.w + 2 * g.padding)
                     + g.oh * g.ow * g.o.div_ceil(LANES) * LANES);
-            let mut ariths = vec![(Arith::F32, want)];
-            if let Some(arith) = bf16_here() {
-                // The products of the rounded operands, summed in f32 (odd rows' last
-                // positions paired with zero).
-                ariths.push((arith, reference_weight_gradient(&rounded(&x), &rounded(&dy), g)));
-            }
-            for (arith, want) in ariths {
+            // In bf16, odd rows' last positions paired with zero.
+            for (arith, want) in expected(&x, &dy, g, reference_weight_gradient) {
                 let all_at_once = weight_gradient(&x, &dy, *g, arith);
                 assert_close(&all_at_once, &want, g);
                 // The same bits on one thread and on three as on the default pool.
