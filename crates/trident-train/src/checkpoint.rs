@@ -46,16 +46,75 @@ pub struct TrainerState {
     pub epochs_without_improvement: u64,
     /// The run has finished (all epochs or early stop).
     pub finished: bool,
-    /// Running sums of the epoch in progress (loss, micro-batches, correct, examples), so
-    /// a resumed epoch reports the same training loss and accuracy as an uninterrupted one.
+    /// Running sums of the epoch in progress, so that a resumed epoch reports the same
+    /// figures as an uninterrupted one.
     #[serde(default)]
-    pub epoch_sums: (f64, u64, u64, u64),
-    /// More running sums of the epoch in progress, for tasks that report more figures (a
-    /// GAN's generator loss and discriminator scores).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub extra_sums: Vec<f64>,
+    pub sums: EpochSums,
     /// Hash of the training configuration: resuming with another configuration is refused.
     pub config_hash: String,
+}
+
+/// The running sums of an epoch in progress: those every task has (its loss per batch and
+/// its units of progress) and the task's own, by name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochSums {
+    /// Sum of the losses of the epoch's batches so far.
+    pub loss: f64,
+    /// Batches whose loss is summed.
+    pub batches: u64,
+    /// Units of progress so far: examples, or an agent's environment steps.
+    pub units: u64,
+    /// The task's own sums (a classifier's correct predictions, a GAN's critic scores).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub named: BTreeMap<String, f64>,
+}
+
+impl EpochSums {
+    /// The mean loss per batch so far (0 before the first).
+    pub fn mean_loss(&self) -> f64 {
+        self.loss / self.batches.max(1) as f64
+    }
+
+    /// Adds `v` to the sum named `name`.
+    pub fn add(&mut self, name: &str, v: f64) {
+        *self.named.entry(name.to_string()).or_default() += v;
+    }
+
+    /// The sum named `name` (0 when nothing was added to it).
+    pub fn get(&self, name: &str) -> f64 {
+        self.named.get(name).copied().unwrap_or(0.0)
+    }
+}
+
+/// `state.json` as runs before [`EpochSums`] wrote it: the sums as a tuple (loss,
+/// batches, correct, examples) and a GAN's four more by position; read into the
+/// named sums so that such a run still resumes exactly.
+#[derive(Deserialize)]
+struct LegacySums {
+    #[serde(default)]
+    epoch_sums: Option<(f64, u64, u64, u64)>,
+    #[serde(default)]
+    extra_sums: Vec<f64>,
+}
+
+impl LegacySums {
+    fn into_sums(self) -> Option<EpochSums> {
+        let (loss, batches, correct, units) = self.epoch_sums?;
+        let mut sums = EpochSums {
+            loss,
+            batches,
+            units,
+            named: BTreeMap::new(),
+        };
+        if correct > 0 {
+            sums.add("correct", correct as f64);
+        }
+        let gan = ["generator_loss", "generator_steps", "d_real", "d_fake"];
+        for (name, v) in gan.iter().zip(self.extra_sums) {
+            sums.add(name, v);
+        }
+        Some(sums)
+    }
 }
 
 /// Why a checkpoint could not be written or read.
@@ -465,7 +524,15 @@ pub fn read_state(dir: &Path) -> Result<TrainerState, CheckpointError> {
 fn read_state_unchecked(dir: &Path) -> Result<TrainerState, CheckpointError> {
     let f = dir.join("state.json");
     let bytes = fs::read(&f).map_err(io(&f))?;
-    serde_json::from_slice(&bytes).map_err(|e| corrupt(&f, format!("not a trainer state: {e}")))
+    let not_state = |e: serde_json::Error| corrupt(&f, format!("not a trainer state: {e}"));
+    let mut state: TrainerState = serde_json::from_slice(&bytes).map_err(not_state)?;
+    if let Some(sums) = serde_json::from_slice::<LegacySums>(&bytes)
+        .map_err(not_state)?
+        .into_sums()
+    {
+        state.sums = sums;
+    }
+    Ok(state)
 }
 
 /// Loads weights and optimizer state from `dir` into `params` and `optimizer`. A
@@ -577,8 +644,12 @@ mod tests {
             best_epoch: None,
             epochs_without_improvement: 0,
             finished: false,
-            epoch_sums: (0.5, 1, 1, 2),
-            extra_sums: Vec::new(),
+            sums: EpochSums {
+                loss: 0.5,
+                batches: 1,
+                units: 2,
+                named: BTreeMap::from([("correct".into(), 1.0)]),
+            },
             config_hash: "h".into(),
         };
         (params, opt, state)
@@ -591,6 +662,32 @@ mod tests {
             .collect();
         n.sort();
         n
+    }
+
+    #[test]
+    fn a_state_written_with_positional_sums_resumes_with_them_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = r#"{"epoch":1,"batch_in_epoch":3,"micro_step":9,"optimizer_step":9,"best_metric":0.5,"best_epoch":0,"epochs_without_improvement":0,"finished":false,"epoch_sums":[1.5,3,2,96],"extra_sums":[0.25,1.0,0.75,-0.5],"config_hash":"h"}"#;
+        fs::write(dir.path().join("state.json"), old).unwrap();
+        let s = read_state_unchecked(dir.path()).unwrap();
+        assert_eq!((s.sums.loss, s.sums.batches, s.sums.units), (1.5, 3, 96));
+        let named = |n: &str| s.sums.get(n);
+        assert_eq!(
+            [
+                named("correct"),
+                named("generator_loss"),
+                named("generator_steps"),
+                named("d_real"),
+                named("d_fake")
+            ],
+            [2.0, 0.25, 1.0, 0.75, -0.5]
+        );
+        // Written back, the sums are named.
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(
+            text.contains(r#""sums":{"loss":1.5,"batches":3,"units":96"#) && !text.contains("epoch_sums"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -734,8 +831,12 @@ mod tests {
             best_epoch: Some(0),
             epochs_without_improvement: 0,
             finished: false,
-            epoch_sums: (1.5, 2, 3, 4),
-            extra_sums: vec![0.25],
+            sums: EpochSums {
+                loss: 1.5,
+                batches: 2,
+                units: 4,
+                named: BTreeMap::from([("correct".into(), 3.0), ("d_real".into(), 0.25)]),
+            },
             config_hash: "abc".into(),
         };
         save(&ck, &params, &opt, &state, &[("note.txt".into(), b"hi".to_vec())]).unwrap();

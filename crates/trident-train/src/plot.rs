@@ -29,15 +29,15 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainE
             .filter_map(|r| f(r).map(|v| ((r.epoch + 1) as f64, v)))
             .collect()
     };
-    let figure = |name: &'static str| move |r: &EpochRecord| r.figures.get(name).copied();
+    let figure = |name: &'static str| move |r: &EpochRecord| r.metric(name);
     let generator = series(&figure("generator_loss"));
     if generator.is_empty() {
         line_chart(
             &dir.join("loss.png"),
             "loss",
             &[
-                ("train", series(&|r| Some(r.train_loss))),
-                ("validation", series(&|r| r.val_loss)),
+                ("train", series(&|r| Some(r.train_loss()))),
+                ("validation", series(&|r| r.metric("val_loss"))),
             ],
         )?;
     } else {
@@ -46,7 +46,7 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainE
             &dir.join("loss.png"),
             "loss",
             &[
-                ("discriminator", series(&|r| Some(r.train_loss))),
+                ("discriminator", series(&|r| Some(r.train_loss()))),
                 ("generator", generator),
             ],
         )?;
@@ -61,7 +61,7 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainE
     }
     if records
         .iter()
-        .all(|r| r.train_accuracy.is_none() && r.val_accuracy.is_none())
+        .all(|r| r.metric("train_accuracy").is_none() && r.metric("val_accuracy").is_none())
     {
         // A model without classes (reconstruction): its loss is the whole story.
         return Ok(());
@@ -70,9 +70,9 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainE
         &dir.join("accuracy.png"),
         "accuracy",
         &[
-            ("train", series(&|r| r.train_accuracy)),
-            ("validation", series(&|r| r.val_accuracy)),
-            ("validation macro-F1", series(&|r| r.val_macro_f1)),
+            ("train", series(&|r| r.metric("train_accuracy"))),
+            ("validation", series(&|r| r.metric("val_accuracy"))),
+            ("validation macro-F1", series(&|r| r.metric("val_macro_f1"))),
         ],
     )
 }

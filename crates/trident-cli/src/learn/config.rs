@@ -455,19 +455,25 @@ impl RunConfig {
         use trident_train::trainer::Monitor;
         let table: toml::Table = toml::from_str(text)?;
         let given = table.get("train").and_then(|t| t.get("monitor")).is_some();
+        let m = &self.train.monitor;
         if matches!(self.model, ModelConfig::Gan(_)) {
-            match (given, self.train.monitor) {
-                (false, _) => self.train.monitor = Monitor::ValFd,
-                (true, Monitor::ValFd) => {}
-                (true, m) => anyhow::bail!(
+            match (given, m.is("val_fd")) {
+                (false, _) => self.train.monitor = Monitor::named("val_fd"),
+                (true, true) => {}
+                (true, false) => anyhow::bail!(
                     "train.monitor = {m:?}: a gan's best epoch has the lowest Fréchet distance of its samples to the validation images (\"val_fd\", from [gan] judge)"
                 ),
             }
             return Ok(());
         }
         anyhow::ensure!(
-            self.train.monitor != Monitor::ValFd,
+            !m.is("val_fd"),
             "train.monitor = \"val_fd\" judges a gan's samples; this model is not a gan"
+        );
+        let known = ["val_accuracy", "val_macro_f1", "val_loss"];
+        anyhow::ensure!(
+            known.iter().any(|k| m.is(k)),
+            "train.monitor = {m:?}: one of \"val_accuracy\", \"val_macro_f1\", \"val_loss\" (\"val_fd\" for a gan)"
         );
         if !matches!(
             self.model,
@@ -475,10 +481,10 @@ impl RunConfig {
         ) {
             return Ok(());
         }
-        match (given, self.train.monitor) {
-            (false, _) => self.train.monitor = Monitor::ValLoss,
-            (true, Monitor::ValLoss) => {}
-            (true, m) => anyhow::bail!(
+        match (given, m.is("val_loss")) {
+            (false, _) => self.train.monitor = Monitor::named("val_loss"),
+            (true, true) => {}
+            (true, false) => anyhow::bail!(
                 "train.monitor = {m:?}: this model has no class predictions; it monitors \"val_loss\" (its squared error)"
             ),
         }

@@ -450,8 +450,8 @@ impl<'a> EpochReview<'a> {
         })
     }
 
-    /// Epoch `epoch`'s figures and the metric that picks `best`.
-    pub fn review(&self, epoch: u64) -> anyhow::Result<(BTreeMap<String, f64>, Option<f64>)> {
+    /// Epoch `epoch`'s figures; `val_fd` among them, when there is a judge, picks `best`.
+    pub fn review(&self, epoch: u64) -> anyhow::Result<BTreeMap<String, f64>> {
         let grids = self.dir.join("samples");
         std::fs::create_dir_all(&grids).with_context(|| grids.display().to_string())?;
         let grid = grids.join(format!("epoch-{:03}.png", epoch + 1));
@@ -459,11 +459,11 @@ impl<'a> EpochReview<'a> {
         std::fs::copy(&grid, self.dir.join("samples.png")).context("samples.png")?;
         let mut figures = BTreeMap::new();
         let Some((judge, reference)) = &self.judge else {
-            return Ok((figures, None));
+            return Ok(figures);
         };
         let (features, _) = judge.judge(&self.step.generate(self.samples, EPOCH_SEED)?)?;
         let fd = frechet_distance(&features, reference)?;
         figures.insert("val_fd".into(), fd);
-        Ok((figures, Some(fd)))
+        Ok(figures)
     }
 }

@@ -32,8 +32,7 @@ pub fn fresh_state(config_hash: &str) -> TrainerState {
         best_epoch: None,
         epochs_without_improvement: 0,
         finished: false,
-        epoch_sums: (0.0, 0, 0, 0),
-        extra_sums: Vec::new(),
+        sums: Default::default(),
         config_hash: config_hash.into(),
     }
 }

@@ -94,24 +94,21 @@ impl RunLog {
         bar
     }
 
-    /// After an optimizer step: the bar's message (`loss`, the epoch's mean so far, and
-    /// the rate), a line per tenth of the epoch when the bar is hidden (`batch` of
-    /// `per_epoch`; `group` batches per step), at most one every [`LINE_EVERY`].
-    #[allow(clippy::too_many_arguments)]
+    /// After an optimizer step that ended with batch `batch` of `per_epoch` (having
+    /// advanced `advanced` batches): the bar's message (`loss`, the epoch's mean so far,
+    /// and the rate in the task's `unit`s per second), and when the bar is hidden a line
+    /// per tenth of the epoch, at most one every [`LINE_EVERY`].
     pub fn step_message(
         &self,
         bar: &indicatif::ProgressBar,
-        epoch: u64,
-        batch: u64,
-        per_epoch: u64,
-        group: u64,
+        (epoch, batch, per_epoch, advanced): (u64, u64, u64, u64),
         mean_loss: f64,
-        rate: f64,
+        (rate, unit): (f64, &str),
     ) {
-        let msg = format!("loss {mean_loss:.4}  {rate:.1} ex/s");
+        let msg = format!("loss {mean_loss:.4}  {rate:.1} {unit}/s");
         if self.progress
             && bar.is_hidden()
-            && batch % (per_epoch / 10).max(1) < group
+            && batch % (per_epoch / 10).max(1) < advanced
             && self.last_line.get().elapsed() >= LINE_EVERY
         {
             // Not a terminal (a log file): a line per tenth of the epoch instead.
@@ -151,19 +148,8 @@ impl RunLog {
     /// An epoch's end: its TensorBoard scalars, its `metrics.jsonl` line and its summary.
     pub fn epoch(&mut self, r: EpochRecord) -> Result<(), TrainError> {
         if let Some(tb) = self.tb.as_mut() {
-            let step = r.step as i64;
-            let scalars = [
-                ("epoch/train_loss", Some(r.train_loss)),
-                ("epoch/train_accuracy", r.train_accuracy),
-                ("val/loss", r.val_loss),
-                ("val/accuracy", r.val_accuracy),
-                ("val/macro_f1", r.val_macro_f1),
-            ];
-            for (tag, v) in scalars.into_iter().filter_map(|(t, v)| Some((t, v?))) {
-                tb.scalar(tag, step, v as f32).map_err(io_err(tb.path()))?;
-            }
-            for (name, v) in &r.figures {
-                tb.scalar(&format!("epoch/{name}"), step, *v as f32)
+            for (tag, v) in r.tagged() {
+                tb.scalar(&tag, r.step as i64, v as f32)
                     .map_err(io_err(tb.path()))?;
             }
         }
@@ -206,17 +192,17 @@ impl RunLog {
 }
 
 fn describe(r: &EpochRecord) -> String {
-    let mut s = format!("epoch {}  train loss {:.4}", r.epoch + 1, r.train_loss);
-    if let Some(a) = r.train_accuracy {
+    let mut s = format!("epoch {}  train loss {:.4}", r.epoch + 1, r.train_loss());
+    if let Some(a) = r.metric("train_accuracy") {
         s += &format!("  acc {a:.4}");
     }
-    if let Some(l) = r.val_loss {
+    if let Some(l) = r.metric("val_loss") {
         s += &format!("  |  val loss {l:.4}");
     }
-    if let (Some(a), Some(f)) = (r.val_accuracy, r.val_macro_f1) {
+    if let (Some(a), Some(f)) = (r.metric("val_accuracy"), r.metric("val_macro_f1")) {
         s += &format!("  acc {a:.4}  macro-F1 {f:.4}");
     }
-    for (name, v) in &r.figures {
+    for (name, v) in r.figures() {
         s += &format!("  {name} {v:.4}");
     }
     s + &format!("  |  {:.1}s, {:.1} ex/s", r.epoch_seconds, r.examples_per_second)

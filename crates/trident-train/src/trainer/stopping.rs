@@ -2,7 +2,7 @@
 //! in which case it checkpoints and can be resumed; or early, when the monitored metric
 //! has not improved for `patience` epochs. The best epoch is judged here too.
 
-use super::Monitor;
+use super::task::{Goal, Monitor};
 use crate::checkpoint::TrainerState;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -34,10 +34,12 @@ impl<'a> StopRequest<'a> {
 }
 
 /// The best-checkpoint and early-stopping rule.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EarlyStopping {
     /// The metric judged.
     pub monitor: Monitor,
+    /// Which way it improves.
+    pub goal: Goal,
     /// Epochs without improvement that end the run; never when `None`.
     pub patience: Option<u64>,
 }
@@ -56,7 +58,7 @@ impl EarlyStopping {
     /// improvement) and decides.
     pub fn judge(&self, state: &mut TrainerState, epoch: u64, metric: Option<f64>) -> Verdict {
         let improved = match (metric, state.best_metric) {
-            (Some(m), Some(b)) => self.monitor.better(m, b),
+            (Some(m), Some(b)) => self.goal.better(m, b),
             (Some(_), None) => true,
             (None, _) => true,
         };
@@ -85,7 +87,7 @@ impl EarlyStopping {
     ) -> Verdict {
         state.epoch += 1;
         state.batch_in_epoch = 0;
-        state.epoch_sums = (0.0, 0, 0, 0);
+        state.sums = Default::default();
         let verdict = self.judge(state, epoch, metric);
         state.finished = state.epoch >= epochs || verdict.early;
         verdict
@@ -94,7 +96,7 @@ impl EarlyStopping {
     /// What an early stop says (epochs counted from 1, as the progress bar does).
     pub fn stop_message(&self, state: &TrainerState) -> String {
         format!(
-            "early stop: {:?} has not improved for {} epochs (best {:.4} at epoch {})",
+            "early stop: {} has not improved for {} epochs (best {:.4} at epoch {})",
             self.monitor,
             state.epochs_without_improvement,
             state.best_metric.unwrap_or(f64::NAN),
@@ -111,12 +113,15 @@ mod tests {
     fn ending_an_epoch_moves_the_counters_and_finishes_on_the_last_or_an_early_stop() {
         let mut s = super::super::checkpoints::fresh_state("h");
         let rule = EarlyStopping {
-            monitor: Monitor::ValLoss,
+            monitor: Monitor::named("val_loss"),
+            goal: Goal::Minimize,
             patience: Some(1),
         };
-        (s.batch_in_epoch, s.epoch_sums) = (7, (1.5, 3, 2, 96));
+        s.batch_in_epoch = 7;
+        (s.sums.loss, s.sums.batches, s.sums.units) = (1.5, 3, 96);
+        s.sums.add("correct", 2.0);
         let v = rule.end_epoch(&mut s, 0, Some(0.5), 3);
-        assert_eq!((s.epoch, s.batch_in_epoch, s.epoch_sums), (1, 0, (0.0, 0, 0, 0)));
+        assert_eq!((s.epoch, s.batch_in_epoch, &s.sums), (1, 0, &Default::default()));
         assert!(v.improved && !v.early && !s.finished);
         let v = rule.end_epoch(&mut s, 1, Some(0.6), 3);
         assert!(
@@ -125,12 +130,12 @@ mod tests {
         );
         assert_eq!(
             rule.stop_message(&s),
-            "early stop: ValLoss has not improved for 1 epochs (best 0.5000 at epoch 1)"
+            "early stop: val_loss has not improved for 1 epochs (best 0.5000 at epoch 1)"
         );
         let mut s = super::super::checkpoints::fresh_state("h");
         let patient = EarlyStopping {
             patience: None,
-            ..rule
+            ..rule.clone()
         };
         patient.end_epoch(&mut s, 0, Some(0.5), 2);
         assert!(!s.finished);
@@ -142,7 +147,8 @@ mod tests {
     fn patience_counts_epochs_without_improvement_of_the_monitored_metric() {
         let mut s = super::super::checkpoints::fresh_state("h");
         let rule = EarlyStopping {
-            monitor: Monitor::ValLoss,
+            monitor: Monitor::named("val_loss"),
+            goal: Goal::Minimize,
             patience: Some(2),
         };
         let v = [1.0, 0.8, 0.9, 0.8, 0.7, 0.75, 0.71];
@@ -169,7 +175,8 @@ mod tests {
         );
         assert_eq!((s.best_metric, s.best_epoch), (Some(0.7), Some(4)));
         let acc = EarlyStopping {
-            monitor: Monitor::ValAccuracy,
+            monitor: Monitor::named("val_accuracy"),
+            goal: Goal::Maximize,
             patience: None,
         };
         let mut s = super::super::checkpoints::fresh_state("h");
