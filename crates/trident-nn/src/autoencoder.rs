@@ -240,7 +240,7 @@ impl candle_core::CustomOp1 for Upsample2 {
         s: &candle_core::CpuStorage,
         l: &candle_core::Layout,
     ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        let x = crate::ops::f32_slice(s, l, "upsample2")?;
+        let x = crate::kernel::f32_slice(s, l, "upsample2")?;
         let &[b, c, h, w] = l.dims() else {
             bail!("upsample2: expected [b, c, h, w], got {:?}", l.dims())
         };
@@ -256,16 +256,13 @@ impl candle_core::CustomOp1 for Upsample2 {
                 bottom.copy_from_slice(top);
             }
         }
-        Ok((
-            candle_core::CpuStorage::F32(out),
-            candle_core::Shape::from((b, c, 2 * h, 2 * w)),
-        ))
+        crate::kernel::output(out, (b, c, 2 * h, 2 * w))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let (b, c, h, w) = arg.dims4()?;
         let grad = grad.contiguous()?;
-        let g = crate::ops::with_f32(&grad, |g| {
+        let g = crate::kernel::with_f32(&grad, |g| {
             let mut dx = vec![0f32; b * c * h * w];
             for (d, plane) in dx.chunks_mut(h * w).zip(g.chunks(4 * h * w)) {
                 for y in 0..h {

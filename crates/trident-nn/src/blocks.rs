@@ -21,8 +21,9 @@
 
 use crate::bf16::{self, Operand};
 use crate::blas::Mat;
-use crate::dense::{affine, column_sums, Attention, BLOCK};
-use crate::ops::{f32_slice, for_rows, layer_norm_grads, normalize_row, DropMask};
+use crate::dense::{affine, column_sums, Attention};
+use crate::kernel::{self, f32_slice, for_rows, LayerTag, BLOCK};
+use crate::ops::{layer_norm_grads, normalize_row, DropMask};
 use crate::params::GradSink;
 use crate::scratch;
 use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
@@ -611,7 +612,7 @@ struct Sublayer {
     /// Products and saved activations in bf16 ([`bf16::autocast`] when the op was made).
     bf16: bool,
     /// The model layer this sublayer ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
     /// The output rows are these positions of longer sequences (dropout is drawn as for
     /// the whole sequences).
     positions: Option<Firsts>,
@@ -656,7 +657,7 @@ impl Sublayer {
             placement,
             dropout: DropMask::from_option("sublayer", dropout)?,
             bf16: bf16::autocast_enabled(),
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
             saved: Mutex::new(None),
         };
         x.contiguous()?.apply_op2(&norm.gamma, op)
@@ -763,7 +764,7 @@ impl CustomOp2 for Sublayer {
         _: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (kind, flops) = self.cost(l1.dims());
-        let _span = crate::trace::op_span_flops(kind, "op.fwd", flops);
+        let _span = kernel::forward_flops(kind, flops);
         let x = f32_slice(s1, l1, "sublayer")?;
         // `apply` checked the last dimension against the layer norm.
         let d = l1.dims().last().copied().unwrap_or(1);
@@ -800,7 +801,7 @@ impl CustomOp2 for Sublayer {
             None => l1.shape().clone(),
             Some(f) => Shape::from((m / f.seq, f.keep, d)),
         };
-        Ok((CpuStorage::F32(out), shape))
+        kernel::output(out, shape)
     }
 
     fn bwd(
@@ -811,7 +812,7 @@ impl CustomOp2 for Sublayer {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (kind, flops) = self.cost(x.dims());
-        let _span = crate::trace::op_span_in(&self.layer, kind, "op.bwd", 2 * flops);
+        let _span = self.layer.backward(kind, 2 * flops);
         let g = g.contiguous()?;
         let d = x.dim(candle_core::D::Minus1)?;
         let saved = self.saved.lock().unwrap_or_else(|e| e.into_inner());

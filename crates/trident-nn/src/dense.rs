@@ -6,7 +6,8 @@
 
 use crate::bf16::{self, Operand};
 use crate::blas::{self, Mat};
-use crate::ops::{cpu_slice, f32_slice, for_rows, DropMask};
+use crate::kernel::{self, cpu_slice, f32_slice, for_rows, LayerTag, BLOCK};
+use crate::ops::DropMask;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -23,7 +24,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let (x, w) = (x.contiguous()?, w.contiguous()?);
     let op = Linear {
         bf16: bf16::autocast_enabled(),
-        layer: crate::trace::current_layer(),
+        layer: LayerTag::capture(),
     };
     match b {
         Some(b) => x.apply_op3(&w, &b.contiguous()?, op),
@@ -35,7 +36,7 @@ struct Linear {
     /// Products in bf16 (the mode when the op was created).
     bf16: bool,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 /// (rows, in, out, output dims) of a linear layer, or an error naming the shapes.
@@ -68,7 +69,7 @@ impl Linear {
             )
         }
         let out = affine(Operand::F32(Mat::new(x, k)), m, k, w, n, bias, self.bf16);
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        kernel::output(out, Shape::from(dims))
     }
 
     /// (dx, dw, db) from the saved input and weight and the output gradient.
@@ -131,7 +132,7 @@ impl CustomOp2 for Linear {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span_flops("linear", "op.fwd", linear_flops(l1.dims(), l2.dims()));
+        let _span = kernel::forward_flops("linear", linear_flops(l1.dims(), l2.dims()));
         let x = f32_slice(s1, l1, "linear")?;
         let w = f32_slice(s2, l2, "linear weight")?;
         self.forward(x, l1, w, l2, None)
@@ -144,12 +145,9 @@ impl CustomOp2 for Linear {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(
-            &self.layer,
-            "linear",
-            "op.bwd",
-            2 * linear_flops(x.dims(), w.dims()),
-        );
+        let _span = self
+            .layer
+            .backward("linear", 2 * linear_flops(x.dims(), w.dims()));
         let (dx, dw, _) = self.backward(x, w, g, false)?;
         Ok((Some(dx), Some(dw)))
     }
@@ -169,7 +167,7 @@ impl CustomOp3 for Linear {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span_flops("linear", "op.fwd", linear_flops(l1.dims(), l2.dims()));
+        let _span = kernel::forward_flops("linear", linear_flops(l1.dims(), l2.dims()));
         let x = f32_slice(s1, l1, "linear")?;
         let w = f32_slice(s2, l2, "linear weight")?;
         let bias = f32_slice(s3, l3, "linear bias")?;
@@ -184,12 +182,9 @@ impl CustomOp3 for Linear {
         _res: &Tensor,
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(
-            &self.layer,
-            "linear",
-            "op.bwd",
-            2 * linear_flops(x.dims(), w.dims()),
-        );
+        let _span = self
+            .layer
+            .backward("linear", 2 * linear_flops(x.dims(), w.dims()));
         let (dx, dw, db) = self.backward(x, w, g, true)?;
         Ok((Some(dx), Some(dw), db))
     }
@@ -311,7 +306,7 @@ pub(crate) struct Attention {
     bias: Option<Vec<f32>>,
     dropout: Option<DropMask>,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 /// One sequence's packed `[seq, 3 · width]` block and the geometry.
@@ -365,7 +360,7 @@ impl Attention {
             queries: None,
             bias,
             dropout,
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
         })
     }
 
@@ -616,15 +611,15 @@ impl CustomOp1 for Attention {
     }
 
     fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let (b, s, width3) = l.shape().dims3()?;
         let qkv = f32_slice(st, l, "attention")?;
         let out = self.forward_slices(qkv, b, s, width3);
-        Ok((CpuStorage::F32(out), Shape::from((b, self.rows(s), width3 / 3))))
+        kernel::output(out, (b, self.rows(s), width3 / 3))
     }
 
     fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         let (b, s, width3) = qkv.dims3()?;
         let grad = grad.contiguous()?;
         let dqkv = {
@@ -639,9 +634,6 @@ impl CustomOp1 for Attention {
 }
 
 // ---------------------------------------------------------------- GELU, ReLU6, LeakyReLU
-
-/// Element-wise kernels run over blocks of this many values (in parallel when large).
-pub(crate) const BLOCK: usize = 4096;
 
 /// GELU in its exact form, `x · Φ(x) = 0.5 · x · (1 + erf(x / √2))`, as BERT and
 /// `torch.nn.GELU()` use; the backward pass is one element-wise pass over the saved input.
@@ -741,7 +733,7 @@ fn pointwise(
         names,
         f,
         df,
-        layer: crate::trace::current_layer(),
+        layer: LayerTag::capture(),
     })
 }
 
@@ -750,7 +742,7 @@ struct Pointwise {
     f: fn(&[f32], &mut [MaybeUninit<f32>]),
     df: fn(&[f32], &[f32], &mut [MaybeUninit<f32>]),
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 impl CustomOp1 for Pointwise {
@@ -759,7 +751,7 @@ impl CustomOp1 for Pointwise {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let x = f32_slice(s, l, self.name())?;
         let write = |out: &mut [MaybeUninit<f32>]| {
             for_rows(out, BLOCK, |c, o| {
@@ -769,11 +761,11 @@ impl CustomOp1 for Pointwise {
         };
         // SAFETY: the kernel writes each block whole: its input slice is as long.
         let out = unsafe { crate::scratch::written(x.len(), write) };
-        Ok((CpuStorage::F32(out), l.shape().clone()))
+        kernel::output(out, l.shape().clone())
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         let grad = PointwiseGrad {
             name: self.names[1],
             df: self.df,
@@ -800,7 +792,7 @@ impl CustomOp2 for PointwiseGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let x = f32_slice(s1, l1, self.name)?;
         let g = f32_slice(s2, l2, self.name)?;
         if x.len() != g.len() {
@@ -816,7 +808,7 @@ impl CustomOp2 for PointwiseGrad {
         // SAFETY: the kernel writes each block whole: both input slices are as long (equal
         // lengths checked above).
         let out = unsafe { crate::scratch::written(x.len(), write) };
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        kernel::output(out, l1.shape().clone())
     }
 }
 

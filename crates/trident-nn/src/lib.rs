@@ -13,7 +13,7 @@ macro_rules! view {
     ($t:expr, $guard:ident, $what:expr) => {{
         let (s, l) = $t.storage_and_layout();
         $guard = s;
-        $crate::ops::cpu_slice(&$guard, l, $what)?
+        $crate::kernel::cpu_slice(&$guard, l, $what)?
     }};
 }
 
@@ -28,6 +28,7 @@ mod direct_conv;
 pub mod efficientnet;
 pub mod forecast;
 pub mod gan;
+mod kernel;
 pub mod layers;
 pub mod math;
 pub mod ops;

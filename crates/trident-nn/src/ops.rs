@@ -7,83 +7,15 @@
 //! checked against PyTorch (values and gradients) in `tests/vs_torch.rs`.
 
 use crate::blas::{self, Mat};
-use candle_core::{
-    backend::BackendStorage, bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
-};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
-/// Rows below this many elements in total are not worth splitting across threads.
-pub(crate) const PAR_MIN: usize = 1 << 14;
-
-pub(crate) fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        bail!("{op}: only f32 tensors are supported, got {:?}", s.dtype())
-    };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
-        None => bail!("{op}: input must be contiguous"),
-    }
-}
-
-/// The f32 elements of a contiguous tensor's storage, borrowed (no copy).
-pub(crate) fn cpu_slice<'a>(s: &'a candle_core::Storage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    match s {
-        candle_core::Storage::Cpu(c) => f32_slice(c, l, what),
-        _ => bail!("{what}: only the CPU device is supported"),
-    }
-}
-
-/// Runs `f` on the f32 elements of `t` (made contiguous first), borrowed from its storage
-/// without a copy.
-pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    let t = t.contiguous()?;
-    let (s, l) = t.storage_and_layout();
-    Ok(f(cpu_slice(&s, l, "with_f32")?))
-}
-
-/// Runs `f` on the f32 elements of the contiguous tensor `t`, in place: every tensor that
-/// shares the storage (a model's clone of a parameter, say) sees the change, as with
-/// `Var::set`, but nothing is allocated or copied.
-pub fn update_f32(t: &Tensor, f: impl FnOnce(&mut [f32])) -> Result<()> {
-    struct Update<F>(std::cell::RefCell<Option<F>>);
-    impl<F: FnOnce(&mut [f32])> candle_core::InplaceOp1 for Update<F> {
-        fn name(&self) -> &'static str {
-            "trident-update-f32"
-        }
-        fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
-            let CpuStorage::F32(v) = s else {
-                bail!("update_f32: only f32 tensors are supported")
-            };
-            let Some((a, b)) = l.contiguous_offsets() else {
-                bail!("update_f32: the tensor must be contiguous")
-            };
-            if let Some(f) = self.0.borrow_mut().take() {
-                f(&mut v[a..b]);
-            }
-            Ok(())
-        }
-    }
-    t.inplace_op1(&Update(std::cell::RefCell::new(Some(f))))
-}
-
-fn last_dim(l: &Layout, op: &str) -> Result<usize> {
-    match l.dims().last() {
-        Some(&d) if d > 0 => Ok(d),
-        _ => bail!("{op}: needs a non-empty last dimension, got shape {:?}", l.dims()),
-    }
-}
-
-/// Runs `f` on each row of `out` (of width `d`), in parallel when the work is large.
-pub(crate) fn for_rows<T: Send>(out: &mut [T], d: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
-    if out.len() >= PAR_MIN {
-        out.par_chunks_mut(d).enumerate().for_each(|(i, r)| f(i, r));
-    } else {
-        out.chunks_mut(d).enumerate().for_each(|(i, r)| f(i, r));
-    }
-}
+use crate::kernel::{self, LayerTag};
+pub(crate) use crate::kernel::{cpu_slice, f32_slice, for_rows, last_dim};
+pub use crate::kernel::{update_f32, with_f32};
 
 // ---------------------------------------------------------------- layer norm
 
@@ -94,7 +26,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
         beta,
         LayerNorm {
             eps,
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
         },
     )
 }
@@ -102,7 +34,7 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result
 struct LayerNorm {
     eps: f32,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 fn row_stats(x: &[f32], eps: f32) -> (f32, f32) {
@@ -134,7 +66,7 @@ impl CustomOp3 for LayerNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let x = f32_slice(s1, l1, "layer_norm")?;
         let g = f32_slice(s2, l2, "layer_norm gamma")?;
         let b = f32_slice(s3, l3, "layer_norm beta")?;
@@ -151,7 +83,7 @@ impl CustomOp3 for LayerNorm {
             o.copy_from_slice(&x[i * d..(i + 1) * d]);
             normalize_row(o, g, b, self.eps);
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        kernel::output(out, l1.shape().clone())
     }
 
     fn bwd(
@@ -162,7 +94,7 @@ impl CustomOp3 for LayerNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         let d = x.dim(candle_core::D::Minus1)?;
         let grad = grad.contiguous()?;
         let (sx, lx) = x.storage_and_layout();
@@ -274,7 +206,7 @@ pub fn add_dropout_layer_norm(
         AddLayerNorm {
             eps,
             dropout,
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
         },
     )
 }
@@ -283,7 +215,7 @@ struct AddLayerNorm {
     eps: f32,
     dropout: Option<DropMask>,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 impl AddLayerNorm {
@@ -316,7 +248,7 @@ impl CustomOp3 for AddLayerNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let x = f32_slice(s1, l1, "add_layer_norm")?;
         let r = f32_slice(s2, l2, "add_layer_norm residual")?;
         let gb = f32_slice(s3, l3, "add_layer_norm gamma/beta")?;
@@ -333,7 +265,7 @@ impl CustomOp3 for AddLayerNorm {
             self.sum_row(i, &x[i * d..(i + 1) * d], &r[i * d..(i + 1) * d], o);
             normalize_row(o, g, b, self.eps);
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        kernel::output(out, l1.shape().clone())
     }
 
     fn bwd(
@@ -344,7 +276,7 @@ impl CustomOp3 for AddLayerNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         let d = x.dim(candle_core::D::Minus1)?;
         let grad = grad.contiguous()?;
         let (dx, dg, db) = {
@@ -382,13 +314,13 @@ impl CustomOp3 for AddLayerNorm {
 /// Softmax over the last dimension.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1(Softmax {
-        layer: crate::trace::current_layer(),
+        layer: LayerTag::capture(),
     })
 }
 
 struct Softmax {
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 fn softmax_row(x: &[f32], o: &mut [f32]) {
@@ -409,16 +341,16 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let x = f32_slice(s, l, "softmax")?;
         let d = last_dim(l, "softmax")?;
         let mut out = vec![0f32; x.len()];
         for_rows(&mut out, d, |i, o| softmax_row(&x[i * d..(i + 1) * d], o));
-        Ok((CpuStorage::F32(out), l.shape().clone()))
+        kernel::output(out, l.shape().clone())
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         Ok(Some(res.apply_op2_no_bwd(&grad.contiguous()?, &SoftmaxGrad)?))
     }
 }
@@ -438,7 +370,7 @@ impl CustomOp2 for SoftmaxGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let y = f32_slice(s1, l1, "softmax backward")?;
         let g = f32_slice(s2, l2, "softmax backward")?;
         let d = last_dim(l1, "softmax backward")?;
@@ -450,7 +382,7 @@ impl CustomOp2 for SoftmaxGrad {
                 o[j] = yr[j] * (gr[j] - dot);
             }
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        kernel::output(out, l1.shape().clone())
     }
 }
 
@@ -464,14 +396,14 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     logits.contiguous()?.apply_op2(
         &labels,
         CrossEntropy {
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
         },
     )
 }
 
 struct CrossEntropy {
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 fn labels_of<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [u32]> {
@@ -496,7 +428,7 @@ impl CustomOp2 for CrossEntropy {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let x = f32_slice(s1, l1, "cross_entropy")?;
         let labels = labels_of(s2, l2)?;
         let c = last_dim(l1, "cross_entropy")?;
@@ -512,7 +444,7 @@ impl CustomOp2 for CrossEntropy {
             let row = &x[i * c..(i + 1) * c];
             total += (log_sum_exp(row, 1.0) - row[y as usize]) as f64;
         }
-        Ok((CpuStorage::F32(vec![(total / n as f64) as f32]), Shape::from(())))
+        kernel::output(vec![(total / n as f64) as f32], ())
     }
 
     fn bwd(
@@ -522,7 +454,7 @@ impl CustomOp2 for CrossEntropy {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         let g = grad.to_scalar::<f32>()?;
         let c = logits.dim(candle_core::D::Minus1)?;
         let x = logits.flatten_all()?.to_vec1::<f32>()?;
@@ -561,7 +493,7 @@ pub fn distill_kl(student: &Tensor, teacher: &Tensor, temperature: f32) -> Resul
         &teacher,
         DistillKl {
             t: temperature,
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
         },
     )
 }
@@ -569,7 +501,7 @@ pub fn distill_kl(student: &Tensor, teacher: &Tensor, temperature: f32) -> Resul
 struct DistillKl {
     t: f32,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 /// `log Σ exp(x / t)` of one row, computed stably (shifted by the row's maximum).
@@ -596,7 +528,7 @@ impl CustomOp2 for DistillKl {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let s = f32_slice(s1, l1, "distill_kl")?;
         let t = f32_slice(s2, l2, "distill_kl")?;
         let c = last_dim(l1, "distill_kl")?;
@@ -615,10 +547,7 @@ impl CustomOp2 for DistillKl {
                 .map(|(p, v)| (*p as f64) * ((*p as f64).ln() - (v / self.t - lse) as f64))
                 .sum::<f64>();
         }
-        Ok((
-            CpuStorage::F32(vec![(total / n.max(1) as f64) as f32]),
-            Shape::from(()),
-        ))
+        kernel::output(vec![(total / n.max(1) as f64) as f32], ())
     }
 
     fn bwd(
@@ -628,7 +557,7 @@ impl CustomOp2 for DistillKl {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         // d/ds KL = (softmax(s/T) − softmax(t/T)) / T, averaged over the n rows.
         let g = grad.to_scalar::<f32>()?;
         let c = student.dim(candle_core::D::Minus1)?;
@@ -754,7 +683,7 @@ struct BatchNorm {
     mean: Vec<f32>,
     var: Vec<f32>,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 impl CustomOp3 for BatchNorm {
@@ -771,10 +700,10 @@ impl CustomOp3 for BatchNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let (x, g, bt, [_, c, h, w]) = self.inputs((s1, l1), (s2, l2), (s3, l3))?;
         let out = self.normalize(x, g, bt, c, h * w);
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        kernel::output(out, l1.shape().clone())
     }
 
     fn bwd(
@@ -785,7 +714,7 @@ impl CustomOp3 for BatchNorm {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         let (b, c, h, w) = x.dims4()?;
         // Borrowed from their storage: no copies of the two largest tensors.
         let (x, grad) = (x.contiguous()?, grad.contiguous()?);
@@ -821,7 +750,7 @@ impl BatchNorm {
             eps,
             mean,
             var,
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
         })
     }
 
@@ -1021,7 +950,7 @@ impl After {
         match self {
             After::ReluPool(pool) => pool.forward_slices(&y, dims),
             &After::Act(act) => {
-                for_rows(&mut y, crate::dense::BLOCK, |_, r| {
+                for_rows(&mut y, crate::kernel::BLOCK, |_, r| {
                     r.iter_mut().for_each(|v| *v = act.at(*v))
                 });
                 y
@@ -1035,8 +964,8 @@ impl After {
         match self {
             After::ReluPool(pool) => pool.backward_slices(&y, g, dims),
             &After::Act(act) => {
-                for_rows(&mut y, crate::dense::BLOCK, |i, r| {
-                    let g = &g[i * crate::dense::BLOCK..];
+                for_rows(&mut y, crate::kernel::BLOCK, |i, r| {
+                    let g = &g[i * crate::kernel::BLOCK..];
                     r.iter_mut().zip(g).for_each(|(v, &g)| *v = act.grad_at(*v, g));
                 });
                 y
@@ -1078,11 +1007,11 @@ impl CustomOp3 for BatchNormThen {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let (x, g, bt, [b, c, h, w]) = self.norm.inputs((s1, l1), (s2, l2), (s3, l3))?;
         let y = self.norm.normalize(x, g, bt, c, h * w);
         let out = self.after.forward(y, (b, c, h, w));
-        Ok((CpuStorage::F32(out), self.after.shape((b, c, h, w))))
+        kernel::output(out, self.after.shape((b, c, h, w)))
     }
 
     fn bwd(
@@ -1093,7 +1022,7 @@ impl CustomOp3 for BatchNormThen {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(&self.norm.layer, self.name(), "op.bwd", 0);
+        let _span = self.norm.layer.backward(self.name(), 0);
         let (b, c, h, w) = x.dims4()?;
         let grad = grad.contiguous()?;
         let (x_guard, g_guard);
@@ -1126,13 +1055,13 @@ pub fn channel_affine(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tens
         &scale.contiguous()?,
         &shift.contiguous()?,
         ChannelAffine {
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
         },
     )
 }
 
 struct ChannelAffine {
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 impl CustomOp3 for ChannelAffine {
@@ -1149,7 +1078,7 @@ impl CustomOp3 for ChannelAffine {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let x = f32_slice(s1, l1, "channel_affine")?;
         let scale = f32_slice(s2, l2, "channel_affine scale")?;
         let shift = f32_slice(s3, l3, "channel_affine shift")?;
@@ -1157,7 +1086,7 @@ impl CustomOp3 for ChannelAffine {
             bail!("channel_affine: expected [b, c, h, w], got {:?}", l1.dims())
         };
         let out = affine_planes(x, c, h * w, scale, shift);
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        kernel::output(out, l1.shape().clone())
     }
 
     fn bwd(
@@ -1168,7 +1097,7 @@ impl CustomOp3 for ChannelAffine {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         let (b, c, h, w) = x.dims4()?;
         let hw = h * w;
         let (x, grad) = (x.contiguous()?, grad.contiguous()?);
@@ -1281,7 +1210,7 @@ impl Conv {
             stride,
             padding,
             bf16: crate::bf16::autocast_enabled(),
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
             plan: OnceLock::new(),
         })
     }
@@ -1297,7 +1226,7 @@ struct Conv {
     /// in bf16 where that pays ([`Conv::in_bf16`]), in both passes.
     bf16: bool,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
     /// The runs of [`Conv::runs`] for the geometry this op met first, worked out once: they
     /// are the same for every image of the batch and in both passes, and working them out
     /// (divisions, the phase of each tap) for each image cost as much as the copies they
@@ -2047,14 +1976,14 @@ impl CustomOp2 for Conv {
         let (b, c, h, w, oh, ow) = self.geometry(l1.dims())?;
         let o = l2.dims()[0];
         let (ckk, ohw) = (c * self.k * self.k, oh * ow);
-        let _span = crate::trace::op_span_flops(self.name(), "op.fwd", self.flops(b, o, ckk, ohw));
+        let _span = kernel::forward_flops(self.name(), self.flops(b, o, ckk, ohw));
         let geometry = self.direct((b, c, h, w, oh, ow), o);
         let (g, chw) = (Self::group(b, ckk, ohw), c * h * w);
         count_bf16_ready(o, g * ohw, ckk, self.flops(b, o, ckk, ohw));
         if let Some(arith) = self.direct_arith((o, g * ohw, ckk)) {
             if crate::direct_conv::suits(&geometry) {
                 let out = crate::direct_conv::forward(x, wt, geometry, arith);
-                return Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))));
+                return kernel::output(out, (b, o, oh, ow));
             }
         }
         // W [o, ckk], the left operand of every group's product.
@@ -2074,7 +2003,7 @@ impl CustomOp2 for Conv {
         // SAFETY: the chunks cover the output in whole images (b·o·ohw values, chunks of
         // g images), and `apart` writes every value of each.
         let out = unsafe { crate::scratch::written(b * o * ohw, write) };
-        Ok((CpuStorage::F32(out), Shape::from((b, o, oh, ow))))
+        kernel::output(out, (b, o, oh, ow))
     }
 
     fn bwd(
@@ -2087,8 +2016,7 @@ impl CustomOp2 for Conv {
         let (b, c, h, w, oh, ow) = self.geometry(x.dims())?;
         let o = weight.dim(0)?;
         let (ckk, ohw) = (c * self.k * self.k, oh * ow);
-        let _span =
-            crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 2 * self.flops(b, o, ckk, ohw));
+        let _span = self.layer.backward(self.name(), 2 * self.flops(b, o, ckk, ohw));
         let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
         let (x_guard, w_guard, g_guard);
         let xv = view!(x, x_guard, "conv2d backward");
@@ -2329,7 +2257,7 @@ impl<T: CustomOp2> CustomOp3 for Biased<T> {
             let v = bias[plane % c];
             r.iter_mut().for_each(|y| *y += v)
         });
-        Ok((CpuStorage::F32(y), shape))
+        kernel::output(y, shape)
     }
 
     fn bwd(
@@ -2404,7 +2332,7 @@ impl ConvTranspose {
             stride,
             padding,
             bf16: crate::bf16::autocast_enabled(),
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
             plan: OnceLock::new(),
         }))
     }
@@ -2442,7 +2370,7 @@ impl CustomOp2 for ConvTranspose {
         let (b, i, ih, iw, o, h, w) = self.geometry(l1.dims(), l2.dims());
         let conv = &self.0;
         let (okk, ihw) = (o * conv.k * conv.k, ih * iw);
-        let _span = crate::trace::op_span_flops(self.name(), "op.fwd", conv.flops(b, i, okk, ihw));
+        let _span = kernel::forward_flops(self.name(), conv.flops(b, i, okk, ihw));
         // The input gradient of the convolution from [b, o, h, w] to x's [b, i, ih, iw].
         let geometry = conv.direct((b, o, h, w, ih, iw), i);
         // Images in groups as the convolution's (its patch rows `okk`, its output plane the
@@ -2452,7 +2380,7 @@ impl CustomOp2 for ConvTranspose {
         if let Some(arith) = conv.direct_arith((okk, g * ihw, i)) {
             if crate::direct_conv::suits_input_gradient(&geometry) {
                 let out = crate::direct_conv::backward_input(x, wt, geometry, arith);
-                return Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))));
+                return kernel::output(out, (b, o, h, w));
             }
         }
         // Wᵀ [okk, i], the left operand of every group's product.
@@ -2482,7 +2410,7 @@ impl CustomOp2 for ConvTranspose {
         // SAFETY: the chunks cover the output in whole images, and `fold` writes every
         // value of each.
         let out = unsafe { crate::scratch::written(b * o * h * w, write) };
-        Ok((CpuStorage::F32(out), Shape::from((b, o, h, w))))
+        kernel::output(out, (b, o, h, w))
     }
 
     fn bwd(
@@ -2495,8 +2423,7 @@ impl CustomOp2 for ConvTranspose {
         let (b, i, ih, iw, o, h, w) = self.geometry(x.dims(), weight.dims());
         let conv = &self.0;
         let (okk, ihw, ohw) = (o * conv.k * conv.k, ih * iw, o * h * w);
-        let _span =
-            crate::trace::op_span_in(&conv.layer, self.name(), "op.bwd", 2 * conv.flops(b, i, okk, ihw));
+        let _span = conv.layer.backward(self.name(), 2 * conv.flops(b, i, okk, ihw));
         let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
         let (x_guard, w_guard, g_guard);
         let xv = view!(x, x_guard, "conv_transpose2d backward");
@@ -2628,7 +2555,7 @@ fn depthwise_with(
         stride,
         pads,
         channels_last: false,
-        layer: crate::trace::current_layer(),
+        layer: LayerTag::capture(),
     };
     let (oh, ow) = op.out_size(h, w);
     op.channels_last = channels_last.unwrap_or(c >= 8 && oh * ow <= CHANNELS_LAST_MAX_PLANE);
@@ -2642,7 +2569,7 @@ struct Depthwise {
     /// Image by image with the channels innermost ([`Depthwise::channels_last`]) rather
     /// than plane by plane.
     channels_last: bool,
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 impl Depthwise {
@@ -2953,7 +2880,7 @@ impl CustomOp2 for Depthwise {
         };
         let (oh, ow) = self.out_size(h, w);
         let kk = self.k * self.k;
-        let _span = crate::trace::op_span_flops(self.name(), "op.fwd", 2 * (b * c * oh * ow * kk) as u64);
+        let _span = kernel::forward_flops(self.name(), 2 * (b * c * oh * ow * kk) as u64);
         let mut out = vec![0f32; b * c * oh * ow];
         if self.channels_last {
             let mut wtt = vec![0f32; kk * c];
@@ -2961,7 +2888,7 @@ impl CustomOp2 for Depthwise {
             out.par_chunks_mut(c * oh * ow).enumerate().for_each(|(n, y)| {
                 self.forward_channels_last(&x[n * c * h * w..(n + 1) * c * h * w], &wtt, (c, h, w), y)
             });
-            return Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))));
+            return kernel::output(out, (b, c, oh, ow));
         }
         out.par_chunks_mut(oh * ow).enumerate().for_each(|(plane, y)| {
             let ch = plane % c;
@@ -2977,7 +2904,7 @@ impl CustomOp2 for Depthwise {
                 axpy_strided(&mut y[o..o + n], wp[tap], &xp[i..], st)
             });
         });
-        Ok((CpuStorage::F32(out), Shape::from((b, c, oh, ow))))
+        kernel::output(out, (b, c, oh, ow))
     }
 
     fn bwd(
@@ -2990,12 +2917,9 @@ impl CustomOp2 for Depthwise {
         let (b, c, h, w) = x.dims4()?;
         let (oh, ow) = self.out_size(h, w);
         let kk = self.k * self.k;
-        let _span = crate::trace::op_span_in(
-            &self.layer,
-            self.name(),
-            "op.bwd",
-            4 * (b * c * oh * ow * kk) as u64,
-        );
+        let _span = self
+            .layer
+            .backward(self.name(), 4 * (b * c * oh * ow * kk) as u64);
         let (x, weight, grad) = (x.contiguous()?, weight.contiguous()?, grad.contiguous()?);
         let (x_guard, w_guard, g_guard);
         let xv = view!(x, x_guard, "depthwise_conv2d backward");
@@ -3090,7 +3014,7 @@ pub fn relu_max_pool2d(x: &Tensor, k: usize) -> Result<Tensor> {
 struct ReluMaxPool {
     k: usize,
     /// The model layer this kernel ran for (profiling), kept for its backward pass.
-    layer: Option<std::sync::Arc<str>>,
+    layer: LayerTag,
 }
 
 /// The first maximum of four values in window order (NaN counts as a maximum): its index
@@ -3115,7 +3039,7 @@ impl ReluMaxPool {
         }
         Ok(ReluMaxPool {
             k,
-            layer: crate::trace::current_layer(),
+            layer: LayerTag::capture(),
         })
     }
 
@@ -3290,17 +3214,17 @@ impl CustomOp1 for ReluMaxPool {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let _span = crate::trace::op_span(self.name(), "op.fwd");
+        let _span = kernel::forward(self.name());
         let x = f32_slice(s, l, "relu_max_pool2d")?;
         let &[b, c, h, w] = l.dims() else {
             bail!("relu_max_pool2d: expected [b, c, h, w], got {:?}", l.dims())
         };
         let out = self.forward_slices(x, (b, c, h, w));
-        Ok((CpuStorage::F32(out), Shape::from((b, c, h / self.k, w / self.k))))
+        kernel::output(out, (b, c, h / self.k, w / self.k))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let _span = crate::trace::op_span_in(&self.layer, self.name(), "op.bwd", 0);
+        let _span = self.layer.backward(self.name(), 0);
         let dims = arg.dims4()?;
         let (arg, grad) = (arg.contiguous()?, grad.contiguous()?);
         let (x_guard, g_guard);
@@ -3763,7 +3687,7 @@ mod tests {
             stride: 2,
             padding: 1,
             bf16: false,
-            layer: None,
+            layer: LayerTag::default(),
             plan: OnceLock::new(),
         };
         let unfold = |conv: &Conv, (c, h, w): (usize, usize, usize)| {
@@ -4258,7 +4182,10 @@ mod tests {
         if !avx_available() {
             return;
         }
-        let pool = ReluMaxPool { k: 2, layer: None };
+        let pool = ReluMaxPool {
+            k: 2,
+            layer: LayerTag::default(),
+        };
         for (h, w) in [(2, 8), (4, 9), (7, 14), (6, 28), (5, 11), (28, 28), (3, 30)] {
             // Five values from a linear congruential sequence: ties in every direction.
             let mut state = 12345u32 + (h * w) as u32;

@@ -334,7 +334,7 @@ impl Params {
         // The dense gradient (or zeros) first, then the gathered rows added on top.
         let dense = grads.get(p.var.as_tensor());
         match dense {
-            Some(g) => crate::ops::with_f32(g, |g| add_or_copy(out, g, accumulate))?,
+            Some(g) => crate::kernel::with_f32(g, |g| add_or_copy(out, g, accumulate))?,
             None if !accumulate => out.par_chunks_mut(1 << 16).for_each(|o| o.fill(0.0)),
             None => {}
         }
@@ -350,7 +350,7 @@ impl Params {
             };
             got = true;
             let dim = p.var.dim(1)?;
-            crate::ops::with_f32(g, |g| {
+            crate::kernel::with_f32(g, |g| {
                 for (row, &id) in g.chunks(dim).zip(&u.ids) {
                     let id = id as usize;
                     out[id * dim..(id + 1) * dim]
