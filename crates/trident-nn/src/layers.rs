@@ -9,34 +9,7 @@ use std::sync::Arc;
 /// The logistic function as one graph node (autoencoder outputs, `Activation::Sigmoid`).
 pub use crate::dense::sigmoid;
 
-/// What a forward pass needs besides its input: training or evaluation, and the seed of
-/// this step's dropout masks (derived from the run seed and the step number, so a resumed
-/// run draws the same masks as an uninterrupted one).
-#[derive(Debug, Clone, Copy)]
-pub struct Ctx {
-    /// Dropout active, batch norm on batch statistics.
-    pub train: bool,
-    /// Seed of this step's random draws.
-    pub seed: u64,
-}
-
-impl Ctx {
-    /// Evaluation: no dropout, batch norm on running statistics.
-    pub fn eval() -> Self {
-        Ctx {
-            train: false,
-            seed: 0,
-        }
-    }
-
-    /// Training step `step` of a run seeded with `seed`.
-    pub fn train(seed: u64, step: u64) -> Self {
-        Ctx {
-            train: true,
-            seed: ops::splitmix(seed ^ ops::splitmix(step)),
-        }
-    }
-}
+pub use crate::ctx::Ctx;
 
 /// `y = x Wᵀ + b` over the last dimension (PyTorch's layout: `weight` is `[out, in]`).
 #[derive(Debug, Clone)]
@@ -422,7 +395,7 @@ impl Activation {
             "sigmoid" => Activation::Sigmoid,
             "tanh" => Activation::Tanh,
             "softmax" => Activation::Softmax,
-            _ => Activation::Custom(crate::custom::activation(name)?),
+            _ => Activation::Custom(crate::registry::activation(name)?),
         })
     }
 

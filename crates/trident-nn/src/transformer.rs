@@ -4,6 +4,7 @@
 
 use crate::blocks::{self, Firsts, Norm};
 use crate::dense;
+pub use crate::dense::mask_bias;
 use crate::layers::{Activation, Ctx, Dropout, LayerNorm, Linear};
 use crate::params::ParamBuilder;
 use candle_core::{Result, Tensor};
@@ -267,14 +268,6 @@ impl Encoder {
             _ => Ok(h),
         }
     }
-}
-
-/// The additive attention bias for a `[batch, seq]` mask of 1 (token) / 0 (padding):
-/// `[batch, 1, 1, seq]` with 0 for tokens and -1e9 for padding.
-pub fn mask_bias(mask: &Tensor) -> Result<Tensor> {
-    let (b, s) = mask.dims2()?;
-    let m = mask.to_dtype(candle_core::DType::F32)?;
-    ((m - 1.0)? * 1e9)?.reshape((b, 1, 1, s))
 }
 
 #[cfg(test)]

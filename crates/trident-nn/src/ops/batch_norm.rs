@@ -1,6 +1,7 @@
 //! Batch normalisation in training mode, its fusions with an activation and with ReLU +
 //! max pooling, and the per-channel affine map it folds into in evaluation.
 
+use super::activation;
 use super::pool::ReluMaxPool;
 use crate::kernel::with_f32;
 use crate::kernel::{self, f32_slice, for_rows, LayerTag};
@@ -338,9 +339,9 @@ impl Act {
     /// The activation as its own op (evaluation mode, where batch norm is an affine map).
     pub fn apply(self, y: &Tensor) -> Result<Tensor> {
         match self {
-            Act::Relu => crate::dense::relu(y),
-            Act::Relu6 => crate::dense::relu6(y),
-            Act::LeakyRelu => crate::dense::leaky_relu(y),
+            Act::Relu => activation::relu(y),
+            Act::Relu6 => activation::relu6(y),
+            Act::LeakyRelu => activation::leaky_relu(y),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! One file per family of kernels; what they all do around their arithmetic (the layer a
 //! kernel was built in, its spans, its f32 inputs and output) is [`crate::kernel`]'s.
 
+pub(crate) mod activation;
 mod batch_norm;
 mod conv;
 mod dropout;
@@ -17,7 +18,7 @@ mod norm;
 mod pool;
 mod softmax;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use crate::kernel::{update_f32, with_f32};
 pub use batch_norm::{

@@ -29,3 +29,17 @@ pub(crate) fn close(a: &[f32], b: &[f32], tol: f32) {
         assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
     }
 }
+
+/// The largest absolute difference between two tensors of the same shape.
+pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
