@@ -255,7 +255,7 @@ impl BatchNorm {
     }
 }
 
-/// [`batch_norm_train`] followed by [`relu_max_pool2d`] with window `k`, as one op: the
+/// [`batch_norm_train`] followed by [`relu_max_pool2d`](crate::ops::relu_max_pool2d) with window `k`, as one op: the
 /// normalised tensor (as large as the input) lives inside it, so candle's backward pass
 /// neither keeps it nor zero-fills and adds a gradient of its size. The backward pass
 /// normalises `x` again (one pass) to find each window's maximum.

@@ -167,7 +167,7 @@ pub fn add_layer_norm(
 }
 
 /// `layer_norm(dropout(x) + residual)` with `dropout` = (p, seed) dropping exactly what
-/// [`dropout`] would on `x`, fused like [`add_layer_norm`]: the mask is drawn in the kernel
+/// [`dropout`](crate::ops::dropout) would on `x`, fused like [`add_layer_norm`]: the mask is drawn in the kernel
 /// and drawn again in the backward pass, never stored.
 pub fn add_dropout_layer_norm(
     x: &Tensor,

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 /// groups or dilation): `x` `[b, i, ih, iw]`, `weight` `[i, o, k, k]` (PyTorch's layout),
 /// output `[b, o, (ih − 1)·stride + k − 2·padding, …]`.
 ///
-/// It is the input gradient of the convolution [`conv2d`] with the same kernel, stride and
+/// It is the input gradient of the convolution [`conv2d`](super::conv2d) with the same kernel, stride and
 /// padding, so it runs on the same two pieces: per image, `Wᵀ · x` gives the patch
 /// gradients, folded onto the output ([`Conv`]'s `fold`); the backward pass unfolds the
 /// output gradient into patches ([`Conv`]'s `unfold`) and multiplies twice, for the input
@@ -24,7 +24,7 @@ pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, stride: usize, padding: usi
     x.contiguous()?.apply_op2(&weight.contiguous()?, op)
 }
 
-/// [`conv_transpose2d`] plus `bias[o]` on each output channel, in the same op ([`Biased`]).
+/// [`conv_transpose2d`] plus `bias[o]` on each output channel, in the same op ([`Biased`](super::Biased)).
 pub fn conv_transpose2d_bias(
     x: &Tensor,
     weight: &Tensor,
