@@ -6,6 +6,8 @@
 pub mod card;
 #[doc(hidden)]
 pub mod fixtures;
+pub mod gan_step;
+pub mod graph_step;
 pub mod model;
 
 pub use card::{BertWidth, InputSpec, ModelCard, ModelConfig, RnnModel, SequentialModel, SeriesSpec};

@@ -18,6 +18,7 @@ use trident_data::Dataset;
 use trident_nn::Ctx;
 use trident_train::distill::{teacher_fingerprint, Distill, LogitCache};
 use trident_train::{evaluate, plot, TrainError, TrainStep, Trainer};
+use trident_zoo::graph_step::{ExportedStep, GraphRunner};
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
@@ -611,7 +612,7 @@ fn train_gan(
             .sum::<usize>(),
     );
     let (trainer, data_hash) = trainer_for(c, args, &model, true)?;
-    let step = gan::GanStep::new(&model)?;
+    let step = trident_zoo::gan_step::GanStep::new(&model)?;
     let review = gan::EpochReview::new(&step, c, splits.val.as_ref())?;
     let mut judge = |epoch: u64| {
         review
@@ -643,7 +644,7 @@ fn train_gan(
         return Ok(());
     };
     let best_model = Model::load_checkpoint(&best)?;
-    let best_step = gan::GanStep::new(&best_model)?;
+    let best_step = trident_zoo::gan_step::GanStep::new(&best_model)?;
     let report = gan::report(&best_step, section, &splits.train, &splits.test, dir)?;
     for l in report.lines() {
         println!("{l}");
@@ -1091,7 +1092,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not a checkpoint of `trident train`", args.model.display()))?;
     let model = Model::load_checkpoint(&args.model)?;
     let onnx = match &args.onnx {
-        Some(file) => Some(OnnxStep::load(file, args.engine.as_deref().unwrap_or("ort"))?),
+        Some(file) => Some(OnnxRunner::load(file, args.engine.as_deref().unwrap_or("ort"))?),
         None => None,
     };
     let label = match &args.data {
@@ -1190,7 +1191,7 @@ fn eval_gan(c: &RunConfig, model: &Model, args: &EvalArgs, run_file: &Path) -> a
     })?;
     let (s, _, _) = image_splits(c)?;
     let out = args.out.clone().unwrap_or_else(|| args.model.join("eval-test"));
-    let step = gan::GanStep::new(model)?;
+    let step = trident_zoo::gan_step::GanStep::new(model)?;
     let report = gan::report(&step, section, &s.train, &s.test, &out)?;
     for l in report.lines() {
         println!("{l}");
@@ -1206,7 +1207,7 @@ fn evaluate_split(
     c: &RunConfig,
     model: &Model,
     args: &EvalArgs,
-    onnx: Option<&OnnxStep>,
+    onnx: Option<&ExportedStep>,
 ) -> anyhow::Result<(trident_train::trainer::Evaluation, task::Batch)> {
     let classes = &model.card.classes;
     let whole_file = args.data.is_some();
@@ -1249,7 +1250,7 @@ fn eval_series(
     c: &RunConfig,
     model: &Model,
     spec: &trident_zoo::SeriesSpec,
-    onnx: Option<&OnnxStep>,
+    onnx: Option<&ExportedStep>,
     out: &Path,
 ) -> anyhow::Result<()> {
     if let task::Net::Autoencoder(_) = model.net {
@@ -1278,16 +1279,16 @@ fn eval_series(
     Ok(())
 }
 
-/// An exported model evaluated exactly like its checkpoint: the same batches through one
-/// instance of the server's own ONNX backend, its `logits` output into the same metrics.
-struct OnnxStep {
+/// One instance of the server's own ONNX backend, running an exported graph for
+/// [`ExportedStep`] (`trident eval --onnx`).
+struct OnnxRunner {
     instance: std::sync::Mutex<Box<dyn trident_serve::backend::ModelInstance>>,
     inputs: Vec<String>,
-    params: trident_nn::Params,
 }
 
-impl OnnxStep {
-    fn load(file: &Path, engine: &str) -> anyhow::Result<Self> {
+impl OnnxRunner {
+    /// `file` on `engine` (ort or tract), as the step that evaluates it.
+    fn load(file: &Path, engine: &str) -> anyhow::Result<ExportedStep> {
         use trident_serve::backend::LoadOptions;
         let backend = match engine {
             "tract" => trident_serve::backend::tract_engine(),
@@ -1301,144 +1302,34 @@ impl OnnxStep {
         };
         let model = backend.load(file, &options)?;
         let inputs = model.io().inputs.iter().map(|i| i.name.clone()).collect();
-        Ok(OnnxStep {
+        Ok(ExportedStep::new(Box::new(OnnxRunner {
             instance: std::sync::Mutex::new(model.instance()?),
             inputs,
-            params: trident_nn::Params::new(),
-        })
+        })))
     }
 }
 
-impl OnnxStep {
-    /// An exported forecaster's `forecast` for one raw window, the first forecast value at
-    /// row `position` of the series (its `position` input, where it reads calendar
-    /// features).
-    fn forecast(&self, window: &[f64], position: usize) -> anyhow::Result<Vec<f64>> {
-        let err = |e: trident_core::TensorError| anyhow::anyhow!("{e}");
-        let v: Vec<f32> = window.iter().map(|&x| x as f32).collect();
-        let mut inputs = vec![(
-            "values".to_string(),
-            trident_core::Tensor::from_f32(vec![1, v.len() as i64], &v).map_err(err)?,
-        )];
-        if self.inputs.iter().any(|i| i == "position") {
-            inputs.push((
-                "position".to_string(),
-                trident_core::Tensor::from_i64(vec![1, 1], &[position as i64]).map_err(err)?,
-            ));
-        }
-        let outputs = self
-            .instance
+impl GraphRunner for OnnxRunner {
+    fn inputs(&self) -> &[String] {
+        &self.inputs
+    }
+
+    fn run(
+        &self,
+        inputs: Vec<(String, trident_core::Tensor)>,
+    ) -> Result<Vec<(String, trident_core::Tensor)>, String> {
+        self.instance
             .lock()
             .expect("instance lock")
             .execute(inputs)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let (_, y) = outputs
-            .iter()
-            .find(|(n, _)| n == "forecast")
-            .context("the ONNX model has no `forecast` output (not an exported forecaster?)")?;
-        Ok(y.to_f32()
-            .context("`forecast` is not FP32")?
-            .into_iter()
-            .map(f64::from)
-            .collect())
-    }
-}
-
-impl TrainStep for OnnxStep {
-    type Batch = task::Batch;
-
-    fn forward(&self, batch: &task::Batch, _ctx: &Ctx) -> candle_core::Result<trident_train::StepOutput> {
-        use trident_core::Tensor as T;
-        let err = |e: String| candle_core::Error::Msg(e);
-        let ints = |t: &candle_core::Tensor| -> candle_core::Result<T> {
-            let (b, s) = t.dims2()?;
-            let v: Vec<i64> = t
-                .flatten_all()?
-                .to_vec1::<u32>()?
-                .into_iter()
-                .map(i64::from)
-                .collect();
-            T::from_i64(vec![b as i64, s as i64], &v).map_err(|e| err(e.to_string()))
-        };
-        let (mut given, labels) = match batch {
-            task::Batch::Text(b, l) => (
-                vec![
-                    ("input_ids".to_string(), ints(&b.ids)?),
-                    ("attention_mask".to_string(), ints(&b.mask)?),
-                    ("token_type_ids".to_string(), ints(&b.type_ids)?),
-                ],
-                l,
-            ),
-            task::Batch::Series(..) => {
-                return Err(err(
-                    "an exported forecaster is scored by its backtest, not per batch".into(),
-                ))
-            }
-            task::Batch::Image(x, l) | task::Batch::Features(x, l) => {
-                let shape = x.dims().iter().map(|&d| d as i64).collect();
-                let v = x.flatten_all()?.to_vec1::<f32>()?;
-                // The graph's input name (trident_export): images, or encoded table rows.
-                let name = match batch {
-                    task::Batch::Image(..) => "pixel_values",
-                    _ => "features",
-                };
-                (
-                    vec![(
-                        name.to_string(),
-                        T::from_f32(shape, &v).map_err(|e| err(e.to_string()))?,
-                    )],
-                    l,
-                )
-            }
-        };
-        given.retain(|(n, _)| self.inputs.contains(n));
-        let outputs = self
-            .instance
-            .lock()
-            .expect("instance lock")
-            .execute(given)
-            .map_err(|e| err(e.to_string()))?;
-        let rows = labels.len();
-        if let Some((_, e)) = outputs.iter().find(|(n, _)| n == "reconstruction_error") {
-            // An autoencoder: its per-example error is the score, their mean the loss.
-            let values = e
-                .to_f32()
-                .ok_or_else(|| err("`reconstruction_error` is not FP32".into()))?;
-            let errors = candle_core::Tensor::from_vec(values, rows, &candle_core::Device::Cpu)?;
-            return Ok(trident_train::StepOutput {
-                loss: errors.mean_all()?,
-                prediction: trident_train::Prediction::Scores(errors),
-                labels: labels.clone(),
-            });
-        }
-        let (_, logits) = outputs.iter().find(|(n, _)| n == "logits").ok_or_else(|| {
-            err("the ONNX model has no `logits` output (not a `trident export` file?)".into())
-        })?;
-        let values = logits
-            .to_f32()
-            .ok_or_else(|| err("`logits` is not FP32".into()))?;
-        let logits = candle_core::Tensor::from_vec(
-            values,
-            (rows, logits.len() / rows.max(1)),
-            &candle_core::Device::Cpu,
-        )?;
-        let y = candle_core::Tensor::from_iter(labels.iter().map(|&l| l as u32), &candle_core::Device::Cpu)?;
-        Ok(trident_train::StepOutput::classified(
-            trident_nn::ops::cross_entropy(&logits, &y)?,
-            logits,
-            labels.clone(),
-        ))
-    }
-
-    fn params(&self) -> &trident_nn::Params {
-        &self.params
+            .map_err(|e| e.to_string())
     }
 }
 
 /// The checkpoint, or its exported graph when `--onnx` gave one, on `loader`; with the
 /// loader's first batch.
 fn evaluate_either<D: Dataset + 'static>(
-    onnx: Option<&OnnxStep>,
+    onnx: Option<&ExportedStep>,
     model: &Model,
     loader: &trident_data::DataLoader<D, task::Batch>,
 ) -> anyhow::Result<(trident_train::trainer::Evaluation, task::Batch)> {
