@@ -12,6 +12,7 @@ pub mod optim;
 pub mod plot;
 pub mod profile;
 pub mod quality;
+pub mod replicas;
 pub mod sampler;
 pub mod tensorboard;
 pub mod trainer;

@@ -1,7 +1,7 @@
 //! Builds datasets and loaders from a [`RunConfig`]; the models themselves are
 //! [`trident_zoo`]'s.
 
-use super::config::{DataConfig, RunConfig};
+use crate::config::{DataConfig, RunConfig};
 use anyhow::{bail, Context};
 use std::sync::Arc;
 use trident_data::folder::ImageFolder;

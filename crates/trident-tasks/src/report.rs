@@ -11,7 +11,7 @@
 //! - `test_examples_per_second`: the batched test-set evaluation (`eval_batch_size`).
 //! - `epoch_seconds`: the training part of each epoch, as the trainer recorded it.
 
-use super::task::{Batch, Model};
+use crate::data::{Batch, Model};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;

@@ -3,8 +3,8 @@
 //! metrics (MAE, RMSE, MAPE, sMAPE, MASE), `metrics.json` and the forecast-against-actual
 //! plot (`forecast.png`).
 
-use super::config::{DataConfig, RunConfig};
-use super::task::{Model, Net};
+use crate::config::{DataConfig, RunConfig};
+use crate::data::{Model, Net};
 use anyhow::{bail, Context};
 use serde::Serialize;
 use std::path::Path;
@@ -213,7 +213,7 @@ impl Backtest {
                 .map(|s| (s.name.clone(), serde_json::json!(s.values)))
                 .collect::<serde_json::Map<_, _>>(),
         });
-        super::write_atomic(
+        crate::write_atomic(
             &out.join("metrics.json"),
             serde_json::to_string_pretty(&json)?.as_bytes(),
         )?;

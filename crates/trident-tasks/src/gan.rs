@@ -8,7 +8,7 @@
 //! histogram of the samples — beside the same figures for real training images (the floor
 //! a perfect generator would reach).
 
-use super::config::{GanSection, RunConfig};
+use crate::config::{GanSection, RunConfig};
 use anyhow::{bail, Context};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -235,7 +235,7 @@ pub fn report<D: Dataset + 'static, T: Dataset + 'static>(
         floor: Quality::of(&real, &reference, classes.len())?,
         classes,
     };
-    super::write_atomic(&out.join("report.json"), &serde_json::to_vec_pretty(&report)?)?;
+    crate::write_atomic(&out.join("report.json"), &serde_json::to_vec_pretty(&report)?)?;
     step.grid(&out.join("samples.png"))?;
     class_chart(&out.join("classes.png"), &report)?;
     Ok(report)

@@ -4,7 +4,7 @@
 //! as `metrics.json`, a histogram of the errors (`scores.png`) and, for images, the first
 //! test images above their reconstructions (`reconstructions.png`).
 
-use super::task::{Batch, Model, Net};
+use crate::data::{Batch, Model, Net};
 use anyhow::Context;
 use serde::Serialize;
 use std::path::Path;
@@ -136,7 +136,7 @@ impl ReconstructionReport {
     /// `metrics.json` and `scores.png` in `out`.
     pub fn write(&self, out: &Path, ev: &Evaluation, normal: Option<&[usize]>) -> anyhow::Result<()> {
         std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
-        super::write_atomic(
+        crate::write_atomic(
             &out.join("metrics.json"),
             serde_json::to_string_pretty(&serde_json::json!({
                 "loss": ev.loss,
@@ -341,7 +341,7 @@ impl SeriesRanking {
     /// marked values) in `out`.
     pub fn write(&self, out: &Path, errors: &[f32], first: usize, marks: &[f64]) -> anyhow::Result<()> {
         std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
-        super::write_atomic(
+        crate::write_atomic(
             &out.join("metrics.json"),
             serde_json::to_string_pretty(&serde_json::json!({ "series_anomaly": self }))?.as_bytes(),
         )?;
