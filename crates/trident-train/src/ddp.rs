@@ -11,7 +11,7 @@
 //! small tensors do not each pay a collective's latency. candle's backward pass returns
 //! all gradients at once, so the exchange runs right after it, not overlapped with it.
 
-use crate::TrainError;
+use crate::error::TrainError;
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;

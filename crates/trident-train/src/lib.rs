@@ -6,12 +6,14 @@
 pub mod checkpoint;
 pub mod ddp;
 pub mod distill;
+pub mod error;
 pub mod metrics;
 pub mod monitor;
 pub mod optim;
 pub mod plot;
 pub mod profile;
 pub mod quality;
+pub mod record;
 pub mod replicas;
 pub mod sampler;
 pub mod tensorboard;

@@ -2,16 +2,40 @@
 //! Each file is drawn to a temporary name and renamed, so a reader never sees half a plot.
 
 use crate::metrics::ConfusionMatrix;
-use crate::trainer::{EpochRecord, TrainError};
+use crate::record::EpochRecord;
 use plotters::prelude::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-fn draw_err(path: &Path, e: impl std::fmt::Display) -> TrainError {
-    TrainError::Invalid(format!("{}: drawing failed: {e}", path.display()))
+/// Why a plot was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// The drawing backend failed.
+    #[error("{}: drawing failed: {message}", path.display())]
+    Draw {
+        /// The plot's file.
+        path: PathBuf,
+        /// What the backend said.
+        message: String,
+    },
+    /// The finished file could not be put in place.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The plot's file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
 }
 
-fn publish(tmp: &Path, path: &Path) -> Result<(), TrainError> {
-    std::fs::rename(tmp, path).map_err(|source| TrainError::Io {
+fn draw_err(path: &Path, e: impl std::fmt::Display) -> PlotError {
+    PlotError::Draw {
+        path: path.into(),
+        message: e.to_string(),
+    }
+}
+
+fn publish(tmp: &Path, path: &Path) -> Result<(), PlotError> {
+    std::fs::rename(tmp, path).map_err(|source| PlotError::Io {
         path: path.into(),
         source,
     })
@@ -19,7 +43,7 @@ fn publish(tmp: &Path, path: &Path) -> Result<(), TrainError> {
 
 /// `loss.png` (train and validation loss; a GAN's two losses) and, for a classifier,
 /// `accuracy.png` in `dir`; a GAN judged each epoch also gets `fd.png`.
-pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainError> {
+pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), PlotError> {
     if records.is_empty() {
         return Ok(());
     }
@@ -77,7 +101,7 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), TrainE
     )
 }
 
-fn line_chart(path: &Path, y_label: &str, lines: &[(&str, Vec<(f64, f64)>)]) -> Result<(), TrainError> {
+fn line_chart(path: &Path, y_label: &str, lines: &[(&str, Vec<(f64, f64)>)]) -> Result<(), PlotError> {
     chart(
         path,
         &format!("{y_label} per epoch"),
@@ -106,7 +130,7 @@ pub fn xy_chart(
     x_label: &str,
     y_label: &str,
     lines: &[(&str, Vec<(f64, f64)>)],
-) -> Result<(), TrainError> {
+) -> Result<(), PlotError> {
     chart(path, title, (x_label, y_label), lines, false)
 }
 
@@ -117,7 +141,7 @@ fn chart(
     (x_label, y_label): (&str, &str),
     lines: &[(&str, Vec<(f64, f64)>)],
     markers: bool,
-) -> Result<(), TrainError> {
+) -> Result<(), PlotError> {
     let tmp = path.with_extension("tmp.png");
     {
         let root = BitMapBackend::new(&tmp, (800, 500)).into_drawing_area();
@@ -216,7 +240,7 @@ fn legend_corner(
 }
 
 /// A confusion matrix as a heat map with counts, rows = truth, columns = prediction.
-pub fn confusion_matrix(path: &Path, m: &ConfusionMatrix, classes: &[String]) -> Result<(), TrainError> {
+pub fn confusion_matrix(path: &Path, m: &ConfusionMatrix, classes: &[String]) -> Result<(), PlotError> {
     let n = m.classes();
     let tmp = path.with_extension("tmp.png");
     {
@@ -286,7 +310,7 @@ pub fn confusion_matrix(path: &Path, m: &ConfusionMatrix, classes: &[String]) ->
 
 /// Histograms of scores, one per group (e.g. normal and anomalous examples' reconstruction
 /// errors), over shared bins on a common axis.
-pub fn score_histogram(path: &Path, title: &str, groups: &[(&str, &[f32])]) -> Result<(), TrainError> {
+pub fn score_histogram(path: &Path, title: &str, groups: &[(&str, &[f32])]) -> Result<(), PlotError> {
     let all = groups
         .iter()
         .flat_map(|(_, s)| s.iter().copied())
@@ -359,7 +383,7 @@ pub fn image_grid(
     rows: &[Vec<Vec<f32>>],
     (c, h, w): (usize, usize, usize),
     scale: u32,
-) -> Result<(), TrainError> {
+) -> Result<(), PlotError> {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     if cols == 0 {
         return Ok(());

@@ -18,25 +18,25 @@ mod checkpoints;
 mod eval;
 mod log;
 mod profiling;
-mod record;
 mod run;
 mod stopping;
 mod supervised;
 pub mod task;
 mod updater;
 
+pub use crate::error::TrainError;
+pub use crate::record::EpochRecord;
 pub use adversarial::{Adversarial, AdversarialStep, CriticLoss, EpochJudge};
 pub use checkpoints::{fresh_state, Checkpoints};
 pub use eval::{evaluate, evaluate_data_parallel, gradients, Evaluation};
 pub use log::RunLog;
 pub use profiling::StepProfiler;
-pub use record::EpochRecord;
 pub use stopping::{EarlyStopping, StopRequest, Verdict};
 pub use supervised::Supervised;
 pub use task::{Goal, MetricDef, Metrics, Monitor, Source, StepDone, Task};
 pub use updater::Updater;
 
-use crate::checkpoint::{self, TrainerState};
+use crate::checkpoint::TrainerState;
 use crate::optim::{Decay, OptimizerConfig};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -188,34 +188,6 @@ fn one() -> u64 {
 }
 fn ten() -> u64 {
     10
-}
-
-/// Why training stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    /// A tensor operation failed.
-    #[error("{0}")]
-    Tensor(#[from] candle_core::Error),
-    /// Data could not be loaded.
-    #[error("{0}")]
-    Data(#[from] trident_data::DataError),
-    /// A checkpoint could not be written or read.
-    #[error("{0}")]
-    Checkpoint(#[from] checkpoint::CheckpointError),
-    /// Any other I/O failure, naming the path.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// The run cannot go on as asked.
-    #[error("{0}")]
-    Invalid(String),
-    /// A data-parallel collective failed (this rank's, or another rank's failure).
-    #[error("{0}")]
-    Dist(#[from] trident_dist::DistError),
 }
 
 /// `12.3 MiB`, `4.0 KiB` or `12 B`.

@@ -12,12 +12,10 @@ use super::{StepProfiler, StopRequest, TrainConfig, TrainError, Trainer, Updater
 use crate::checkpoint::{EpochSums, TrainerState};
 use crate::ddp::DataParallel;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use trident_data::{DataLoader, Dataset};
 use trident_nn::Params;
 
-/// An epoch's figures by name (`train_loss`, `val_accuracy`, a GAN's `val_fd`, …).
-pub type Metrics = BTreeMap<String, f64>;
+pub use crate::record::Metrics;
 
 /// Which way a metric improves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,9 +4,11 @@
 //! none) and puts a task's other figures under `figures`; TensorBoard shows the known ones
 //! under their tags (`val/accuracy`) and the others as `epoch/<name>`.
 
-use super::task::Metrics;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// An epoch's figures by name (`train_loss`, `val_accuracy`, a GAN's `val_fd`, …).
+pub type Metrics = BTreeMap<String, f64>;
 
 /// The figures with a column of their own in `metrics.jsonl`, and their TensorBoard tags.
 const COLUMNS: [(&str, &str); 5] = [
