@@ -1,0 +1,43 @@
+//! A GAN's generator and discriminator for image input.
+
+use super::*;
+
+/// The GAN of `[model] kind = "gan"` for image input.
+pub(super) fn gan(
+    g: &crate::card::GanModel,
+    input: &InputSpec,
+    params: &Params,
+    seed: u64,
+) -> anyhow::Result<Gan> {
+    let InputSpec::Image {
+        channels,
+        height,
+        width,
+        ..
+    } = *input
+    else {
+        bail!("a gan generates images: it needs image data")
+    };
+    if height % 4 != 0 || width % 4 != 0 {
+        bail!("gan: images of {height}x{width}: height and width must be multiples of 4");
+    }
+    if g.z == 0 || g.width == 0 || g.critic_steps() == 0 || g.clip() <= 0.0 {
+        bail!("gan: model.z, model.width, model.critic_steps and model.clip must be positive");
+    }
+    let shape = trident_nn::gan::GanShape {
+        image: (channels, height, width),
+        z: g.z,
+        width: g.width,
+        critic_batch_norm: g.critic_batch_norm,
+    };
+    Ok(Gan {
+        generator: trident_nn::gan::Generator::new(&params.builder(seed, None).pp("generator"), shape)?,
+        discriminator: trident_nn::gan::Discriminator::new(
+            &params.builder(seed ^ 0xd15c, None).pp("discriminator"),
+            shape,
+        )?,
+        loss: g.objective(),
+        shape,
+        critic_steps: g.critic_steps(),
+    })
+}

@@ -1,0 +1,36 @@
+//! Table models: an MLP or a `sequential` stack on a table's encoded rows.
+
+use super::*;
+
+/// The network of a table model (`mlp` or `sequential`) on the card's encoded rows.
+pub(super) fn table_net(card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Net> {
+    let InputSpec::Table { encoder, .. } = &card.input else {
+        bail!("mlp and sequential models take table input (data.kind = \"table\")")
+    };
+    let (pb, width, classes) = (params.builder(seed, None), encoder.width(), card.classes.len());
+    Ok(match &card.model {
+        ModelConfig::Mlp {
+            hidden,
+            activation,
+            dropout,
+        } => {
+            let act = trident_nn::custom::activation_by_name(activation)
+                .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
+            if hidden.contains(&0) {
+                bail!("model.hidden = {hidden:?}: every hidden width must be at least 1");
+            }
+            if !(0.0..1.0).contains(dropout) {
+                bail!("model.dropout = {dropout}: must be in [0, 1)");
+            }
+            let sizes: Vec<usize> = std::iter::once(width)
+                .chain(hidden.iter().copied())
+                .chain(std::iter::once(classes))
+                .collect();
+            Net::Mlp(trident_nn::layers::Mlp::new(&pb, &sizes, act, *dropout)?)
+        }
+        ModelConfig::Sequential(m) => Net::Sequential(trident_nn::custom::Sequential::new(
+            &pb, &m.layers, width, classes,
+        )?),
+        _ => bail!("not a table model"),
+    })
+}
