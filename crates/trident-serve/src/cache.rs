@@ -60,30 +60,35 @@ impl ResponseCache {
 
     /// Reads Triton's `--cache-config` value: `local,size=BYTES` (the only cache
     /// implementation Trident has). The error names what was wrong.
-    pub fn from_config(spec: &str) -> Result<Self, String> {
+    pub fn from_config(spec: &str) -> Result<Self, crate::ConfigError> {
+        let bad = |why: String| crate::ConfigError::new("--cache-config", why);
         let (kind, rest) = spec.split_once(',').unwrap_or((spec, ""));
         if kind.trim() != "local" {
-            return Err(format!(
+            return Err(bad(format!(
                 "--cache-config `{spec}`: the cache implementation must be `local` (`local,size=BYTES`)"
-            ));
+            )));
         }
         let mut size = None;
         for setting in rest.split(',').filter(|s| !s.trim().is_empty()) {
             match setting.split_once('=') {
                 Some(("size", v)) => {
                     size = Some(v.trim().parse::<usize>().map_err(|_| {
-                        format!("--cache-config `{spec}`: size `{v}` is not a number of bytes")
+                        bad(format!(
+                            "--cache-config `{spec}`: size `{v}` is not a number of bytes"
+                        ))
                     })?)
                 }
                 _ => {
-                    return Err(format!(
+                    return Err(bad(format!(
                         "--cache-config `{spec}`: unknown setting `{setting}` (expected size=BYTES)"
-                    ))
+                    )))
                 }
             }
         }
         match size {
-            Some(0) | None => Err(format!("--cache-config `{spec}`: needs size=BYTES, more than 0")),
+            Some(0) | None => Err(bad(format!(
+                "--cache-config `{spec}`: needs size=BYTES, more than 0"
+            ))),
             Some(n) => Ok(Self::new(n)),
         }
     }

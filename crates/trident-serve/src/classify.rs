@@ -8,12 +8,19 @@ use trident_core::{DataType, Tensor};
 
 /// The top `k` classes of each of `rows` rows (`None`: the model does not batch; the
 /// whole tensor is one row). Labels come from the output's `label_filename`.
-pub fn top_k(t: &Tensor, k: usize, rows: Option<usize>, labels: Option<&[String]>) -> Result<Tensor, String> {
+pub fn top_k(
+    t: &Tensor,
+    k: usize,
+    rows: Option<usize>,
+    labels: Option<&[String]>,
+) -> Result<Tensor, ClassifyError> {
     let values = as_f64(t)?;
     let n_rows = rows.unwrap_or(1).max(1);
     let per_row = values.len() / n_rows;
     if per_row == 0 || values.len() % n_rows != 0 {
-        return Err(format!("cannot classify a tensor of shape {:?}", t.shape()));
+        return Err(ClassifyError::Shape {
+            shape: t.shape().to_vec(),
+        });
     }
     let k = k.min(per_row);
     let float = matches!(
@@ -47,10 +54,31 @@ pub fn top_k(t: &Tensor, k: usize, rows: Option<usize>, labels: Option<&[String]
         shape,
         encode_bytes_elements(strings.iter().map(|s| s.as_bytes())),
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| ClassifyError::Tensor(e.to_string()))
 }
 
-fn as_f64(t: &Tensor) -> Result<Vec<f64>, String> {
+/// Why an output cannot be classified (the request asked for classification of an
+/// output that does not hold class scores).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClassifyError {
+    /// The output is not numeric.
+    #[error("classification needs a numeric output, not {dtype}")]
+    NotNumeric {
+        /// The output's type.
+        dtype: DataType,
+    },
+    /// The output's elements do not split into the batch's rows.
+    #[error("cannot classify a tensor of shape {shape:?}")]
+    Shape {
+        /// The output's shape.
+        shape: Vec<i64>,
+    },
+    /// The classes could not be written as a tensor.
+    #[error("{0}")]
+    Tensor(String),
+}
+
+fn as_f64(t: &Tensor) -> Result<Vec<f64>, ClassifyError> {
     let b = t.data();
     macro_rules! read {
         ($ty:ty, $n:expr) => {
@@ -78,7 +106,7 @@ fn as_f64(t: &Tensor) -> Result<Vec<f64>, String> {
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
             .collect(),
-        other => return Err(format!("classification needs a numeric output, not {other}")),
+        dtype => return Err(ClassifyError::NotNumeric { dtype }),
     })
 }
 

@@ -6,7 +6,7 @@
 //! is named in the error, which keeps its kind (a client's mistake stays a 400).
 
 use crate::model::{InferRequest, ModelVersion, OutputRequest};
-use crate::ServeError;
+use crate::{ConfigError, LoadError, ServeError};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -52,57 +52,60 @@ impl Ensemble {
     /// Checks `config`'s `ensemble_scheduling` (every tensor produced once, every read
     /// tensor available, no cycle, the ensemble's outputs produced) and, through `lookup`,
     /// that each composing model is ready and its tensor names and types fit the map.
-    pub fn plan(name: &str, config: &ModelConfig, lookup: Lookup) -> Result<Self, String> {
-        let steps = steps_of(config)?;
+    pub fn plan(name: &str, config: &ModelConfig, lookup: Lookup) -> Result<Self, LoadError> {
+        let bad = |why: String| LoadError::from(ConfigError::new("ensemble_scheduling", why));
+        let steps = steps_of(config).map_err(bad)?;
         let mut models = Vec::with_capacity(steps.len());
         for (k, s) in steps.iter().enumerate() {
             if s.model == name {
-                return Err(format!("{} is the ensemble itself", s.label(k)));
+                return Err(bad(format!("{} is the ensemble itself", s.label(k))));
             }
-            let m = lookup(&s.model, s.version.as_deref())
-                .map_err(|e| format!("{}: the composing model is not available: {e}", s.label(k)))?;
+            let m = lookup(&s.model, s.version.as_deref()).map_err(|e| LoadError::Dependency {
+                step: s.label(k),
+                source: Box::new(e),
+            })?;
             if m.decoupled() {
-                return Err(format!(
+                return Err(bad(format!(
                     "{}: the model is decoupled (many responses per request); ensembles of decoupled models are not implemented",
                     s.label(k)
-                ));
+                )));
             }
             if matches!(
                 m.config().scheduling_choice,
                 Some(pb::model_config::SchedulingChoice::SequenceBatching(_))
             ) {
-                return Err(format!(
+                return Err(bad(format!(
                     "{}: the model has sequence_batching; an ensemble's steps carry no sequence, so it could never run",
                     s.label(k)
-                ));
+                )));
             }
             if config.max_batch_size > 0 && m.config().max_batch_size < config.max_batch_size {
-                return Err(format!(
+                return Err(bad(format!(
                     "{}: its max_batch_size {} is below the ensemble's {}",
                     s.label(k),
                     m.config().max_batch_size,
                     config.max_batch_size
-                ));
+                )));
             }
             models.push(m);
         }
-        let types = produced_types(config, &steps, &models)?;
+        let types = produced_types(config, &steps, &models).map_err(bad)?;
         for (k, (s, m)) in steps.iter().zip(&models).enumerate() {
-            check_reads(k, s, m, &types)?;
+            check_reads(k, s, m, &types).map_err(bad)?;
         }
         for o in &config.output {
             let (dtype, by) = types
                 .get(&o.name)
-                .ok_or_else(|| format!("ensemble output '{}' is produced by no step", o.name))?;
+                .ok_or_else(|| bad(format!("ensemble output '{}' is produced by no step", o.name)))?;
             if config::data_type(o.data_type) != Some(*dtype) {
-                return Err(format!(
+                return Err(bad(format!(
                     "ensemble output '{}' is declared {} but {by} gives {dtype}",
                     o.name,
                     config::data_type(o.data_type).map_or("without a type".to_string(), |t| t.to_string())
-                ));
+                )));
             }
         }
-        check_acyclic(config, &steps)?;
+        check_acyclic(config, &steps).map_err(bad)?;
         Ok(Ensemble {
             name: name.to_string(),
             steps,

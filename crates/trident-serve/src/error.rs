@@ -62,3 +62,79 @@ pub enum ServeError {
     #[error("model '{0}' is unloading")]
     Unloading(String),
 }
+
+/// A setting that cannot be served: an invalid or unsupported part of a model's
+/// `config.pbtxt` (or of a server option such as `--cache-config`), the operator's to
+/// fix, never a client's. Display is the message operators have always read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{why}")]
+pub struct ConfigError {
+    /// The section or option at fault: `sequence_batching`, `ensemble_scheduling`,
+    /// `model_warmup`, `--cache-config`, ...
+    pub field: &'static str,
+    /// What is wrong, naming the element at fault.
+    pub why: String,
+}
+
+impl ConfigError {
+    /// An error in `field`.
+    pub fn new(field: &'static str, why: impl Into<String>) -> Self {
+        ConfigError {
+            field,
+            why: why.into(),
+        }
+    }
+}
+
+/// Why a version of a model could not be loaded or started. Display is the reason a
+/// [`ServeError::LoadFailed`] carries.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LoadError {
+    /// The configuration asks for something invalid or unsupported.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A file the configuration names cannot be read.
+    #[error("{context}{}: {source}", .path.display())]
+    Io {
+        /// What the file is for, as a prefix of the message (may be empty).
+        context: String,
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        source: std::sync::Arc<std::io::Error>,
+    },
+    /// A model this one depends on (an ensemble's composing model) is not available.
+    #[error("{step}: the composing model is not available: {source}")]
+    Dependency {
+        /// The step that names it (`step 2 (model 'x')`).
+        step: String,
+        /// Why it is not available.
+        source: Box<ServeError>,
+    },
+    /// The backend could not start the version (instances, warmup).
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+}
+
+impl LoadError {
+    /// The same error with `prefix` before its message (the configuration element it
+    /// concerns).
+    pub(crate) fn within(self, prefix: &str) -> Self {
+        match self {
+            LoadError::Config(c) => LoadError::Config(ConfigError {
+                why: format!("{prefix}{}", c.why),
+                ..c
+            }),
+            LoadError::Io {
+                context,
+                path,
+                source,
+            } => LoadError::Io {
+                context: format!("{prefix}{context}"),
+                path,
+                source,
+            },
+            e => e,
+        }
+    }
+}

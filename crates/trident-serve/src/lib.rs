@@ -17,6 +17,6 @@ pub mod sequence;
 pub mod stats;
 pub mod warmup;
 
-pub use error::ServeError;
+pub use error::{ConfigError, LoadError, ServeError};
 pub use model::{InferRequest, InferResponse, IoSpec, ModelVersion, OutputRequest, Responses};
 pub use repository::{ControlMode, LoadOverride, OnnxEngine, Repository, RepositoryOptions};

@@ -162,7 +162,7 @@ pub struct Deployment {
 impl ModelVersion {
     /// Spawns the instances and the scheduler; an error is why the version failed to
     /// load.
-    pub fn start(d: Deployment) -> Result<Self, String> {
+    pub fn start(d: Deployment) -> Result<Self, crate::LoadError> {
         let stats = Arc::new(ModelStats::default());
         let decoupled = is_decoupled(&d.config);
         let mut policy = batch_policy(&d.config);
@@ -181,7 +181,11 @@ impl ModelVersion {
         };
         let sequencer = Sequencer::from_config(&d.config, d.instances)?;
         if sequencer.is_some() && decoupled {
-            return Err("sequence_batching of a decoupled model is not implemented".into());
+            return Err(crate::ConfigError::new(
+                "sequence_batching",
+                "sequence_batching of a decoupled model is not implemented",
+            )
+            .into());
         }
         if decoupled && d.cache.is_some() {
             tracing::warn!(model = %d.name, "response_cache does not apply to decoupled models (a request has many responses): not cached");
@@ -202,8 +206,7 @@ impl ModelVersion {
             policy,
             stats.clone(),
             &d.warmup,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         Ok(ModelVersion {
             inputs: d.config.input.iter().map(IoSpec::from_input).collect(),
             outputs: d.config.output.iter().map(IoSpec::from_output).collect(),
@@ -579,7 +582,7 @@ impl ModelVersion {
             if let Runner::Backend { model, .. } = &self.runner {
                 model
                     .check_input(&spec.name, &tensor)
-                    .map_err(ServeError::InvalidRequest)?;
+                    .map_err(|e| ServeError::InvalidRequest(e.to_string()))?;
             }
             if *rows.get_or_insert(r) != r {
                 return Err(invalid(format!(

@@ -715,7 +715,7 @@ fn load_versions(
             };
             complete::check_against_model(&full, model.io())?;
             let labels = read_labels(dir, &full)?;
-            let warmup = crate::warmup::samples(&full, dir)?;
+            let warmup = crate::warmup::samples(&full, dir).map_err(|e| e.to_string())?;
             let cache = model_cache(&full, name, options);
             completed = Some(full.clone());
             tracing::info!(model = %name, version, instances, threads_per_instance = threads, "loading with {}", engine.backend.name());
@@ -771,7 +771,7 @@ fn load_ensemble(
     let labels = read_labels(dir, &config)?;
     let mut slots = BTreeMap::new();
     for &version in versions {
-        let plan = Ensemble::plan(name, &config, lookup.clone())?;
+        let plan = Ensemble::plan(name, &config, lookup.clone()).map_err(|e| e.to_string())?;
         tracing::info!(model = %name, version, "ensemble of {}", composing(&config).join(", "));
         let cache = model_cache(&config, name, options);
         let v = ModelVersion::start_ensemble(

@@ -303,6 +303,7 @@ fn run_decoupled(
 fn serve_error(e: BackendError) -> ServeError {
     match e {
         BackendError::InvalidInput(m) => ServeError::InvalidRequest(m),
+        e if e.is_invalid_input() => ServeError::InvalidRequest(e.to_string()),
         e => ServeError::Backend(e.to_string()),
     }
 }

@@ -22,7 +22,7 @@
 //! inside the instance, and every Trident backend is stateless between executions
 //! (state lives here, per sequence).
 
-use crate::ServeError;
+use crate::{ConfigError, ServeError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -65,26 +65,40 @@ pub const MAX_STRING_ID: usize = 128;
 impl SequenceFlags {
     /// Flags from the protocol's parameters; `None` when no sequence is named (ID 0 or
     /// empty, Triton's "no sequence").
-    pub fn new(id: Option<CorrelationId>, start: bool, end: bool) -> Result<Option<Self>, String> {
+    pub fn new(id: Option<CorrelationId>, start: bool, end: bool) -> Result<Option<Self>, FlagsError> {
         let id = match id {
             None | Some(CorrelationId::U64(0)) => None,
             Some(CorrelationId::Str(s)) if s.is_empty() => None,
             Some(CorrelationId::Str(s)) if s.len() > MAX_STRING_ID => {
-                return Err(format!(
-                    "string correlation ID cannot be longer than {MAX_STRING_ID} characters"
-                ))
+                return Err(FlagsError::IdTooLong {
+                    len: s.len(),
+                    max: MAX_STRING_ID,
+                })
             }
             Some(id) => Some(id),
         };
         match id {
             Some(id) => Ok(Some(SequenceFlags { id, start, end })),
-            None if start || end => Err(
-                "sequence_start / sequence_end need a sequence_id (a non-zero integer or a non-empty string)"
-                    .to_string(),
-            ),
+            None if start || end => Err(FlagsError::MissingId),
             None => Ok(None),
         }
     }
+}
+
+/// A request's sequence parameters that do not make a sequence: the client's error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagsError {
+    /// A string correlation ID over Triton's limit.
+    #[error("string correlation ID cannot be longer than {max} characters")]
+    IdTooLong {
+        /// The ID's length in bytes.
+        len: usize,
+        /// The limit ([`MAX_STRING_ID`]).
+        max: usize,
+    },
+    /// `sequence_start` or `sequence_end` without an ID.
+    #[error("sequence_start / sequence_end need a sequence_id (a non-zero integer or a non-empty string)")]
+    MissingId,
 }
 
 /// One control input: its name, what it signals and its values.
@@ -156,53 +170,58 @@ const DEFAULT_IDLE: Duration = Duration::from_secs(1);
 impl Sequencer {
     /// The sequencer a config asks for, if any; an invalid `sequence_batching` is a
     /// load error naming what is wrong.
-    pub fn from_config(config: &ModelConfig, instances: usize) -> Result<Option<Self>, String> {
+    pub fn from_config(config: &ModelConfig, instances: usize) -> Result<Option<Self>, ConfigError> {
+        let bad = |why: String| ConfigError::new("sequence_batching", why);
         let Some(pb::model_config::SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice else {
             return Ok(None);
         };
         let (inputs, outputs) = hidden_tensors(config);
         if let Some(clash) = config.input.iter().find(|i| inputs.contains(&i.name.as_str())) {
-            return Err(format!(
+            return Err(bad(format!(
                 "sequence_batching supplies input '{}' (a control or state input): it cannot also be a client input in the config's input list",
                 clash.name
-            ));
+            )));
         }
         if let Some(clash) = config.output.iter().find(|o| outputs.contains(&o.name.as_str())) {
-            return Err(format!(
+            return Err(bad(format!(
                 "sequence_batching keeps output '{}' as the sequence's state: it cannot also be in the config's output list",
                 clash.name
-            ));
+            )));
         }
         let mut controls = Vec::new();
         for input in &sb.control_input {
             let [control] = input.control.as_slice() else {
-                return Err(format!(
+                return Err(bad(format!(
                     "sequence_batching control_input '{}' must have exactly one control, has {}",
                     input.name,
                     input.control.len()
-                ));
+                )));
             };
-            controls.push(control_input(&input.name, control)?);
+            controls.push(control_input(&input.name, control).map_err(bad)?);
         }
         let mut states = Vec::new();
         for s in &sb.state {
-            let dtype = config::data_type(s.data_type)
-                .ok_or_else(|| format!("sequence_batching state '{}': invalid data_type", s.input_name))?;
+            let dtype = config::data_type(s.data_type).ok_or_else(|| {
+                bad(format!(
+                    "sequence_batching state '{}': invalid data_type",
+                    s.input_name
+                ))
+            })?;
             if s.dims.iter().any(|&d| d < 0) {
-                return Err(format!(
+                return Err(bad(format!(
                     "sequence_batching state '{}': dims {:?} must be fixed (Trident does not grow state)",
                     s.input_name, s.dims
-                ));
+                )));
             }
             if let Some(init) = s
                 .initial_state
                 .iter()
                 .find(|i| !matches!(i.state_data, Some(initial_state::StateData::ZeroData(true))))
             {
-                return Err(format!(
+                return Err(bad(format!(
                     "sequence_batching state '{}': initial_state '{}' must be zero_data: true (data_file is not supported)",
                     s.input_name, init.name
-                ));
+                )));
             }
             // The zeros are the state's own type and shape: an initial_state that says
             // otherwise is refused, not ignored.
@@ -211,10 +230,10 @@ impl Sequencer {
                 .iter()
                 .find(|i| i.data_type != s.data_type || i.dims != s.dims)
             {
-                return Err(format!(
+                return Err(bad(format!(
                     "sequence_batching state '{}': initial_state '{}' must have the state's data_type and dims {:?}",
                     s.input_name, init.name, s.dims
-                ));
+                )));
             }
             states.push(StateSpec {
                 input: s.input_name.clone(),
@@ -230,10 +249,10 @@ impl Sequencer {
         use pb::model_sequence_batching::StrategyChoice;
         let capacity = match &sb.strategy_choice {
             Some(StrategyChoice::Oldest(o)) if o.max_candidate_sequences < 0 => {
-                return Err(format!(
+                return Err(bad(format!(
                     "sequence_batching.oldest.max_candidate_sequences must not be negative, got {}",
                     o.max_candidate_sequences
-                ))
+                )))
             }
             Some(StrategyChoice::Oldest(o)) => {
                 (o.max_candidate_sequences > 0).then_some(o.max_candidate_sequences as usize)
@@ -659,6 +678,8 @@ mod tests {
     fn invalid_configs_and_ids_are_named() {
         let bad = DYNA.replace("fp32_false_true: [ 0, 1 ]", "fp32_false_true: [ 0 ]");
         let err = Sequencer::from_config(&config(&bad), 1).err().unwrap();
+        assert_eq!(err.field, "sequence_batching");
+        let err = err.to_string();
         assert!(err.contains("control_input 'START'"), "{err}");
         let init = |dims: &str| {
             DYNA.replace(
@@ -667,19 +688,29 @@ mod tests {
             )
         };
         assert!(Sequencer::from_config(&config(&init("2")), 1).is_ok());
-        let err = Sequencer::from_config(&config(&init("3")), 1).err().unwrap();
+        let err = Sequencer::from_config(&config(&init("3")), 1)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             err.contains("initial_state 'z' must have the state's data_type and dims"),
             "{err}"
         );
         let long = "x".repeat(MAX_STRING_ID + 1);
-        assert!(SequenceFlags::new(Some(CorrelationId::Str(long)), true, false).is_err());
+        assert_eq!(
+            SequenceFlags::new(Some(CorrelationId::Str(long)), true, false),
+            Err(FlagsError::IdTooLong {
+                len: MAX_STRING_ID + 1,
+                max: MAX_STRING_ID
+            })
+        );
         assert_eq!(
             SequenceFlags::new(Some(CorrelationId::U64(0)), false, false),
             Ok(None)
         );
-        assert!(
-            SequenceFlags::new(None, true, false).is_err(),
+        assert_eq!(
+            SequenceFlags::new(None, true, false),
+            Err(FlagsError::MissingId),
             "START without an ID"
         );
     }
@@ -753,7 +784,10 @@ mod tests {
             "max_sequence_idle_microseconds: 5000000",
             "oldest { max_candidate_sequences: -1 }",
         );
-        let err = Sequencer::from_config(&config(&negative), 1).err().unwrap();
+        let err = Sequencer::from_config(&config(&negative), 1)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("max_candidate_sequences"), "{err}");
     }
 
@@ -797,13 +831,19 @@ mod tests {
             r#"input [ { name: "X""#,
             r#"input [ { name: "READY" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "X""#,
         );
-        let err = Sequencer::from_config(&config(&clash), 1).err().unwrap();
+        let err = Sequencer::from_config(&config(&clash), 1)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("supplies input 'READY'"), "{err}");
         let clash = DYNA.replace(
             r#"output [ { name: "Y""#,
             r#"output [ { name: "S_OUT" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "Y""#,
         );
-        let err = Sequencer::from_config(&config(&clash), 1).err().unwrap();
+        let err = Sequencer::from_config(&config(&clash), 1)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("keeps output 'S_OUT'"), "{err}");
     }
 }

@@ -9,6 +9,7 @@
 //! repeated `batch_size` times when the model batches, and run `count` times (at least
 //! once).
 
+use crate::{ConfigError, LoadError};
 use std::path::Path;
 use trident_core::config::{self, pb, ModelConfig};
 use trident_core::{DataType, Tensor};
@@ -25,7 +26,7 @@ pub struct WarmupSample {
 }
 
 /// The samples of `config`; `dir` is the model directory (for `input_data_file`).
-pub fn samples(config: &ModelConfig, dir: &Path) -> Result<Vec<WarmupSample>, String> {
+pub fn samples(config: &ModelConfig, dir: &Path) -> Result<Vec<WarmupSample>, LoadError> {
     let batching = config.max_batch_size > 0;
     config
         .model_warmup
@@ -37,10 +38,10 @@ pub fn samples(config: &ModelConfig, dir: &Path) -> Result<Vec<WarmupSample>, St
             } else {
                 w.name.clone()
             };
-            let at = |m: String| format!("model_warmup '{name}': {m}");
+            let at = format!("model_warmup '{name}': ");
             if batching && (w.batch_size == 0 || w.batch_size as i32 > config.max_batch_size) {
-                return Err(at(format!(
-                    "batch_size {} must be in 1..={}",
+                return Err(invalid(format!(
+                    "{at}batch_size {} must be in 1..={}",
                     w.batch_size, config.max_batch_size
                 )));
             }
@@ -52,7 +53,7 @@ pub fn samples(config: &ModelConfig, dir: &Path) -> Result<Vec<WarmupSample>, St
                     let spec = &w.inputs[input];
                     tensor(spec, batching.then_some(w.batch_size as usize), dir, k as u64)
                         .map(|t| (input.clone(), t))
-                        .map_err(|m| at(format!("input '{input}': {m}")))
+                        .map_err(|e| e.within(&format!("{at}input '{input}': ")))
                 })
                 .collect::<Result<_, _>>()?;
             Ok(WarmupSample {
@@ -69,11 +70,11 @@ fn tensor(
     rows: Option<usize>,
     dir: &Path,
     seed: u64,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, LoadError> {
     use pb::model_warmup::input::InputDataType;
-    let dtype = config::data_type(spec.data_type).ok_or("no valid data_type")?;
+    let dtype = config::data_type(spec.data_type).ok_or_else(|| invalid("no valid data_type".into()))?;
     if spec.dims.iter().any(|&d| d < 0) {
-        return Err(format!("dims {:?} must all be known (no -1)", spec.dims));
+        return Err(invalid(format!("dims {:?} must all be known (no -1)", spec.dims)));
     }
     let per_row: usize = spec.dims.iter().product::<i64>() as usize;
     let reps = rows.unwrap_or(1);
@@ -94,12 +95,16 @@ fn tensor(
                     .components()
                     .any(|c| !matches!(c, std::path::Component::Normal(_)))
             {
-                return Err(format!(
+                return Err(invalid(format!(
                     "input_data_file '{f}' must name a file inside the warmup folder"
-                ));
+                )));
             }
             let file = dir.join("warmup").join(name);
-            let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let bytes = std::fs::read(&file).map_err(|e| LoadError::Io {
+                context: String::new(),
+                path: file.clone(),
+                source: std::sync::Arc::new(e),
+            })?;
             let ok = match dtype {
                 DataType::Bytes => {
                     trident_core::tensor::bytes_elements(&bytes).is_ok_and(|e| e.len() == per_row)
@@ -107,16 +112,21 @@ fn tensor(
                 _ => bytes.len() == per_row * width,
             };
             if !ok {
-                return Err(format!(
+                return Err(invalid(format!(
                     "{} does not hold {per_row} {dtype} elements",
                     file.display()
-                ));
+                )));
             }
             bytes
         }
     };
     let data: Vec<u8> = row.repeat(reps);
-    Tensor::new(dtype, shape, data.into()).map_err(|e| e.to_string())
+    Tensor::new(dtype, shape, data.into()).map_err(|e| invalid(e.to_string()))
+}
+
+/// An invalid `model_warmup`.
+fn invalid(why: String) -> LoadError {
+    ConfigError::new("model_warmup", why).into()
 }
 
 fn random(dtype: DataType, n: usize, seed: u64) -> Vec<u8> {

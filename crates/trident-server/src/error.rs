@@ -75,6 +75,13 @@ impl From<CodecError> for ApiError {
     }
 }
 
+/// A request's sequence parameters that make no sequence: the client's error.
+impl From<trident_serve::sequence::FlagsError> for ApiError {
+    fn from(e: trident_serve::sequence::FlagsError) -> Self {
+        ApiError::bad_request(e.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (

@@ -37,7 +37,7 @@ impl Backend for ImageBackend {
             message,
         };
         let need = |key: &str| -> Result<usize, BackendError> {
-            let v: usize = options.parsed(key, 0).map_err(err)?;
+            let v: usize = options.parsed(key, 0).map_err(|e| err(e.to_string()))?;
             if v == 0 {
                 return Err(err(format!(
                     "parameter '{key}' (pixels, at least 1) is required by the image backend"
@@ -46,14 +46,14 @@ impl Backend for ImageBackend {
             Ok(v)
         };
         let (height, width) = (need("height")?, need("width")?);
-        let channels: usize = options.parsed("channels", 3).map_err(err)?;
+        let channels: usize = options.parsed("channels", 3).map_err(|e| err(e.to_string()))?;
         if channels != 1 && channels != 3 {
             return Err(err(format!(
                 "parameter 'channels' = {channels}: 1 (grey) or 3 (RGB)"
             )));
         }
-        let mean: f32 = options.parsed("mean", 0.0).map_err(err)?;
-        let std: f32 = options.parsed("std", 1.0).map_err(err)?;
+        let mean: f32 = options.parsed("mean", 0.0).map_err(|e| err(e.to_string()))?;
+        let std: f32 = options.parsed("std", 1.0).map_err(|e| err(e.to_string()))?;
         if !(std.is_finite() && std > 0.0 && mean.is_finite()) {
             return Err(err(format!(
                 "parameters 'mean' = {mean}, 'std' = {std}: finite, std > 0"
@@ -108,11 +108,13 @@ impl Model for Arc<Loaded> {
     }
     /// Refuses bytes that are not PNG or JPEG before they join a batch; damaged images
     /// with a valid signature are refused when decoded.
-    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), BackendError> {
         let elements = trident_core::tensor::bytes_elements(tensor.data())
-            .map_err(|e| format!("input '{name}': {e}"))?;
+            .map_err(|e| BackendError::InvalidInput(format!("input '{name}': {e}")))?;
         match elements.iter().position(|e| !looks_like_image(e)) {
-            Some(i) => Err(format!("input '{name}': element {i} is not a PNG or JPEG image")),
+            Some(i) => Err(BackendError::InvalidInput(format!(
+                "input '{name}': element {i} is not a PNG or JPEG image"
+            ))),
             None => Ok(()),
         }
     }

@@ -22,23 +22,29 @@ use std::sync::Arc;
 use trident_core::{DataType, Tensor};
 
 /// The process-wide tract backend, or why this build has none (cargo feature `tract`).
-pub fn tract_engine() -> Result<Arc<dyn Backend>, String> {
+pub fn tract_engine() -> Result<Arc<dyn Backend>, BackendError> {
     #[cfg(feature = "tract")]
     {
         static TRACT: std::sync::OnceLock<Arc<dyn Backend>> = std::sync::OnceLock::new();
         Ok(TRACT.get_or_init(|| Arc::new(tract::TractBackend)).clone())
     }
     #[cfg(not(feature = "tract"))]
-    Err("this trident was built without the `tract` feature".into())
+    Err(BackendError::Unavailable {
+        engine: "tract",
+        why: "this trident was built without the `tract` feature".into(),
+    })
 }
 
 /// The process-wide ONNX Runtime backend, or why this build (cargo feature `ort`) or this
 /// machine (no library found) has none.
-pub fn ort_engine() -> Result<Arc<dyn Backend>, String> {
+pub fn ort_engine() -> Result<Arc<dyn Backend>, BackendError> {
     #[cfg(feature = "ort")]
     return ort::shared();
     #[cfg(not(feature = "ort"))]
-    Err("this trident was built without the `ort` feature".into())
+    Err(BackendError::Unavailable {
+        engine: "onnxruntime",
+        why: "this trident was built without the `ort` feature".into(),
+    })
 }
 
 /// An input or output of a model as the model file declares it.
@@ -90,9 +96,47 @@ pub enum BackendError {
     /// again one by one, so only the culprit gets it).
     #[error("{0}")]
     InvalidInput(String),
-    /// The backend is not available in this build or on this machine.
-    #[error("{0}")]
-    Unavailable(String),
+    /// An input's BYTES element is not UTF-8, for an engine that takes BYTES inputs as
+    /// UTF-8 strings: the client's error, answered 400 like [`BackendError::InvalidInput`].
+    #[error("input '{input}': BYTES element {element} is not valid UTF-8; {engine} takes BYTES inputs as UTF-8 strings")]
+    NotUtf8 {
+        /// The input's name.
+        input: String,
+        /// Index of the first element that is not UTF-8.
+        element: usize,
+        /// The engine, as its messages name it (`"tract"`, `"ONNX Runtime"`).
+        engine: String,
+    },
+    /// The engine is not available in this build (a cargo feature left out) or on this
+    /// machine (its library not found or not loadable): the operator's to fix.
+    #[error("{why}")]
+    Unavailable {
+        /// The engine ([`Backend::name`]: `"tract"`, `"onnxruntime"`).
+        engine: &'static str,
+        /// Why, as the operator reads it.
+        why: String,
+    },
+}
+
+impl BackendError {
+    /// Whether the error is the client's (its request's data), not the engine's or the
+    /// model's: [`BackendError::InvalidInput`] and [`BackendError::NotUtf8`].
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, BackendError::InvalidInput(_) | BackendError::NotUtf8 { .. })
+    }
+}
+
+/// A `parameters` value of a model's `config.pbtxt` that does not parse as the type a
+/// backend needs (the operator's mistake; backends report it as a load error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("parameter '{key}' = \"{value}\" is not a valid {expected}")]
+pub struct ParameterError {
+    /// The parameter's key.
+    pub key: String,
+    /// The value as written.
+    pub value: String,
+    /// The Rust type it should parse as (`usize`, `f32`, `bool`).
+    pub expected: &'static str,
 }
 
 /// Options for loading a model.
@@ -113,14 +157,13 @@ impl LoadOptions {
     }
 
     /// A parameter parsed as `T`, `default` when absent; the error names the key.
-    pub fn parsed<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T, String> {
+    pub fn parsed<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T, ParameterError> {
         match self.parameter(key) {
             None => Ok(default),
-            Some(v) => v.trim().parse().map_err(|_| {
-                format!(
-                    "parameter '{key}' = \"{v}\" is not a valid {}",
-                    std::any::type_name::<T>()
-                )
+            Some(v) => v.trim().parse().map_err(|_| ParameterError {
+                key: key.to_string(),
+                value: v.to_string(),
+                expected: std::any::type_name::<T>(),
             }),
         }
     }
@@ -142,8 +185,9 @@ pub trait Model: Send + Sync {
     fn instance(&self) -> Result<Box<dyn ModelInstance>, BackendError>;
     /// Checks an input for what this engine needs beyond `config.pbtxt` (e.g. BYTES
     /// that are UTF-8), before the request joins a batch: a refusal fails only that
-    /// request, as the client's error, and never an execution shared with others.
-    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+    /// request, as the client's error (whatever the variant: the server answers 400),
+    /// and never an execution shared with others.
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), BackendError> {
         let _ = (name, tensor);
         Ok(())
     }
@@ -151,16 +195,18 @@ pub trait Model: Send + Sync {
 
 /// For engines whose string tensors are UTF-8 (ONNX Runtime, tract): the first BYTES
 /// element that is not, named.
-pub fn check_utf8(engine: &str, name: &str, tensor: &Tensor) -> Result<(), String> {
+pub fn check_utf8(engine: &str, name: &str, tensor: &Tensor) -> Result<(), BackendError> {
     if tensor.dtype() != DataType::Bytes {
         return Ok(());
     }
-    let elements =
-        trident_core::tensor::bytes_elements(tensor.data()).map_err(|e| format!("input '{name}': {e}"))?;
+    let elements = trident_core::tensor::bytes_elements(tensor.data())
+        .map_err(|e| BackendError::InvalidInput(format!("input '{name}': {e}")))?;
     match elements.iter().position(|e| std::str::from_utf8(e).is_err()) {
-        Some(i) => Err(format!(
-            "input '{name}': BYTES element {i} is not valid UTF-8; {engine} takes BYTES inputs as UTF-8 strings"
-        )),
+        Some(element) => Err(BackendError::NotUtf8 {
+            input: name.to_string(),
+            element,
+            engine: engine.to_string(),
+        }),
         None => Ok(()),
     }
 }

@@ -22,7 +22,7 @@ pub struct OrtBackend {
 
 /// The process-wide ONNX Runtime backend, loaded on first use; the error says why the
 /// library could not be found or loaded.
-pub fn shared() -> Result<Arc<dyn Backend>, String> {
+pub fn shared() -> Result<Arc<dyn Backend>, BackendError> {
     static SHARED: OnceLock<Result<Arc<dyn Backend>, String>> = OnceLock::new();
     SHARED
         .get_or_init(|| {
@@ -39,6 +39,10 @@ pub fn shared() -> Result<Arc<dyn Backend>, String> {
             Ok(Arc::new(OrtBackend { env, library }) as Arc<dyn Backend>)
         })
         .clone()
+        .map_err(|why| BackendError::Unavailable {
+            engine: "onnxruntime",
+            why,
+        })
 }
 
 /// `ORT_DYLIB_PATH`; else `libonnxruntime.so*` in the `onnxruntime` Python package,
@@ -218,7 +222,7 @@ impl Model for OrtModel {
         &self.io
     }
 
-    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), BackendError> {
         super::check_utf8("ONNX Runtime", name, tensor)
     }
 

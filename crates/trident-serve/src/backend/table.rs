@@ -79,7 +79,7 @@ impl Model for Arc<Loaded> {
         Ok(Box::new(self.clone()))
     }
     /// Categorical cells must be UTF-8 text.
-    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), BackendError> {
         super::check_utf8("the table backend", name, tensor)
     }
 }

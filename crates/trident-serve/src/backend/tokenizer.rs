@@ -48,11 +48,15 @@ impl Backend for TokenizerBackend {
     fn load(&self, path: &Path, options: &LoadOptions) -> Result<Box<dyn Model>, BackendError> {
         let err = |m: String| load_error(path, m);
         let tokenizer = Tokenizer::from_file(path).map_err(|e| load_error(path, e))?;
-        let max_len: usize = options.parsed("max_length", 512).map_err(err)?;
+        let max_len: usize = options
+            .parsed("max_length", 512)
+            .map_err(|e| err(e.to_string()))?;
         if max_len == 0 {
             return Err(err("parameter 'max_length' must be at least 1".into()));
         }
-        let truncate: bool = options.parsed("truncation", false).map_err(err)?;
+        let truncate: bool = options
+            .parsed("truncation", false)
+            .map_err(|e| err(e.to_string()))?;
         let fixed = match options.parameter("padding").map(str::trim) {
             None | Some("longest") => false,
             Some("max_length") => true,
@@ -131,7 +135,7 @@ impl Model for Arc<Loaded> {
     fn instance(&self) -> Result<Box<dyn ModelInstance>, BackendError> {
         Ok(Box::new(self.clone()))
     }
-    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), BackendError> {
         check_utf8("the tokenizer", name, tensor)
     }
 }

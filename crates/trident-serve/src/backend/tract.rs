@@ -127,7 +127,7 @@ impl Model for TractModel {
         &self.io
     }
 
-    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), String> {
+    fn check_input(&self, name: &str, tensor: &Tensor) -> Result<(), BackendError> {
         super::check_utf8("tract", name, tensor)
     }
 

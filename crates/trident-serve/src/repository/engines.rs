@@ -8,7 +8,7 @@ use crate::backend::image::ImageBackend;
 use crate::backend::repeat::RepeatBackend;
 use crate::backend::table::TableBackend;
 use crate::backend::tokenizer::TokenizerBackend;
-use crate::backend::{ort_engine, tract_engine, Backend};
+use crate::backend::{ort_engine, tract_engine, Backend, BackendError};
 use std::sync::{Arc, OnceLock};
 use trident_core::config::ModelConfig;
 
@@ -105,6 +105,8 @@ pub(super) fn default_filename(config: &ModelConfig) -> &'static str {
     }
 }
 
-fn onnx(backend: Result<Arc<dyn Backend>, String>) -> Result<Engine, String> {
-    backend.map(|backend| Engine { backend })
+fn onnx(backend: Result<Arc<dyn Backend>, BackendError>) -> Result<Engine, String> {
+    backend
+        .map(|backend| Engine { backend })
+        .map_err(|e| e.to_string())
 }

@@ -167,7 +167,7 @@ pub enum CodecError {
     },
     /// The sequence parameters do not make a sequence (`sequence_start` without an ID).
     #[error("request: {0}")]
-    Sequence(String),
+    Sequence(#[from] trident_serve::sequence::FlagsError),
     /// `Inference-Header-Content-Length: 0`, Triton's raw binary request.
     #[error("Inference-Header-Content-Length is 0 (raw binary request): expected a JSON inference header, got none")]
     EmptyHeader,

@@ -158,7 +158,7 @@ pub(super) fn sequence(
             "invalid value type for '{key}' parameter, expected bool_param."
         ))),
     };
-    SequenceFlags::new(id, flag("sequence_start")?, flag("sequence_end")?).map_err(ApiError::bad_request)
+    SequenceFlags::new(id, flag("sequence_start")?, flag("sequence_end")?).map_err(ApiError::from)
 }
 
 /// Request-level parameters Trident acts on. `triton_enable_empty_final_response`
