@@ -2,9 +2,9 @@
 //! precisions: linear maps (fp32 MatMul + Add, or int8 weights), layer norms, GELU and
 //! multi-head self-attention.
 
+use crate::error::{ExportError, Result};
 use crate::graph::{Attr, Graph};
 use crate::{Flavour, Options, Precision};
-use anyhow::Context;
 use trident_nn::Params;
 
 /// A graph being written from a model's named parameters.
@@ -24,21 +24,25 @@ impl<'a> Writer<'a> {
     }
 
     /// The shape and f32 values of parameter `name`.
-    pub fn tensor(&self, name: &str) -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
+    pub fn tensor(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         let p = self
             .params
             .get(name)
-            .with_context(|| format!("the model has no parameter `{name}`"))?;
+            .ok_or_else(|| ExportError::MissingParameter { name: name.into() })?;
         let t = p.var.as_tensor();
         let values = t
-            .flatten_all()?
-            .to_dtype(candle_core::DType::F32)?
-            .to_vec1::<f32>()?;
+            .flatten_all()
+            .and_then(|t| t.to_dtype(candle_core::DType::F32))
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|source| ExportError::Tensor {
+                name: name.into(),
+                source,
+            })?;
         Ok((t.dims().to_vec(), values))
     }
 
     /// Parameter `name` as an initializer of the same name and shape.
-    pub fn param(&mut self, name: &str) -> anyhow::Result<String> {
+    pub fn param(&mut self, name: &str) -> Result<String> {
         let (dims, v) = self.tensor(name)?;
         Ok(self.g.weight(name, &dims, &v))
     }
@@ -99,7 +103,7 @@ impl<'a> Writer<'a> {
     }
 
     /// The linear layer `prefix` (`prefix.weight` `[out, in]`, `prefix.bias` if present).
-    pub fn linear(&mut self, x: &str, prefix: &str) -> anyhow::Result<String> {
+    pub fn linear(&mut self, x: &str, prefix: &str) -> Result<String> {
         let (dims, w) = self.tensor(&format!("{prefix}.weight"))?;
         let bias = match self.params.get(&format!("{prefix}.bias")) {
             Some(_) => Some(self.param(&format!("{prefix}.bias"))?),
@@ -116,7 +120,7 @@ impl<'a> Writer<'a> {
 
     /// The linear layer `prefix` without its bias, and the bias initializer (for fused
     /// bias + activation or bias + residual + norm operators).
-    pub fn linear_split(&mut self, x: &str, prefix: &str) -> anyhow::Result<(String, String)> {
+    pub fn linear_split(&mut self, x: &str, prefix: &str) -> Result<(String, String)> {
         let (dims, w) = self.tensor(&format!("{prefix}.weight"))?;
         let bias = self.param(&format!("{prefix}.bias"))?;
         Ok((
@@ -126,7 +130,7 @@ impl<'a> Writer<'a> {
     }
 
     /// Layer normalisation `prefix` over the last axis.
-    pub fn layer_norm(&mut self, x: &str, prefix: &str, eps: f32) -> anyhow::Result<String> {
+    pub fn layer_norm(&mut self, x: &str, prefix: &str, eps: f32) -> Result<String> {
         let w = self.param(&format!("{prefix}.weight"))?;
         let b = self.param(&format!("{prefix}.bias"))?;
         Ok(self.g.op(
@@ -145,7 +149,7 @@ impl<'a> Writer<'a> {
         residual: &str,
         prefix: &str,
         eps: f32,
-    ) -> anyhow::Result<String> {
+    ) -> Result<String> {
         if self.opts.flavour == Flavour::OrtFused {
             let w = self.param(&format!("{prefix}.weight"))?;
             let b = self.param(&format!("{prefix}.bias"))?;
@@ -187,7 +191,7 @@ impl<'a> Writer<'a> {
         hidden: usize,
         heads: usize,
         mask: Option<(&str, &str)>,
-    ) -> anyhow::Result<String> {
+    ) -> Result<String> {
         let dh = hidden / heads;
         let names = ["query", "key", "value"].map(|n| format!("{prefix}.attention.self.{n}"));
         if self.opts.flavour == Flavour::OrtFused {

@@ -15,6 +15,7 @@
 //! com.microsoft `DynamicQuantizeMatMul` with symmetric per-column int8 weights (ONNX
 //! Runtime only); embeddings, norms, softmax and the recurrences stay f32.
 
+mod error;
 pub mod graph;
 mod layers;
 mod models;
@@ -24,7 +25,7 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
 }
 
-use anyhow::bail;
+pub use error::{ExportError, Result};
 use prost::Message;
 
 /// Which operators the graph may use.
@@ -38,11 +39,17 @@ pub enum Flavour {
 
 impl Flavour {
     /// `portable` or `ort-fused`.
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
+    pub fn parse(s: &str) -> Result<Self> {
         Ok(match s {
             "portable" => Flavour::Portable,
             "ort-fused" => Flavour::OrtFused,
-            _ => bail!("--flavour `{s}`: expected `portable` or `ort-fused`"),
+            _ => {
+                return Err(ExportError::Option {
+                    flag: "flavour",
+                    value: s.into(),
+                    expected: "`portable` or `ort-fused`",
+                })
+            }
         })
     }
 
@@ -65,11 +72,17 @@ pub enum Precision {
 
 impl Precision {
     /// `fp32` or `int8`.
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
+    pub fn parse(s: &str) -> Result<Self> {
         Ok(match s {
             "fp32" => Precision::Fp32,
             "int8" => Precision::Int8,
-            _ => bail!("--precision `{s}`: expected `fp32` or `int8`"),
+            _ => {
+                return Err(ExportError::Option {
+                    flag: "precision",
+                    value: s.into(),
+                    expected: "`fp32` or `int8`",
+                })
+            }
         })
     }
 
@@ -136,6 +149,6 @@ impl Exported {
 /// encoded rows); a classifier's outputs are `logits` and `probabilities` (their softmax)
 /// FP32 `[batch, classes]`, an autoencoder's `reconstruction` (the input's shape) and
 /// `reconstruction_error` FP32 `[batch, 1]` (mean squared error per value).
-pub fn export(model: &trident_zoo::Model, opts: Options) -> anyhow::Result<Exported> {
+pub fn export(model: &trident_zoo::Model, opts: Options) -> Result<Exported> {
     models::export(model, opts)
 }

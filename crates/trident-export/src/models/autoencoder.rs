@@ -1,16 +1,16 @@
 //! Autoencoders on images or table rows: the reconstruction and its error per example.
 
-use super::{activation, card_mismatch, features_input, image_input, row_mean, BATCH};
+use super::{activation, card_mismatch, custom_activation, features_input, image_input, row_mean, BATCH};
+use crate::error::{ExportError, Result};
 use crate::graph::{Attr, Dim};
 use crate::layers::Writer;
 use crate::pb::tensor_proto::DataType as Elem;
 use crate::{Exported, Io};
-use anyhow::{bail, Context};
 use trident_zoo::card::{AeOutput, AeShape, AutoencoderModel};
 use trident_zoo::{InputSpec, Model, ModelCard, ModelConfig};
 
 /// The model `autoencoder`.
-pub(super) fn export(w: Writer, model: &Model) -> anyhow::Result<Exported> {
+pub(super) fn export(w: Writer, model: &Model) -> Result<Exported> {
     let ModelConfig::Autoencoder(a) = &model.card.model else {
         return Err(card_mismatch());
     };
@@ -20,7 +20,7 @@ pub(super) fn export(w: Writer, model: &Model) -> anyhow::Result<Exported> {
 /// An autoencoder (`trident_nn::autoencoder`, evaluation mode: no input noise) on images or
 /// encoded table rows: `reconstruction` in the input's shape and `reconstruction_error`
 /// `[batch, 1]`, the mean squared error over each example's values — its anomaly score.
-fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow::Result<Exported> {
+fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> Result<Exported> {
     let (x, io, image) = match &card.input {
         InputSpec::Image { .. } => {
             let (x, io, shape) = image_input(&mut w, &card.input)?;
@@ -30,11 +30,12 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
             let (x, io) = features_input(&mut w, &card.input)?;
             (x, io, None)
         }
-        InputSpec::Text { .. } | InputSpec::Series(_) => bail!("an autoencoder takes images or table rows"),
+        InputSpec::Text { .. } | InputSpec::Series(_) => {
+            return Err(unsupported("it takes images or table rows"))
+        }
     };
     let act = |w: &mut Writer, y: &str| {
-        activation(w, y, &a.activation)
-            .with_context(|| format!("the custom activation {:?} has no ONNX export", a.activation))
+        activation(w, y, &a.activation).ok_or_else(|| custom_activation("autoencoder", &a.activation))
     };
     let y = match (a.shape, image) {
         (AeShape::Dense, _) => {
@@ -62,7 +63,9 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
             h = act(&mut w, &h)?;
             let levels = a.channels().len();
             let (mut c, mut hh, mut ww) = (
-                *a.channels().last().context("no channels")? as i64,
+                *a.channels()
+                    .last()
+                    .ok_or_else(|| unsupported("model.channels: no channels"))? as i64,
                 (height >> levels) as i64,
                 (width >> levels) as i64,
             );
@@ -86,7 +89,7 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
             }
             h
         }
-        (AeShape::Conv, None) => bail!("a conv autoencoder takes images"),
+        (AeShape::Conv, None) => return Err(unsupported("a conv autoencoder takes images")),
     };
     let sigmoid = match a.output {
         Some(o) => o == AeOutput::Sigmoid,
@@ -128,7 +131,7 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> anyhow:
     })
 }
 /// A 3x3 convolution with bias, padding 1, of `stride`.
-fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> anyhow::Result<String> {
+fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> Result<String> {
     let k = w.param(&format!("{prefix}.weight"))?;
     let b = w.param(&format!("{prefix}.bias"))?;
     Ok(w.g.op(
@@ -140,4 +143,12 @@ fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> anyhow::Result<S
             ("pads", Attr::Ints(vec![1, 1, 1, 1])),
         ],
     ))
+}
+
+/// What an autoencoder's graph does not cover.
+fn unsupported(why: &str) -> ExportError {
+    ExportError::Unsupported {
+        kind: "autoencoder",
+        why: why.into(),
+    }
 }

@@ -2,6 +2,7 @@
 //! widths): token ids, mask and token types in, positions sliced from the table.
 
 use super::{classifier, first_position, masked_mean, token_input, Built};
+use crate::error::Result;
 use crate::graph::Attr;
 use crate::layers::Writer;
 use crate::pb::tensor_proto::DataType as Elem;
@@ -14,12 +15,12 @@ pub(super) fn export(
     mut w: Writer,
     net: &trident_nn::bert::BertClassifier,
     model: &Model,
-) -> anyhow::Result<Exported> {
+) -> Result<Exported> {
     let built = bert(&mut w, &net.bert.config, net.pooling)?;
     classifier(w, "bert", built, model)
 }
 
-fn bert(w: &mut Writer, c: &trident_nn::bert::BertConfig, pooling: Pooling) -> anyhow::Result<Built> {
+fn bert(w: &mut Writer, c: &trident_nn::bert::BertConfig, pooling: Pooling) -> Result<Built> {
     let (ids, io_ids) = token_input(w, "input_ids");
     let (mask, io_mask) = token_input(w, "attention_mask");
     let (types, io_types) = token_input(w, "token_type_ids");

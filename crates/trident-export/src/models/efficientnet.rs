@@ -1,14 +1,14 @@
 //! EfficientNet-Lite0 with its input adapter in the graph.
 
 use super::{card_mismatch, classifier, folded_conv, image_input, Built};
+use crate::error::{ExportError, Result};
 use crate::graph::Attr;
 use crate::layers::Writer;
 use crate::Exported;
-use anyhow::bail;
 use trident_zoo::{InputSpec, Model, ModelConfig};
 
 /// The classifier `efficientnet_lite0`.
-pub(super) fn export(mut w: Writer, model: &Model) -> anyhow::Result<Exported> {
+pub(super) fn export(mut w: Writer, model: &Model) -> Result<Exported> {
     let ModelConfig::EfficientnetLite0(e) = &model.card.model else {
         return Err(card_mismatch());
     };
@@ -21,14 +21,10 @@ pub(super) fn export(mut w: Writer, model: &Model) -> anyhow::Result<Exported> {
 /// integer nearest upsampling by `Reshape`/`Expand`, the lite models' scaling), TensorFlow's
 /// SAME padding as explicit `Pad`s, batch norms folded into their convolutions, ReLU6 as
 /// `Clip`, depthwise convolutions as grouped `Conv`s.
-fn efficientnet(
-    w: &mut Writer,
-    e: &trident_zoo::card::EfficientNetModel,
-    spec: &InputSpec,
-) -> anyhow::Result<Built> {
+fn efficientnet(w: &mut Writer, e: &trident_zoo::card::EfficientNetModel, spec: &InputSpec) -> Result<Built> {
     let (x, io, (c, h, wd)) = image_input(w, spec)?;
     let &InputSpec::Image { mean, std, .. } = spec else {
-        bail!("an image model whose card does not describe images")
+        return Err(ExportError::Input { expected: "images" });
     };
     // Pixels in [0, 1], then (255·p − 127) / 128 — one affine map: a·x + b.
     let a = std * 255.0 / 128.0;

@@ -1,17 +1,17 @@
 //! Forecasters (MLP, LSTM or GRU) with the series transform and its inverse in the graph.
 
 use super::rnn::{rnn_attrs, rnn_weights, zero_state};
-use super::{activation, card_mismatch, row_mean, slice, BATCH};
+use super::{activation, card_mismatch, custom_activation, row_mean, slice, BATCH};
+use crate::error::{ExportError, Result};
 use crate::graph::{Attr, Dim};
 use crate::layers::Writer;
 use crate::pb::tensor_proto::DataType as Elem;
 use crate::{Exported, Io};
-use anyhow::{bail, Context};
 use trident_zoo::card::{ForecastNet, ForecasterModel, SeriesNormalize};
 use trident_zoo::{InputSpec, Model, ModelCard, ModelConfig};
 
 /// The model `forecaster`.
-pub(super) fn export(w: Writer, model: &Model) -> anyhow::Result<Exported> {
+pub(super) fn export(w: Writer, model: &Model) -> Result<Exported> {
     let ModelConfig::Forecaster(f) = &model.card.model else {
         return Err(card_mismatch());
     };
@@ -23,9 +23,9 @@ pub(super) fn export(w: Writer, model: &Model) -> anyhow::Result<Exported> {
 /// forecast value's row in the series) where it reads calendar features — `forecast` FP32
 /// `[batch, horizon]` (raw values) out: the log, the window's (or training) mean and the
 /// scale, then back.
-fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::Result<Exported> {
+fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> Result<Exported> {
     let InputSpec::Series(s) = &card.input else {
-        bail!("a forecaster whose card does not describe a series")
+        return Err(ExportError::Input { expected: "a series" });
     };
     let (window, horizon) = (s.window as i64, s.horizon as i64);
     let x = w.g.input("values", Elem::Float, &[BATCH, Dim::Fixed(window)]);
@@ -76,9 +76,8 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> anyhow::R
             for i in 0..layers {
                 h = w.linear(&h, &format!("layers.{i}"))?;
                 if i + 1 < layers {
-                    h = activation(&mut w, &h, f.activation()).with_context(|| {
-                        format!("the custom activation {:?} has no ONNX export", f.activation())
-                    })?;
+                    h = activation(&mut w, &h, f.activation())
+                        .ok_or_else(|| custom_activation("forecaster", f.activation()))?;
                 }
             }
         }
@@ -155,12 +154,12 @@ fn recurrent_forecast(
     f: &ForecasterModel,
     window: usize,
     calendar: Option<(&str, &[usize])>,
-) -> anyhow::Result<String> {
+) -> Result<String> {
     let lstm = f.net == ForecastNet::Lstm;
-    let hidden = *f
-        .hidden
-        .first()
-        .context("model.hidden: an lstm or gru forecaster needs a width per layer")?;
+    let hidden = *f.hidden.first().ok_or_else(|| ExportError::Unsupported {
+        kind: "forecaster",
+        why: "model.hidden: an lstm or gru forecaster needs a width per layer".into(),
+    })?;
     let op = if lstm { "LSTM" } else { "GRU" };
     let attrs = rnn_attrs(lstm, hidden);
     let h0 = zero_state(w, x, hidden);

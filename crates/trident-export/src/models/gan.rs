@@ -1,6 +1,7 @@
 //! A GAN's generator: latent vectors in, images out.
 
 use super::{card_mismatch, BATCH};
+use crate::error::Result;
 use crate::graph::{Attr, Dim};
 use crate::layers::Writer;
 use crate::pb::tensor_proto::DataType as Elem;
@@ -8,7 +9,7 @@ use crate::{Exported, Io};
 use trident_zoo::{Model, ModelConfig};
 
 /// The model `gan`: its generator alone.
-pub(super) fn export(w: Writer, g: &trident_zoo::model::Gan, model: &Model) -> anyhow::Result<Exported> {
+pub(super) fn export(w: Writer, g: &trident_zoo::model::Gan, model: &Model) -> Result<Exported> {
     let ModelConfig::Gan(_) = &model.card.model else {
         return Err(card_mismatch());
     };
@@ -19,7 +20,7 @@ pub(super) fn export(w: Writer, g: &trident_zoo::model::Gan, model: &Model) -> a
 /// vectors, N(0, I)) in, `image` FP32 `[batch, c, h, w]` out as pixels in [0, 1] — the
 /// linear layer, batch norms on their running statistics, the two transposed
 /// convolutions, `tanh` mapped from [−1, 1].
-fn generator(mut w: Writer, g: &trident_zoo::model::Gan) -> anyhow::Result<Exported> {
+fn generator(mut w: Writer, g: &trident_zoo::model::Gan) -> Result<Exported> {
     let shape = g.shape;
     let (c, h, wd) = shape.image;
     let z = w.g.input("z", Elem::Float, &[BATCH, Dim::Fixed(shape.z as i64)]);
@@ -29,7 +30,7 @@ fn generator(mut w: Writer, g: &trident_zoo::model::Gan) -> anyhow::Result<Expor
     let x = w.g.op("Reshape", &[&x, &inner], &[]);
     let x = batch_norm(&mut w, &x, "generator.bn0")?;
     let x = w.g.op("Relu", &[&x], &[]);
-    let up = |w: &mut Writer, x: &str, prefix: &str, bias: bool| -> anyhow::Result<String> {
+    let up = |w: &mut Writer, x: &str, prefix: &str, bias: bool| -> Result<String> {
         let k = w.param(&format!("{prefix}.weight"))?;
         let mut inputs = vec![x.to_string(), k];
         if bias {
@@ -87,7 +88,7 @@ fn generator(mut w: Writer, g: &trident_zoo::model::Gan) -> anyhow::Result<Expor
 }
 
 /// `BatchNormalization` on the running statistics of the batch norm `prefix`.
-fn batch_norm(w: &mut Writer, x: &str, prefix: &str) -> anyhow::Result<String> {
+fn batch_norm(w: &mut Writer, x: &str, prefix: &str) -> Result<String> {
     let names = ["weight", "bias", "running_mean", "running_var"].map(|n| w.param(&format!("{prefix}.{n}")));
     let [a, b, m, v] = names;
     let (a, b, m, v) = (a?, b?, m?, v?);

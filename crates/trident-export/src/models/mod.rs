@@ -13,17 +13,17 @@ mod rnn;
 mod table;
 mod vit;
 
+use crate::error::{ExportError, Result};
 use crate::graph::{Attr, Dim};
 use crate::layers::Writer;
 use crate::pb::tensor_proto::DataType as Elem;
 use crate::{Exported, Io, Options};
-use anyhow::bail;
 use trident_zoo::{InputSpec, Model, Net};
 
 const BATCH: Dim = Dim::Named("batch");
 const SEQ: Dim = Dim::Named("sequence");
 
-pub fn export(model: &Model, opts: Options) -> anyhow::Result<Exported> {
+pub fn export(model: &Model, opts: Options) -> Result<Exported> {
     let w = Writer::new(&model.params, opts);
     match &model.net {
         Net::Bert(m) => bert::export(w, m, model),
@@ -40,8 +40,16 @@ pub fn export(model: &Model, opts: Options) -> anyhow::Result<Exported> {
 }
 
 /// Why a kind's card and network disagree (a checkpoint edited by hand, or a bug).
-fn card_mismatch() -> anyhow::Error {
-    anyhow::anyhow!("the model card does not match the network it built")
+fn card_mismatch() -> ExportError {
+    ExportError::CardMismatch
+}
+
+/// A registered activation: the graph knows the built-in ones only.
+fn custom_activation(kind: &'static str, name: &str) -> ExportError {
+    ExportError::Unsupported {
+        kind,
+        why: format!("the custom activation {name:?} has no ONNX export"),
+    }
 }
 
 /// A classifier's graph so far: its logits and its inputs.
@@ -49,7 +57,7 @@ type Built = (String, Vec<Io>);
 
 /// A classifier's outputs, shared by every kind with classes: `logits` and
 /// `probabilities` (their softmax) FP32 `[batch, classes]`.
-fn classifier(mut w: Writer, kind: &str, (logits, inputs): Built, model: &Model) -> anyhow::Result<Exported> {
+fn classifier(mut w: Writer, kind: &str, (logits, inputs): Built, model: &Model) -> Result<Exported> {
     let opts = w.opts;
     let classes = model.card.classes.len();
     let out_dims = [BATCH, Dim::Fixed(classes as i64)];
@@ -103,7 +111,7 @@ fn masked_mean(w: &mut Writer, x: &str, mask_f: &str) -> String {
     w.g.op("Div", &[&num, &den], &[])
 }
 
-fn image_input(w: &mut Writer, spec: &InputSpec) -> anyhow::Result<(String, Io, (usize, usize, usize))> {
+fn image_input(w: &mut Writer, spec: &InputSpec) -> Result<(String, Io, (usize, usize, usize))> {
     let &InputSpec::Image {
         channels,
         height,
@@ -111,7 +119,7 @@ fn image_input(w: &mut Writer, spec: &InputSpec) -> anyhow::Result<(String, Io, 
         ..
     } = spec
     else {
-        bail!("an image model whose card does not describe images")
+        return Err(ExportError::Input { expected: "images" });
     };
     let dims = [channels, height, width].map(|d| d as i64);
     let x = w.g.input(
@@ -137,9 +145,9 @@ fn image_input(w: &mut Writer, spec: &InputSpec) -> anyhow::Result<(String, Io, 
 
 /// The input `features` FP32 `[batch, width]` of a table model: the encoded row (scaled
 /// numeric columns, one-hot categorical ones) its card's encoder gives.
-fn features_input(w: &mut Writer, spec: &InputSpec) -> anyhow::Result<(String, Io)> {
+fn features_input(w: &mut Writer, spec: &InputSpec) -> Result<(String, Io)> {
     let InputSpec::Table { encoder, .. } = spec else {
-        bail!("a table model whose card does not describe a table")
+        return Err(ExportError::Input { expected: "a table" });
     };
     let width = encoder.width() as i64;
     let x = w.g.input("features", Elem::Float, &[BATCH, Dim::Fixed(width)]);
@@ -200,7 +208,7 @@ fn folded_conv(
     stride: i64,
     pads: Vec<i64>,
     depthwise: bool,
-) -> anyhow::Result<String> {
+) -> Result<String> {
     let (dims, mut k) = w.tensor(&format!("{conv}.weight"))?;
     let (_, gamma) = w.tensor(&format!("{bn}.weight"))?;
     let (_, beta) = w.tensor(&format!("{bn}.bias"))?;

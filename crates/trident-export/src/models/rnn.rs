@@ -2,15 +2,15 @@
 //! blocks reordered to ONNX's, explicit zero states, the node's attributes.
 
 use super::{card_mismatch, classifier, masked_mean, token_input, Built};
+use crate::error::Result;
 use crate::graph::Attr;
 use crate::layers::Writer;
 use crate::pb::tensor_proto::DataType as Elem;
 use crate::{Exported, Flavour};
-use anyhow::Context;
 use trident_zoo::{Model, ModelConfig};
 
 /// The classifier `lstm` or `gru`, as the card names it.
-pub(super) fn export(mut w: Writer, model: &Model) -> anyhow::Result<Exported> {
+pub(super) fn export(mut w: Writer, model: &Model) -> Result<Exported> {
     let (kind, r, lstm) = match &model.card.model {
         ModelConfig::Lstm(r) => ("lstm", r, true),
         ModelConfig::Gru(r) => ("gru", r, false),
@@ -40,7 +40,7 @@ pub(super) fn rnn_weights(
     lstm: bool,
     hidden: usize,
     min_input: usize,
-) -> anyhow::Result<[String; 3]> {
+) -> Result<[String; 3]> {
     let gates = if lstm { 4 } else { 3 };
     let (mut wi, mut wh, mut b) = (Vec::new(), Vec::new(), Vec::new());
     let mut inp = 0;
@@ -85,7 +85,7 @@ pub(super) fn rnn_attrs(lstm: bool, hidden: usize) -> Vec<(&'static str, Attr)> 
     }
     attrs
 }
-fn rnn(w: &mut Writer, r: &trident_zoo::RnnModel, lstm: bool) -> anyhow::Result<Built> {
+fn rnn(w: &mut Writer, r: &trident_zoo::RnnModel, lstm: bool) -> Result<Built> {
     let (ids, io_ids) = token_input(w, "input_ids");
     let (mask, io_mask) = token_input(w, "attention_mask");
     let hidden = r.hidden;
@@ -162,8 +162,6 @@ fn rnn(w: &mut Writer, r: &trident_zoo::RnnModel, lstm: bool) -> anyhow::Result<
         }
     }
     let pooled = masked_mean(w, &x, &mask_f);
-    let logits = w
-        .linear(&pooled, "head")
-        .context("the recurrent classifier's head")?;
+    let logits = w.linear(&pooled, "head")?;
     Ok((logits, vec![io_ids, io_mask]))
 }

@@ -1,13 +1,14 @@
 //! The vision transformer: patch `Conv`, class token by `Expand`, pre-norm layers.
 
 use super::{card_mismatch, classifier, first_position, image_input, Built};
+use crate::error::Result;
 use crate::graph::Attr;
 use crate::layers::Writer;
 use crate::Exported;
 use trident_zoo::{InputSpec, Model, ModelConfig};
 
 /// The classifier `vit`.
-pub(super) fn export(mut w: Writer, model: &Model) -> anyhow::Result<Exported> {
+pub(super) fn export(mut w: Writer, model: &Model) -> Result<Exported> {
     let ModelConfig::Vit(c) = &model.card.model else {
         return Err(card_mismatch());
     };
@@ -15,7 +16,7 @@ pub(super) fn export(mut w: Writer, model: &Model) -> anyhow::Result<Exported> {
     classifier(w, "vit", built, model)
 }
 
-fn vit(w: &mut Writer, c: &trident_nn::vision::VitConfig, spec: &InputSpec) -> anyhow::Result<Built> {
+fn vit(w: &mut Writer, c: &trident_nn::vision::VitConfig, spec: &InputSpec) -> Result<Built> {
     let (x, io, _) = image_input(w, spec)?;
     let (h, p) = (c.hidden, c.patch_size as i64);
     let eps = 1e-6;
