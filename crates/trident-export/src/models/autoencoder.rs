@@ -34,61 +34,9 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> Result<
             return Err(unsupported("it takes images or table rows"))
         }
     };
-    let act = |w: &mut Writer, y: &str| {
-        activation(w, y, &a.activation).ok_or_else(|| custom_activation("autoencoder", &a.activation))
-    };
     let y = match (a.shape, image) {
-        (AeShape::Dense, _) => {
-            let mut h = w.g.op("Flatten", &[&x], &[("axis", Attr::Int(1))]);
-            let layers = a.hidden().len() + 1;
-            for part in ["encoder", "decoder"] {
-                for i in 0..layers {
-                    h = w.linear(&h, &format!("{part}.layers.{i}"))?;
-                    if i + 1 < layers {
-                        h = act(&mut w, &h)?;
-                    }
-                }
-            }
-            h
-        }
-        (AeShape::Conv, Some((_, height, width))) => {
-            let mut h = x.clone();
-            for i in 0..a.channels().len() {
-                h = conv3(&mut w, &h, &format!("down.{i}"), 2)?;
-                h = act(&mut w, &h)?;
-            }
-            h = w.g.op("Flatten", &[&h], &[("axis", Attr::Int(1))]);
-            h = w.linear(&h, "to_code")?;
-            h = w.linear(&h, "from_code")?;
-            h = act(&mut w, &h)?;
-            let levels = a.channels().len();
-            let (mut c, mut hh, mut ww) = (
-                *a.channels()
-                    .last()
-                    .ok_or_else(|| unsupported("model.channels: no channels"))? as i64,
-                (height >> levels) as i64,
-                (width >> levels) as i64,
-            );
-            let shape = w.g.ints(&[0, c, hh, ww]);
-            h = w.g.op("Reshape", &[&h, &shape], &[]);
-            for i in 0..levels {
-                // Nearest 2x upsampling as the model does it: a broadcast of each value
-                // over a 2x2 block.
-                let split = w.g.ints(&[0, c, hh, 1, ww, 1]);
-                let blocks = w.g.ints(&[1, 1, 1, 2, 1, 2]);
-                h = w.g.op("Reshape", &[&h, &split], &[]);
-                h = w.g.op("Expand", &[&h, &blocks], &[]);
-                (hh, ww) = (2 * hh, 2 * ww);
-                let merged = w.g.ints(&[0, c, hh, ww]);
-                h = w.g.op("Reshape", &[&h, &merged], &[]);
-                h = conv3(&mut w, &h, &format!("up.{i}"), 1)?;
-                c = w.tensor(&format!("up.{i}.weight"))?.0[0] as i64;
-                if i + 1 < levels {
-                    h = act(&mut w, &h)?;
-                }
-            }
-            h
-        }
+        (AeShape::Dense, _) => dense(&mut w, a, &x)?,
+        (AeShape::Conv, Some((_, height, width))) => conv(&mut w, a, &x, height, width)?,
         (AeShape::Conv, None) => return Err(unsupported("a conv autoencoder takes images")),
     };
     let sigmoid = match a.output {
@@ -130,6 +78,68 @@ fn autoencoder(mut w: Writer, a: &AutoencoderModel, card: &ModelCard) -> Result<
         per_class: false,
     })
 }
+/// The card's activation (a registered one has no ONNX form here).
+fn act(w: &mut Writer, a: &AutoencoderModel, y: &str) -> Result<String> {
+    activation(w, y, &a.activation).ok_or_else(|| custom_activation("autoencoder", &a.activation))
+}
+
+/// The `dense` shape: the input flattened through the encoder's and the decoder's
+/// linear layers, the activation between them.
+fn dense(w: &mut Writer, a: &AutoencoderModel, x: &str) -> Result<String> {
+    let mut h = w.g.op("Flatten", &[x], &[("axis", Attr::Int(1))]);
+    let layers = a.hidden().len() + 1;
+    for part in ["encoder", "decoder"] {
+        for i in 0..layers {
+            h = w.linear(&h, &format!("{part}.layers.{i}"))?;
+            if i + 1 < layers {
+                h = act(w, a, &h)?;
+            }
+        }
+    }
+    Ok(h)
+}
+
+/// The `conv` shape on `height` × `width` images: stride-2 convolutions down to a linear
+/// code and back, nearest 2× upsampling and a convolution per level.
+fn conv(w: &mut Writer, a: &AutoencoderModel, x: &str, height: usize, width: usize) -> Result<String> {
+    let mut h = x.to_string();
+    for i in 0..a.channels().len() {
+        h = conv3(w, &h, &format!("down.{i}"), 2)?;
+        h = act(w, a, &h)?;
+    }
+    h = w.g.op("Flatten", &[&h], &[("axis", Attr::Int(1))]);
+    h = w.linear(&h, "to_code")?;
+    h = w.linear(&h, "from_code")?;
+    h = act(w, a, &h)?;
+    let levels = a.channels().len();
+    let (mut c, mut hh, mut ww) = (
+        *a.channels()
+            .last()
+            .ok_or_else(|| unsupported("model.channels: no channels"))? as i64,
+        (height >> levels) as i64,
+        (width >> levels) as i64,
+    );
+    let shape = w.g.ints(&[0, c, hh, ww]);
+    h = w.g.op("Reshape", &[&h, &shape], &[]);
+    for i in 0..levels {
+        // Nearest 2x upsampling as the model does it: a broadcast of each value
+        // over a 2x2 block.
+        let split = w.g.ints(&[0, c, hh, 1, ww, 1]);
+        let blocks = w.g.ints(&[1, 1, 1, 2, 1, 2]);
+        h = w.g.op("Reshape", &[&h, &split], &[]);
+        h = w.g.op("Expand", &[&h, &blocks], &[]);
+        (hh, ww) = (2 * hh, 2 * ww);
+        let merged = w.g.ints(&[0, c, hh, ww]);
+        h = w.g.op("Reshape", &[&h, &merged], &[]);
+        h = conv3(w, &h, &format!("up.{i}"), 1)?;
+        c = w.tensor(&format!("up.{i}.weight"))?.0[0] as i64;
+        if i + 1 < levels {
+            h = act(w, a, &h)?;
+        }
+    }
+    Ok(h)
+}
+
 /// A 3x3 convolution with bias, padding 1, of `stride`.
 fn conv3(w: &mut Writer, x: &str, prefix: &str, stride: i64) -> Result<String> {
     let k = w.param(&format!("{prefix}.weight"))?;

@@ -19,36 +19,11 @@ pub(super) fn export(mut w: Writer, model: &Model) -> Result<Exported> {
 /// EfficientNet-Lite0 (`trident_nn::efficientnet`): the data's normalised pixels in, the
 /// input adapter in the graph (pixels back to [0, 1], grey repeated to RGB by `Expand`,
 /// integer nearest upsampling by `Reshape`/`Expand`, the lite models' scaling), TensorFlow's
-/// SAME padding as explicit `Pad`s, batch norms folded into their convolutions, ReLU6 as
+/// SAME padding in the `Conv`s' pads, batch norms folded into their convolutions, ReLU6 as
 /// `Clip`, depthwise convolutions as grouped `Conv`s.
 fn efficientnet(w: &mut Writer, e: &trident_zoo::card::EfficientNetModel, spec: &InputSpec) -> Result<Built> {
     let (x, io, (c, h, wd)) = image_input(w, spec)?;
-    let &InputSpec::Image { mean, std, .. } = spec else {
-        return Err(ExportError::Input { expected: "images" });
-    };
-    // Pixels in [0, 1], then (255·p − 127) / 128 — one affine map: a·x + b.
-    let a = std * 255.0 / 128.0;
-    let b = mean * 255.0 / 128.0 - 127.0 / 128.0;
-    let (sa, sb) = (
-        w.g.weight("input.scale", &[], &[a]),
-        w.g.weight("input.shift", &[], &[b]),
-    );
-    let x = w.g.op("Mul", &[&x, &sa], &[]);
-    let mut x = w.g.op("Add", &[&x, &sb], &[]);
-    let (s, (h, wd)) = (e.scale as i64, (h as i64, wd as i64));
-    if c == 1 {
-        let rgb = w.g.ints(&[1, 3, 1, 1]);
-        x = w.g.op("Expand", &[&x, &rgb], &[]);
-    }
-    if s > 1 {
-        let split = w.g.ints(&[0, 3, h, 1, wd, 1]);
-        let blocks = w.g.ints(&[1, 1, 1, s, 1, s]);
-        let merged = w.g.ints(&[0, 3, h * s, wd * s]);
-        x = w.g.op("Reshape", &[&x, &split], &[]);
-        x = w.g.op("Expand", &[&x, &blocks], &[]);
-        x = w.g.op("Reshape", &[&x, &merged], &[]);
-    }
-    let (mut hh, mut ww) = ((h * s) as usize, (wd * s) as usize);
+    let (mut x, (mut hh, mut ww)) = input_adapter(w, &x, e, spec, (c, h, wd))?;
     let (lo, hi) = (
         w.g.weight("relu6.min", &[], &[0.0]),
         w.g.weight("relu6.max", &[], &[6.0]),
@@ -128,4 +103,43 @@ fn efficientnet(w: &mut Writer, e: &trident_zoo::card::EfficientNetModel, spec: 
     let pooled = w.g.op("GlobalAveragePool", &[&x], &[]);
     let flat = w.g.op("Flatten", &[&pooled], &[("axis", Attr::Int(1))]);
     Ok((w.linear(&flat, "head")?, vec![io]))
+}
+
+/// The input adapter on the image input `x` (`channels`, `height`, `width`): the data's
+/// normalised pixels back to [0, 1] and through the lite models' scaling (one affine map),
+/// grey repeated to RGB, integer nearest upsampling by `e.scale`; returns the RGB input
+/// and its height and width.
+fn input_adapter(
+    w: &mut Writer,
+    x: &str,
+    e: &trident_zoo::card::EfficientNetModel,
+    spec: &InputSpec,
+    (c, h, wd): (usize, usize, usize),
+) -> Result<(String, (usize, usize))> {
+    let &InputSpec::Image { mean, std, .. } = spec else {
+        return Err(ExportError::Input { expected: "images" });
+    };
+    // Pixels in [0, 1], then (255·p − 127) / 128 — one affine map: a·x + b.
+    let a = std * 255.0 / 128.0;
+    let b = mean * 255.0 / 128.0 - 127.0 / 128.0;
+    let (sa, sb) = (
+        w.g.weight("input.scale", &[], &[a]),
+        w.g.weight("input.shift", &[], &[b]),
+    );
+    let x = w.g.op("Mul", &[x, &sa], &[]);
+    let mut x = w.g.op("Add", &[&x, &sb], &[]);
+    let (s, (h, wd)) = (e.scale as i64, (h as i64, wd as i64));
+    if c == 1 {
+        let rgb = w.g.ints(&[1, 3, 1, 1]);
+        x = w.g.op("Expand", &[&x, &rgb], &[]);
+    }
+    if s > 1 {
+        let split = w.g.ints(&[0, 3, h, 1, wd, 1]);
+        let blocks = w.g.ints(&[1, 1, 1, s, 1, s]);
+        let merged = w.g.ints(&[0, 3, h * s, wd * s]);
+        x = w.g.op("Reshape", &[&x, &split], &[]);
+        x = w.g.op("Expand", &[&x, &blocks], &[]);
+        x = w.g.op("Reshape", &[&x, &merged], &[]);
+    }
+    Ok((x, ((h * s) as usize, (wd * s) as usize)))
 }

@@ -34,35 +34,7 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> Result<Ex
     } else {
         x.clone()
     };
-    let m = s.season as i64;
-    // What the model reads (the values, or with season-trend their changes over a season),
-    // what that is relative to (the training or window mean, or the last change), and what
-    // the outputs are relative to: that centre, or the values one season before each
-    // forecast position, the window's [window − season, window − season + horizon), plus
-    // (season-trend) the last change.
-    let (steps, centre, offset) = match s.normalize {
-        SeriesNormalize::Global => {
-            let mean = w.g.float_scalar(s.mean as f32);
-            (t.clone(), mean.clone(), mean)
-        }
-        SeriesNormalize::Window => {
-            let mean = row_mean(&mut w, &t);
-            (t.clone(), mean.clone(), mean)
-        }
-        SeriesNormalize::Season => {
-            let mean = row_mean(&mut w, &t);
-            let before = slice(&mut w, &t, window - m, window - m + horizon);
-            (t.clone(), mean, before)
-        }
-        SeriesNormalize::SeasonTrend => {
-            let (now, then) = (slice(&mut w, &t, m, window), slice(&mut w, &t, 0, window - m));
-            let changes = w.g.op("Sub", &[&now, &then], &[]);
-            let change = slice(&mut w, &changes, window - m - 1, window - m);
-            let before = slice(&mut w, &t, window - m, window - m + horizon);
-            let offset = w.g.op("Add", &[&before, &change], &[]);
-            (changes, change, offset)
-        }
-    };
+    let (steps, centre, offset) = normalized(&mut w, s, &t);
     let std = w.g.float_scalar(s.std as f32);
     let centred = w.g.op("Sub", &[&steps, &centre], &[]);
     let mut h = w.g.op("Div", &[&centred, &std], &[]);
@@ -121,6 +93,41 @@ fn forecaster(mut w: Writer, f: &ForecasterModel, card: &ModelCard) -> Result<Ex
         }],
         per_class: false,
     })
+}
+
+/// The card's normalisation of `t` `[batch, window]` (the values after the log), kept
+/// apart from the network so every forecaster's graph shares it.
+fn normalized(w: &mut Writer, s: &trident_zoo::SeriesSpec, t: &str) -> (String, String, String) {
+    let (window, horizon) = (s.window as i64, s.horizon as i64);
+    let m = s.season as i64;
+    // What the model reads (the values, or with season-trend their changes over a season),
+    // what that is relative to (the training or window mean, or the last change), and what
+    // the outputs are relative to: that centre, or the values one season before each
+    // forecast position, the window's [window − season, window − season + horizon), plus
+    // (season-trend) the last change.
+    match s.normalize {
+        SeriesNormalize::Global => {
+            let mean = w.g.float_scalar(s.mean as f32);
+            (t.to_string(), mean.clone(), mean)
+        }
+        SeriesNormalize::Window => {
+            let mean = row_mean(w, t);
+            (t.to_string(), mean.clone(), mean)
+        }
+        SeriesNormalize::Season => {
+            let mean = row_mean(w, t);
+            let before = slice(w, t, window - m, window - m + horizon);
+            (t.to_string(), mean, before)
+        }
+        SeriesNormalize::SeasonTrend => {
+            let (now, then) = (slice(w, t, m, window), slice(w, t, 0, window - m));
+            let changes = w.g.op("Sub", &[&now, &then], &[]);
+            let change = slice(w, &changes, window - m - 1, window - m);
+            let before = slice(w, t, window - m, window - m + horizon);
+            let offset = w.g.op("Add", &[&before, &change], &[]);
+            (changes, change, offset)
+        }
+    }
 }
 
 /// The calendar features of the `position` input (INT64 `[batch, 1]`, the first forecast

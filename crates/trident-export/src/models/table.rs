@@ -63,12 +63,14 @@ fn sequential(w: &mut Writer, layers: &[serde_json::Value], spec: &InputSpec) ->
                     why: format!("model.layers[{i}]: the custom activation {name:?} has no ONNX export"),
                 })?
             }
-            other => return Err(ExportError::Unsupported {
-                kind: "sequential",
-                why: format!(
+            other => {
+                return Err(ExportError::Unsupported {
+                    kind: "sequential",
+                    why: format!(
                     "model.layers[{i}]: the custom layer {other:?} has no ONNX export (built-in layers only)"
                 ),
-            }),
+                })
+            }
         };
     }
     Ok((w.linear(&h, "head")?, vec![io]))
