@@ -470,10 +470,10 @@ impl RunConfig {
             !m.is("val_fd"),
             "train.monitor = \"val_fd\" judges a gan's samples; this model is not a gan"
         );
-        let known = ["val_accuracy", "val_macro_f1", "val_loss"];
+        let known = trident_train::trainer::SUPERVISED_METRICS.map(|d| d.name);
         anyhow::ensure!(
             known.iter().any(|k| m.is(k)),
-            "train.monitor = {m:?}: one of \"val_accuracy\", \"val_macro_f1\", \"val_loss\" (\"val_fd\" for a gan)"
+            "train.monitor = {m:?}: one of {known:?} (\"val_fd\" for a gan)"
         );
         if !matches!(
             self.model,

@@ -32,7 +32,7 @@ pub use eval::{evaluate, evaluate_data_parallel, gradients, Evaluation};
 pub use log::RunLog;
 pub use profiling::StepProfiler;
 pub use stopping::{EarlyStopping, StopRequest, Verdict};
-pub use supervised::Supervised;
+pub use supervised::{Supervised, SUPERVISED_METRICS};
 pub use task::{Goal, MetricDef, Metrics, Monitor, Source, StepDone, Task};
 pub use updater::Updater;
 

@@ -10,6 +10,22 @@ use crate::profile::Phase;
 use trident_data::{DataLoader, Dataset};
 use trident_nn::{Ctx, Params};
 
+/// The validation figures a supervised run may monitor.
+pub const SUPERVISED_METRICS: [MetricDef; 3] = [
+    MetricDef {
+        name: "val_accuracy",
+        goal: Goal::Maximize,
+    },
+    MetricDef {
+        name: "val_macro_f1",
+        goal: Goal::Maximize,
+    },
+    MetricDef {
+        name: "val_loss",
+        goal: Goal::Minimize,
+    },
+];
+
 /// The sum of correct predictions (a classifier's training accuracy).
 const CORRECT: &str = "correct";
 
@@ -173,20 +189,7 @@ impl<S: TrainStep, V: Dataset + 'static> Task for Supervised<'_, S, V> {
     }
 
     fn metrics(&self) -> Vec<MetricDef> {
-        vec![
-            MetricDef {
-                name: "val_accuracy",
-                goal: Goal::Maximize,
-            },
-            MetricDef {
-                name: "val_macro_f1",
-                goal: Goal::Maximize,
-            },
-            MetricDef {
-                name: "val_loss",
-                goal: Goal::Minimize,
-            },
-        ]
+        SUPERVISED_METRICS.to_vec()
     }
 
     fn updaters(&self, plan: &Plan<'_>) -> Result<Vec<Updater>, TrainError> {
