@@ -162,7 +162,7 @@ fn folders(
         // Contrib operators: ONNX Runtime only.
         _ => "parameters [\n  { key: \"trident.onnx_engine\" value { string_value: \"ort\" } }\n]\n".into(),
     };
-    if matches!(model.card.input, InputSpec::Series(_)) || matches!(model.net, trident_zoo::Net::Gan(_)) {
+    if matches!(model.card.input, InputSpec::Series(_)) || model.net.is::<trident_zoo::Gan>() {
         // A forecaster's graph takes raw values and gives raw forecasts (its transform is
         // inside), a GAN's generator takes latent vectors and gives pixels in [0, 1]: one
         // model, no pre-processing step.

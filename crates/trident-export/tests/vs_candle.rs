@@ -300,9 +300,7 @@ fn gan_generator_images_match_candle() {
     card.classes = Vec::new();
     let model = Model::build(&card, 7, None).unwrap();
     perturb(&model, 0.3);
-    let trident_zoo::Net::Gan(gan) = &model.net else {
-        unreachable!()
-    };
+    let gan = model.net.get::<trident_zoo::Gan>().expect("a gan");
     let z = trident_nn::gan::latent(3, 6, 11).unwrap();
     let want: Vec<f32> = gan
         .generator
@@ -423,9 +421,10 @@ fn forecasters_raw_values_in_and_out() {
         };
         let model = Model::build(&card, 3, None).unwrap();
         perturb(&model, 0.3);
-        let trident_zoo::Net::Forecaster(f) = &model.net else {
-            unreachable!()
-        };
+        let f = model
+            .net
+            .get::<trident_nn::forecast::Forecaster>()
+            .expect("a forecaster");
         // Three windows of positive values (one with a jump) and their positions.
         let windows: [Vec<f64>; 3] = [
             (0..window).map(|i| 10.0 + i as f64).collect(),

@@ -4,10 +4,11 @@
 //! as `metrics.json`, a histogram of the errors (`scores.png`) and, for images, the first
 //! test images above their reconstructions (`reconstructions.png`).
 
-use crate::data::{Batch, Model, Net};
+use crate::data::{Batch, Model};
 use anyhow::Context;
 use serde::Serialize;
 use std::path::Path;
+use trident_nn::autoencoder::Autoencoder;
 use trident_train::metrics::roc_auc;
 use trident_train::plot;
 use trident_train::trainer::Evaluation;
@@ -175,7 +176,7 @@ impl ReconstructionReport {
 /// For an image autoencoder: the first (up to) 12 images of `batch` above their
 /// reconstructions, in `[0, 1]` pixels, as `path`.
 pub fn reconstruction_grid(model: &Model, batch: &Batch, path: &Path) -> anyhow::Result<()> {
-    let (Net::Autoencoder(ae), Batch::Image(x, _)) = (&model.net, batch) else {
+    let (Some(ae), Batch::Image(x, _)) = (model.net.get::<Autoencoder>(), batch) else {
         return Ok(());
     };
     let trident_zoo::InputSpec::Image { mean, std, .. } = model.card.input else {
@@ -251,7 +252,7 @@ pub fn rank_series(
     marks: &[f64],
     test_start: usize,
 ) -> anyhow::Result<(SeriesRanking, Vec<f32>)> {
-    let Net::Autoencoder(ae) = &model.net else {
+    let Some(ae) = model.net.get::<Autoencoder>() else {
         anyhow::bail!("not an autoencoder")
     };
     let w = spec.window;

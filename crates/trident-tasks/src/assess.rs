@@ -26,7 +26,7 @@ pub fn test_and_report<D: Dataset + 'static>(
     let best = dir.join("best");
     trident_train::checkpoint::load_weights(&best, &model.params)?;
     if let InputSpec::Series(spec) = &model.card.input {
-        if let task::Net::Autoencoder(_) = model.net {
+        if model.net.is::<trident_nn::autoencoder::Autoencoder>() {
             let out = dir.join("test");
             for l in series_anomaly(c, model, spec, &out)? {
                 eprintln!("{l}");

@@ -11,7 +11,7 @@ use trident_data::table::{Encoder, Missing, Table, TableSpec};
 use trident_data::text::{ScoreBins, TextClassification, TextFormat, TextSpec};
 use trident_data::{DataError, DataLoader, Dataset, LoaderConfig};
 use trident_nn::bert::TextBatch;
-pub use trident_zoo::model::Net;
+pub use trident_zoo::model::{Gan, Net};
 pub use trident_zoo::{image_collate, Batch, InputSpec, Model, ModelCard};
 
 /// Tokenised texts with labels.

@@ -4,7 +4,7 @@
 //! plot (`forecast.png`).
 
 use crate::config::{DataConfig, RunConfig};
-use crate::data::{Model, Net};
+use crate::data::Model;
 use anyhow::{bail, Context};
 use serde::Serialize;
 use std::path::Path;
@@ -24,7 +24,7 @@ pub fn model_forecast(
     window: &[f64],
     position: usize,
 ) -> anyhow::Result<Vec<f64>> {
-    let Net::Forecaster(f) = &model.net else {
+    let Some(f) = model.net.get::<trident_nn::forecast::Forecaster>() else {
         bail!("not a forecaster")
     };
     let (x, offsets) = spec.encode(window, position);

@@ -14,10 +14,11 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use trident_data::{DataLoader, Dataset};
+use trident_nn::vision::Cnn;
 use trident_nn::Tensor;
 use trident_train::quality::{frechet_distance, kernel_mmd2, one_nn_accuracy, Features};
 use trident_zoo::gan_step::{GanStep, CHUNK, EPOCH_SEED, REPORT_SEED};
-use trident_zoo::{Batch, InputSpec, Model, Net};
+use trident_zoo::{Batch, InputSpec, Model};
 
 /// A trained classifier of the same images whose penultimate layer is the feature space
 /// samples are scored in.
@@ -42,7 +43,7 @@ impl Judge {
         else {
             bail!("gan.judge = {}: not an image classifier", dir.display())
         };
-        if !matches!(model.net, Net::Cnn(_)) {
+        if !model.net.is::<Cnn>() {
             bail!(
                 "gan.judge = {}: the judge must be a `cnn` checkpoint (its 128-wide penultimate layer is the feature space)",
                 dir.display()
@@ -72,7 +73,7 @@ impl Judge {
 
     /// Features and predicted classes of images given as pixels in [0, 1].
     pub fn judge(&self, pixels: &[f32]) -> anyhow::Result<(Features, Vec<usize>)> {
-        let Net::Cnn(cnn) = &self.model.net else {
+        let Some(cnn) = self.model.net.get::<Cnn>() else {
             unreachable!("checked when loaded")
         };
         let InputSpec::Image {

@@ -8,7 +8,7 @@ use trident_nn::{Ctx, Param, Params, Tensor};
 use trident_train::trainer::{AdversarialStep, CriticLoss};
 
 use crate::model::Gan;
-use crate::{Batch, InputSpec, Model, Net};
+use crate::{Batch, InputSpec, Model};
 
 /// The seed of the latent vectors of the per-epoch sample grid (the same every epoch, so
 /// the grids show one set of vectors as training moves them).
@@ -40,13 +40,13 @@ pub struct GanStep<'a> {
 impl<'a> GanStep<'a> {
     /// The GAN of `model` (a `kind = "gan"` model on images).
     pub fn new(model: &'a Model) -> anyhow::Result<Self> {
-        let Net::Gan(gan) = &model.net else {
+        let Some(gan) = model.net.get::<Gan>() else {
             bail!("not a gan")
         };
         let InputSpec::Image { mean, std, .. } = model.card.input else {
             bail!("a gan takes image input")
         };
-        let Net::Gan(frozen) = model.inference_twin()?.net else {
+        let Ok(frozen) = model.inference_twin()?.net.into_kind::<Gan>() else {
             bail!("the twin of a gan is a gan")
         };
         Ok(GanStep {

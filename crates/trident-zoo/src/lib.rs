@@ -11,4 +11,4 @@ pub mod graph_step;
 pub mod model;
 
 pub use card::{BertWidth, InputSpec, ModelCard, ModelConfig, RnnModel, SequentialModel, SeriesSpec};
-pub use model::{image_collate, Batch, Model, Net};
+pub use model::{image_collate, Batch, Gan, Model, Net, Network};

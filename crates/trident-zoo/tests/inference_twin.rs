@@ -113,7 +113,10 @@ fn a_gans_twin_critic_gives_the_generator_its_gradients_and_computes_none_of_its
     let model = Model::build(&image_card(ModelConfig::Gan(gan), 1), 7, None).unwrap();
     perturb(&model, 0.3);
     let twin = model.inference_twin().unwrap();
-    let (trident_zoo::Net::Gan(g), trident_zoo::Net::Gan(frozen)) = (&model.net, &twin.net) else {
+    let (Some(g), Some(frozen)) = (
+        model.net.get::<trident_zoo::Gan>(),
+        twin.net.get::<trident_zoo::Gan>(),
+    ) else {
         panic!("gans")
     };
     let z = trident_nn::gan::latent(5, 6, 11).unwrap();

@@ -262,7 +262,7 @@ pub fn train(args: TrainArgs, distill: bool) -> anyhow::Result<()> {
             let (splits, classes, shape) = image_splits(&c)?;
             let card = card_for(&c, classes, Some(shape));
             let model = Model::build(&card, c.run.seed, None)?;
-            if let task::Net::Gan(_) = model.net {
+            if model.net.is::<task::Gan>() {
                 if !matches!(replicas, Replicas::One) {
                     bail!("a gan trains in one process: remove --data-parallel / --dist");
                 }
@@ -617,7 +617,7 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     if let Some(f) = &args.data {
         read_whole_file(&mut c.data, f)?;
     }
-    if let task::Net::Gan(_) = model.net {
+    if model.net.is::<task::Gan>() {
         if onnx.is_some() {
             bail!("--onnx: a gan's report generates images with the checkpoint's generator; `trident export` writes that generator");
         }
@@ -765,7 +765,7 @@ fn eval_series(
     onnx: Option<&ExportedStep>,
     out: &Path,
 ) -> anyhow::Result<()> {
-    if let task::Net::Autoencoder(_) = model.net {
+    if model.net.is::<trident_nn::autoencoder::Autoencoder>() {
         for l in series_anomaly(c, model, spec, out)? {
             println!("{l}");
         }
@@ -871,7 +871,7 @@ fn pick<D: Dataset>(
 
 pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
     let model = Model::load_checkpoint(&args.model)?;
-    if let task::Net::Gan(_) = model.net {
+    if model.net.is::<task::Gan>() {
         bail!(
             "{}: a gan generates images rather than predicting from inputs: `trident eval --model {}` \
              draws and scores samples, `trident export` writes the generator (latent vectors in, images out)",
@@ -879,7 +879,9 @@ pub fn predict(args: PredictArgs) -> anyhow::Result<()> {
             args.model.display()
         );
     }
-    if let (InputSpec::Series(_), task::Net::Autoencoder(_)) = (&model.card.input, &model.net) {
+    if matches!(model.card.input, InputSpec::Series(_))
+        && model.net.is::<trident_nn::autoencoder::Autoencoder>()
+    {
         bail!(
             "{}: an autoencoder on a series ranks the windows of a whole series: `trident eval --model {} [--data file.csv]`",
             args.model.display(),

@@ -1,7 +1,7 @@
 //! BERT-family classifiers (fine-tuned, or distilled students with kept layers and narrow
 //! widths): token ids, mask and token types in, positions sliced from the table.
 
-use super::{classifier, first_position, masked_mean, token_input, Built};
+use super::{card_mismatch, classifier, first_position, masked_mean, token_input, Built};
 use crate::error::Result;
 use crate::graph::Attr;
 use crate::layers::Writer;
@@ -11,11 +11,11 @@ use trident_nn::bert::Pooling;
 use trident_zoo::Model;
 
 /// The classifier `bert`, its `[CLS]` or mean pooling read from the network itself.
-pub(super) fn export(
-    mut w: Writer,
-    net: &trident_nn::bert::BertClassifier,
-    model: &Model,
-) -> Result<Exported> {
+pub(super) fn export(mut w: Writer, model: &Model) -> Result<Exported> {
+    let net = model
+        .net
+        .get::<trident_nn::bert::BertClassifier>()
+        .ok_or_else(card_mismatch)?;
     let built = bert(&mut w, &net.bert.config, net.pooling)?;
     classifier(w, "bert", built, model)
 }

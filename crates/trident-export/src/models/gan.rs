@@ -9,8 +9,8 @@ use crate::{Exported, Io};
 use trident_zoo::{Model, ModelConfig};
 
 /// The model `gan`: its generator alone.
-pub(super) fn export(w: Writer, g: &trident_zoo::model::Gan, model: &Model) -> Result<Exported> {
-    let ModelConfig::Gan(_) = &model.card.model else {
+pub(super) fn export(w: Writer, model: &Model) -> Result<Exported> {
+    let (ModelConfig::Gan(_), Some(g)) = (&model.card.model, model.net.get::<trident_zoo::Gan>()) else {
         return Err(card_mismatch());
     };
     generator(w, g)

@@ -1,6 +1,6 @@
 //! One graph per model kind, mirroring the forward code of `trident-nn` (`bert.rs`,
 //! `vision.rs`, `rnn.rs`) operation by operation in evaluation mode: one module per kind,
-//! registered in [`export`]'s one `match`; here the pieces several kinds share (their
+//! registered by the card's kind in [`export`]'s one `match`; here the pieces several kinds share (their
 //! inputs, the classifier's outputs, pooling, slicing, folded batch norms).
 
 mod autoencoder;
@@ -18,24 +18,24 @@ use crate::graph::{Attr, Dim};
 use crate::layers::Writer;
 use crate::pb::tensor_proto::DataType as Elem;
 use crate::{Exported, Io, Options};
-use trident_zoo::{InputSpec, Model, Net};
+use trident_zoo::{InputSpec, Model, ModelConfig};
 
 const BATCH: Dim = Dim::Named("batch");
 const SEQ: Dim = Dim::Named("sequence");
 
 pub fn export(model: &Model, opts: Options) -> Result<Exported> {
     let w = Writer::new(&model.params, opts);
-    match &model.net {
-        Net::Bert(m) => bert::export(w, m, model),
-        Net::Vit(_) => vit::export(w, model),
-        Net::Cnn(_) => cnn::export(w, model),
-        Net::Rnn(_) => rnn::export(w, model),
-        Net::Mlp(_) => table::export_mlp(w, model),
-        Net::Sequential(_) => table::export_sequential(w, model),
-        Net::Autoencoder(_) => autoencoder::export(w, model),
-        Net::Forecaster(_) => forecaster::export(w, model),
-        Net::Gan(g) => gan::export(w, g, model),
-        Net::EfficientNet(_) => efficientnet::export(w, model),
+    match &model.card.model {
+        ModelConfig::Bert { .. } => bert::export(w, model),
+        ModelConfig::Vit(_) => vit::export(w, model),
+        ModelConfig::Cnn { .. } => cnn::export(w, model),
+        ModelConfig::Lstm(_) | ModelConfig::Gru(_) => rnn::export(w, model),
+        ModelConfig::Mlp { .. } => table::export_mlp(w, model),
+        ModelConfig::Sequential(_) => table::export_sequential(w, model),
+        ModelConfig::Autoencoder(_) => autoencoder::export(w, model),
+        ModelConfig::Forecaster(_) => forecaster::export(w, model),
+        ModelConfig::Gan(_) => gan::export(w, model),
+        ModelConfig::EfficientnetLite0(_) => efficientnet::export(w, model),
     }
 }
 

@@ -1,9 +1,38 @@
 //! Autoencoders on images or a table's encoded rows.
 
-use super::*;
+use super::{scored, Batch, Building, Built, Net, Network};
+use crate::card::{AeOutput, AeShape, AutoencoderModel, InputSpec, ModelCard, ModelConfig};
+use anyhow::bail;
+use trident_nn::autoencoder::Autoencoder;
+use trident_nn::{Ctx, Params};
+use trident_train::StepOutput;
+
+/// `[model] kind = "autoencoder"`.
+pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
+    let ModelConfig::Autoencoder(a) = &b.card.model else {
+        bail!("not an autoencoder")
+    };
+    Ok((Net::new(autoencoder(a, &b.card.input, b.params, b.seed)?), None))
+}
+
+impl Network for Autoencoder {
+    /// The reconstruction error of each example (its anomaly score).
+    fn step(&self, batch: &Batch, _card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let (x, labels) = match batch {
+            Batch::Image(x, l) | Batch::Features(x, l) => (x, l.clone()),
+            // A series' windows: reconstructed, their next values unused.
+            Batch::Series(x, _) => (x, vec![0; x.dim(0)?]),
+            Batch::Text(..) => {
+                candle_core::bail!("an autoencoder takes images, table rows or series windows, not text")
+            }
+        };
+        let errors = trident_nn::layers::mse_per_example(x, &self.forward(x, ctx)?)?;
+        scored(errors, labels)
+    }
+}
 
 /// The autoencoder of `a` on `input` (images, or a table's encoded rows).
-pub(super) fn autoencoder(
+fn autoencoder(
     a: &AutoencoderModel,
     input: &InputSpec,
     params: &Params,

@@ -1,14 +1,29 @@
 //! A GAN's generator and discriminator for image input.
 
-use super::*;
+use super::{Batch, Building, Built, Gan, Net, Network};
+use crate::card::{InputSpec, ModelCard, ModelConfig};
+use anyhow::bail;
+use trident_nn::{Ctx, Params};
+use trident_train::StepOutput;
+
+/// `[model] kind = "gan"`.
+pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
+    let ModelConfig::Gan(g) = &b.card.model else {
+        bail!("not a gan")
+    };
+    Ok((Net::new(gan(g, &b.card.input, b.params, b.seed)?), None))
+}
+
+impl Network for Gan {
+    /// A GAN has no single loss: it trains through its adversarial step
+    /// ([`crate::gan_step::GanStep`]).
+    fn step(&self, _batch: &Batch, _card: &ModelCard, _ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        candle_core::bail!("a gan trains through its adversarial step, not a supervised one")
+    }
+}
 
 /// The GAN of `[model] kind = "gan"` for image input.
-pub(super) fn gan(
-    g: &crate::card::GanModel,
-    input: &InputSpec,
-    params: &Params,
-    seed: u64,
-) -> anyhow::Result<Gan> {
+fn gan(g: &crate::card::GanModel, input: &InputSpec, params: &Params, seed: u64) -> anyhow::Result<Gan> {
     let InputSpec::Image {
         channels,
         height,

@@ -1,19 +1,13 @@
 //! The models Trident trains, built from a model card, loaded from a checkpoint, and the
 //! [`TrainStep`] that ties each to its loss.
 
-use crate::card::{
-    AeOutput, AeShape, AutoencoderModel, BertWidth, ForecastNet, ForecasterModel, InputSpec, ModelCard,
-    ModelConfig, RnnModel,
-};
-use anyhow::{bail, Context};
+use crate::card::{InputSpec, ModelCard, ModelConfig};
+use anyhow::Context;
+use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use trident_data::tokenize::EncodeError;
-use trident_data::DataError;
-use trident_nn::autoencoder::Autoencoder;
-use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, TextBatch, Tokenizer};
-use trident_nn::rnn::{CellKind, RnnClassifier};
-use trident_nn::vision::{Cnn, Vit, VitConfig};
+use trident_nn::bert::{TextBatch, Tokenizer};
 use trident_nn::{ops, Ctx, Device, Loaded, Params, Tensor};
 use trident_train::trainer::HiddenStates;
 use trident_train::{Prediction, StepOutput, TrainStep};
@@ -25,13 +19,7 @@ mod table;
 mod text;
 mod vision;
 
-use autoencoder::autoencoder;
-use gan::gan;
-use series::forecaster;
-use table::table_net;
-use text::{bert, rnn};
 pub use vision::image_collate;
-use vision::{cnn, efficientnet, vit};
 
 /// A batch for any of the models.
 pub enum Batch {
@@ -119,18 +107,101 @@ impl trident_train::distill::RowKeys for Batch {
     }
 }
 
-/// The networks Trident trains from a config.
-pub enum Net {
-    Bert(Box<BertClassifier>),
-    Vit(Vit),
-    Cnn(Cnn),
-    Rnn(RnnClassifier),
-    Mlp(trident_nn::layers::Mlp),
-    Sequential(trident_nn::custom::Sequential),
-    Autoencoder(trident_nn::autoencoder::Autoencoder),
-    Forecaster(trident_nn::forecast::Forecaster),
-    Gan(Box<Gan>),
-    EfficientNet(Box<trident_nn::efficientnet::EfficientNetLite0>),
+/// A model kind's network: what the kind's module implements so the trainer, evaluation,
+/// distillation and checkpoints can use it without knowing the kind. A new kind is one
+/// module (its build function and this trait) and one line in [`Model::build`]'s registry.
+pub trait Network: Any + Send + Sync {
+    /// The kind's objective on `batch`: its loss and its prediction (class logits,
+    /// reconstruction or forecast errors). `card` describes the input the batch holds.
+    fn step(&self, batch: &Batch, card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput>;
+
+    /// [`Network::step`] with the encoder's hidden states (embeddings and every layer), for
+    /// networks that expose them to intermediate-layer distillation; `None` for others.
+    fn step_hidden(
+        &self,
+        _batch: &Batch,
+        _ctx: &Ctx,
+    ) -> candle_core::Result<Option<(StepOutput, HiddenStates)>> {
+        Ok(None)
+    }
+
+    /// The count (embeddings + layers) and width of the hidden states
+    /// [`Network::step_hidden`] returns; `None` for networks without them.
+    fn hidden_layout(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// Files besides the weights that a checkpoint of this kind needs to load alone (a
+    /// tokenizer, an encoder's config), as (name, bytes).
+    fn assets(&self, _card: &ModelCard) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The network of a [`Model`]: any kind's, behind [`Network`]; code that needs one kind's
+/// own methods asks for it by type ([`Net::get`]).
+pub struct Net(Box<dyn Network>);
+
+impl Net {
+    /// Wraps a kind's network.
+    pub fn new(net: impl Network) -> Self {
+        Net(Box::new(net))
+    }
+
+    /// The network as the kind `T`, if it is one.
+    pub fn get<T: Network>(&self) -> Option<&T> {
+        let any: &dyn Any = &*self.0;
+        any.downcast_ref()
+    }
+
+    /// Whether the network is of kind `T`.
+    pub fn is<T: Network>(&self) -> bool {
+        self.get::<T>().is_some()
+    }
+
+    /// The network as the kind `T`, owned; itself back if it is another kind.
+    pub fn into_kind<T: Network>(self) -> Result<Box<T>, Net> {
+        if !self.is::<T>() {
+            return Err(self);
+        }
+        let any: Box<dyn Any> = self.0;
+        Ok(any.downcast().expect("checked above"))
+    }
+}
+
+impl std::ops::Deref for Net {
+    type Target = dyn Network;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+/// A classifier's step: cross-entropy of `logits` against `labels`.
+fn classified(logits: Tensor, labels: &[usize]) -> candle_core::Result<StepOutput> {
+    let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
+    let _layer = trident_nn::trace::layer(|| "loss".into());
+    Ok(StepOutput::classified(
+        ops::cross_entropy(&logits, &y)?,
+        logits,
+        labels.to_vec(),
+    ))
+}
+
+/// A regression step: the mean of per-example squared errors, which are the prediction
+/// (reconstruction or forecast errors, the anomaly or error scores).
+fn scored(errors: Tensor, labels: Vec<usize>) -> candle_core::Result<StepOutput> {
+    let _layer = trident_nn::trace::layer(|| "loss".into());
+    Ok(StepOutput {
+        loss: errors.mean_all()?,
+        prediction: Prediction::Scores(errors),
+        labels,
+    })
+}
+
+/// The error for a batch of another kind than the network takes.
+fn mismatch(takes: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!("batch kind does not match the model: it takes {takes}"))
 }
 
 /// A GAN's two networks (parameters under `generator.` and `discriminator.`) and its loss.
@@ -155,58 +226,7 @@ impl TrainStep for Model {
     type Batch = Batch;
 
     fn forward(&self, batch: &Batch, ctx: &Ctx) -> candle_core::Result<StepOutput> {
-        if let Net::Forecaster(f) = &self.net {
-            let Batch::Series(x, y) = batch else {
-                candle_core::bail!("a forecaster takes series windows")
-            };
-            let errors = trident_nn::layers::mse_per_example(y, &f.forward(x, ctx)?)?;
-            let _layer = trident_nn::trace::layer(|| "loss".into());
-            return Ok(StepOutput {
-                loss: errors.mean_all()?,
-                prediction: Prediction::Scores(errors),
-                labels: vec![0; x.dim(0)?],
-            });
-        }
-        if let Net::Autoencoder(m) = &self.net {
-            let (x, labels) = match batch {
-                Batch::Image(x, l) | Batch::Features(x, l) => (x, l.clone()),
-                // A series' windows: reconstructed, their next values unused.
-                Batch::Series(x, _) => (x, vec![0; x.dim(0)?]),
-                Batch::Text(..) => {
-                    candle_core::bail!("an autoencoder takes images, table rows or series windows, not text")
-                }
-            };
-            let errors = trident_nn::layers::mse_per_example(x, &m.forward(x, ctx)?)?;
-            let _layer = trident_nn::trace::layer(|| "loss".into());
-            return Ok(StepOutput {
-                loss: errors.mean_all()?,
-                prediction: Prediction::Scores(errors),
-                labels,
-            });
-        }
-        let (logits, labels) = match (batch, &self.net) {
-            (Batch::Text(b, l), Net::Bert(m)) => (m.forward(b, ctx)?, l),
-            (Batch::Text(b, l), Net::Rnn(m)) => (m.forward(&b.ids, &b.mask, ctx)?, l),
-            (Batch::Image(x, l), Net::Vit(m)) => (m.forward(x, ctx)?, l),
-            (Batch::Image(x, l), Net::Cnn(m)) => (m.forward(x, ctx)?, l),
-            (Batch::Image(x, l), Net::EfficientNet(m)) => {
-                // The network takes pixels in [0, 1] and scales them as it was trained.
-                let InputSpec::Image { mean, std, .. } = self.card.input else {
-                    candle_core::bail!("an image model whose card does not describe images")
-                };
-                (m.forward(&x.affine(std as f64, mean as f64)?, ctx)?, l)
-            }
-            (Batch::Features(x, l), Net::Mlp(m)) => (m.forward(x, ctx)?, l),
-            (Batch::Features(x, l), Net::Sequential(m)) => (m.forward(x, ctx)?, l),
-            _ => candle_core::bail!("batch kind does not match the model"),
-        };
-        let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
-        let _layer = trident_nn::trace::layer(|| "loss".into());
-        Ok(StepOutput::classified(
-            ops::cross_entropy(&logits, &y)?,
-            logits,
-            labels.clone(),
-        ))
+        self.net.step(batch, &self.card, ctx)
     }
 
     fn params(&self) -> &Params {
@@ -225,19 +245,65 @@ impl TrainStep for Model {
         batch: &Batch,
         ctx: &Ctx,
     ) -> candle_core::Result<Option<(StepOutput, HiddenStates)>> {
-        let (Batch::Text(b, labels), Net::Bert(m)) = (batch, &self.net) else {
-            return Ok(None);
-        };
-        let (logits, states) = m.forward_hidden(b, ctx)?;
-        let y = Tensor::from_iter(labels.iter().map(|&l| l as u32), &Device::Cpu)?;
-        let _layer = trident_nn::trace::layer(|| "loss".into());
-        Ok(Some((
-            StepOutput::classified(ops::cross_entropy(&logits, &y)?, logits, labels.clone()),
-            HiddenStates {
-                states,
-                mask: b.mask.to_dtype(candle_core::DType::F32)?,
-            },
-        )))
+        self.net.step_hidden(batch, ctx)
+    }
+}
+
+/// What a kind's build function gets: the card, the parameter store to build into, and
+/// where weights and assets come from.
+pub(crate) struct Building<'a> {
+    pub card: &'a ModelCard,
+    pub seed: u64,
+    /// A checkpoint's folder (`model.safetensors` and assets), when loading one.
+    pub weights_dir: Option<&'a Path>,
+    pub params: &'a Params,
+    /// A tokenizer already read for this card.
+    tokenizer: Option<&'a Arc<Tokenizer>>,
+}
+
+impl Building<'_> {
+    /// Whether the weights come from a checkpoint (loaded after the build).
+    pub fn loading_checkpoint(&self) -> bool {
+        self.weights_dir.is_some()
+    }
+
+    /// Whether this is a new model: no checkpoint and not a view of another's parameters,
+    /// so pretrained weights and initial embeddings are read.
+    pub fn fresh(&self) -> bool {
+        self.weights_dir.is_none() && !self.params.is_view()
+    }
+
+    /// The checkpoint's folder when loading one, else the configured asset folder.
+    pub fn asset_dir(&self, configured: &Path) -> PathBuf {
+        self.weights_dir
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| configured.into())
+    }
+
+    /// The tokenizer in `file`, or the one already read for this card.
+    pub fn tokenizer(&self, file: &Path) -> anyhow::Result<Arc<Tokenizer>> {
+        match self.tokenizer {
+            Some(t) => Ok(t.clone()),
+            None => Ok(Arc::new(Tokenizer::from_file(file).map_err(anyhow::Error::msg)?)),
+        }
+    }
+}
+
+/// A built network and the tokenizer it reads text with.
+pub(crate) type Built = (Net, Option<Arc<Tokenizer>>);
+
+/// Builds the network of `b.card`'s kind: the registry of model kinds, one line each.
+fn build_kind(b: &Building) -> anyhow::Result<Built> {
+    match &b.card.model {
+        ModelConfig::Bert { .. } => text::build_bert(b),
+        ModelConfig::Lstm(_) | ModelConfig::Gru(_) => text::build_rnn(b),
+        ModelConfig::Vit(_) => vision::build_vit(b),
+        ModelConfig::Cnn { .. } => vision::build_cnn(b),
+        ModelConfig::EfficientnetLite0(_) => vision::build_efficientnet(b),
+        ModelConfig::Mlp { .. } | ModelConfig::Sequential(_) => table::build(b),
+        ModelConfig::Autoencoder(_) => autoencoder::build(b),
+        ModelConfig::Forecaster(_) => series::build(b),
+        ModelConfig::Gan(_) => gan::build(b),
     }
 }
 
@@ -250,10 +316,7 @@ impl Model {
     /// Hidden states a transformer encoder exposes: their count (embeddings + layers) and
     /// width; `None` for other networks.
     pub fn hidden_layout(&self) -> Option<(usize, usize)> {
-        match &self.net {
-            Net::Bert(m) => Some((m.bert.config.num_hidden_layers + 1, m.bert.config.hidden_size)),
-            _ => None,
-        }
+        self.net.hidden_layout()
     }
 
     /// Builds the model of `card`. `weights_dir` holds `model.safetensors` with every
@@ -288,64 +351,13 @@ impl Model {
         params: Params,
         tokenizer: Option<&Arc<Tokenizer>>,
     ) -> anyhow::Result<Self> {
-        let tokenizer_from = |file: &Path| -> anyhow::Result<Arc<Tokenizer>> {
-            match tokenizer {
-                Some(t) => Ok(t.clone()),
-                None => Ok(Arc::new(Tokenizer::from_file(file).map_err(anyhow::Error::msg)?)),
-            }
-        };
-        let classes = card.classes.len();
-        let asset_dir = |configured: &Path| -> PathBuf {
-            weights_dir
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| configured.into())
-        };
-        let (net, tokenizer) = match &card.model {
-            ModelConfig::Bert { pretrained, .. } => {
-                let dir = asset_dir(pretrained);
-                let net = bert(card, &dir, weights_dir.is_some(), &params, seed)?;
-                (net, Some(tokenizer_from(&dir.join("tokenizer.json"))?))
-            }
-            ModelConfig::Vit(c) => (Net::Vit(vit(c, card, &params, seed)?), None),
-            ModelConfig::Cnn { width, dropout } => {
-                (Net::Cnn(cnn(*width, *dropout, card, &params, seed)?), None)
-            }
-            ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {
-                let kind = if matches!(card.model, ModelConfig::Lstm(_)) {
-                    CellKind::Lstm
-                } else {
-                    CellKind::Gru
-                };
-                let tok_file = match weights_dir {
-                    Some(d) => d.join("tokenizer.json"),
-                    None => r.tokenizer.clone(),
-                };
-                let tok = tokenizer_from(&tok_file)?;
-                // Pretrained embeddings only for a new model (a checkpoint has its own).
-                let fresh = weights_dir.is_none() && !params.is_view();
-                (
-                    Net::Rnn(rnn(r, kind, &tok, classes, &params, seed, fresh)?),
-                    Some(tok),
-                )
-            }
-            ModelConfig::Mlp { .. } | ModelConfig::Sequential(_) => (table_net(card, &params, seed)?, None),
-            ModelConfig::Autoencoder(a) => (
-                Net::Autoencoder(autoencoder(a, &card.input, &params, seed)?),
-                None,
-            ),
-            ModelConfig::Forecaster(f) => (Net::Forecaster(forecaster(f, &card.input, &params, seed)?), None),
-            ModelConfig::Gan(g) => (Net::Gan(Box::new(gan(g, &card.input, &params, seed)?)), None),
-            ModelConfig::EfficientnetLite0(e) => (
-                Net::EfficientNet(Box::new(efficientnet(
-                    e,
-                    card,
-                    &params,
-                    seed,
-                    weights_dir.is_some(),
-                )?)),
-                None,
-            ),
-        };
+        let (net, tokenizer) = build_kind(&Building {
+            card,
+            seed,
+            weights_dir,
+            params: &params,
+            tokenizer,
+        })?;
         if let Some(dir) = weights_dir {
             let file = dir.join("model.safetensors");
             params
@@ -364,37 +376,7 @@ impl Model {
     /// tokenizer and BERT config.
     pub fn checkpoint_files(&self) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         let mut files = vec![("trident.json".to_string(), serde_json::to_vec_pretty(&self.card)?)];
-        let copy = |from: PathBuf, name: &str, files: &mut Vec<(String, Vec<u8>)>| -> anyhow::Result<()> {
-            files.push((
-                name.into(),
-                std::fs::read(&from).with_context(|| from.display().to_string())?,
-            ));
-            Ok(())
-        };
-        match &self.card.model {
-            ModelConfig::Bert {
-                pretrained, layers, ..
-            } => {
-                copy(pretrained.join("config.json"), "config.json", &mut files)?;
-                let width = BertWidth::of(&self.card.model);
-                if layers.is_some() || width.any() {
-                    // The checkpoint's config describes the student: its layers and widths.
-                    let (_, bytes) = files.last_mut().expect("just pushed");
-                    let mut json: serde_json::Value = serde_json::from_slice(bytes)
-                        .with_context(|| pretrained.join("config.json").display().to_string())?;
-                    if let Some(keep) = layers {
-                        json["num_hidden_layers"] = keep.len().into();
-                    }
-                    width.apply_json(&mut json);
-                    *bytes = serde_json::to_vec_pretty(&json)?;
-                }
-                copy(pretrained.join("tokenizer.json"), "tokenizer.json", &mut files)?;
-            }
-            ModelConfig::Lstm(r) | ModelConfig::Gru(r) => {
-                copy(r.tokenizer.clone(), "tokenizer.json", &mut files)?
-            }
-            _ => {}
-        }
+        files.extend(self.net.assets(&self.card)?);
         Ok(files)
     }
 

@@ -1,15 +1,39 @@
 //! Forecasters on a series' windows.
 
-use super::*;
+use super::{mismatch, scored, Batch, Building, Built, Net, Network};
+use crate::card::{ForecastNet, ForecasterModel, InputSpec, ModelCard, ModelConfig};
+use anyhow::{bail, Context};
+use trident_nn::forecast::Forecaster;
+use trident_nn::rnn::CellKind;
+use trident_nn::{Ctx, Params};
+use trident_train::StepOutput;
+
+/// `[model] kind = "forecaster"`.
+pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
+    let ModelConfig::Forecaster(f) = &b.card.model else {
+        bail!("not a forecaster")
+    };
+    Ok((Net::new(forecaster(f, &b.card.input, b.params, b.seed)?), None))
+}
+
+impl Network for Forecaster {
+    /// The squared error of each window's forecast.
+    fn step(&self, batch: &Batch, _card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let Batch::Series(x, y) = batch else {
+            return Err(mismatch("series windows"));
+        };
+        let errors = trident_nn::layers::mse_per_example(y, &self.forward(x, ctx)?)?;
+        scored(errors, vec![0; x.dim(0)?])
+    }
+}
 
 /// The forecaster of `f` on `input`'s windows.
-pub(super) fn forecaster(
+fn forecaster(
     f: &ForecasterModel,
     input: &InputSpec,
     params: &Params,
     seed: u64,
-) -> anyhow::Result<trident_nn::forecast::Forecaster> {
-    use trident_nn::forecast::Forecaster;
+) -> anyhow::Result<Forecaster> {
     let InputSpec::Series(s) = input else {
         bail!("a forecaster takes a series (data.kind = \"series\")")
     };

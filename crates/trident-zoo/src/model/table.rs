@@ -1,36 +1,62 @@
 //! Table models: an MLP or a `sequential` stack on a table's encoded rows.
 
-use super::*;
+use super::{classified, mismatch, Batch, Building, Built, Net, Network};
+use crate::card::{InputSpec, ModelCard, ModelConfig};
+use anyhow::bail;
+use trident_nn::custom::Sequential;
+use trident_nn::layers::Mlp;
+use trident_nn::Ctx;
+use trident_train::StepOutput;
 
 /// The network of a table model (`mlp` or `sequential`) on the card's encoded rows.
-pub(super) fn table_net(card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Net> {
+pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
+    let (card, params, seed) = (b.card, b.params, b.seed);
     let InputSpec::Table { encoder, .. } = &card.input else {
         bail!("mlp and sequential models take table input (data.kind = \"table\")")
     };
     let (pb, width, classes) = (params.builder(seed, None), encoder.width(), card.classes.len());
-    Ok(match &card.model {
-        ModelConfig::Mlp {
-            hidden,
-            activation,
-            dropout,
-        } => {
-            let act = trident_nn::custom::activation_by_name(activation)
-                .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
-            if hidden.contains(&0) {
-                bail!("model.hidden = {hidden:?}: every hidden width must be at least 1");
+    Ok((
+        match &card.model {
+            ModelConfig::Mlp {
+                hidden,
+                activation,
+                dropout,
+            } => {
+                let act = trident_nn::custom::activation_by_name(activation)
+                    .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
+                if hidden.contains(&0) {
+                    bail!("model.hidden = {hidden:?}: every hidden width must be at least 1");
+                }
+                if !(0.0..1.0).contains(dropout) {
+                    bail!("model.dropout = {dropout}: must be in [0, 1)");
+                }
+                let sizes: Vec<usize> = std::iter::once(width)
+                    .chain(hidden.iter().copied())
+                    .chain(std::iter::once(classes))
+                    .collect();
+                Net::new(Mlp::new(&pb, &sizes, act, *dropout)?)
             }
-            if !(0.0..1.0).contains(dropout) {
-                bail!("model.dropout = {dropout}: must be in [0, 1)");
-            }
-            let sizes: Vec<usize> = std::iter::once(width)
-                .chain(hidden.iter().copied())
-                .chain(std::iter::once(classes))
-                .collect();
-            Net::Mlp(trident_nn::layers::Mlp::new(&pb, &sizes, act, *dropout)?)
-        }
-        ModelConfig::Sequential(m) => Net::Sequential(trident_nn::custom::Sequential::new(
-            &pb, &m.layers, width, classes,
-        )?),
-        _ => bail!("not a table model"),
-    })
+            ModelConfig::Sequential(m) => Net::new(Sequential::new(&pb, &m.layers, width, classes)?),
+            _ => bail!("not a table model"),
+        },
+        None,
+    ))
+}
+
+impl Network for Mlp {
+    fn step(&self, batch: &Batch, _card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let Batch::Features(x, labels) = batch else {
+            return Err(mismatch("table rows"));
+        };
+        classified(self.forward(x, ctx)?, labels)
+    }
+}
+
+impl Network for Sequential {
+    fn step(&self, batch: &Batch, _card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let Batch::Features(x, labels) = batch else {
+            return Err(mismatch("table rows"));
+        };
+        classified(self.forward(x, ctx)?, labels)
+    }
 }

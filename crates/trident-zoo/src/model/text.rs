@@ -2,12 +2,131 @@
 //! widths, pretrained weights or a checkpoint's) and the LSTM/GRU classifiers, whose
 //! embeddings may start from a BERT's projected onto their leading principal directions.
 
-use super::*;
+use super::{classified, mismatch, Batch, Building, Built, Net, Network};
+use crate::card::{BertWidth, ModelCard, ModelConfig, RnnModel};
+use anyhow::{bail, Context};
+use std::path::Path;
+use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, Tokenizer};
+use trident_nn::rnn::{CellKind, RnnClassifier};
+use trident_nn::{Ctx, Loaded, Params};
+use trident_train::trainer::HiddenStates;
+use trident_train::StepOutput;
+
+/// `[model] kind = "bert"`: the encoder and tokenizer from the pretrained folder, or from
+/// the checkpoint being loaded.
+pub(super) fn build_bert(b: &Building) -> anyhow::Result<Built> {
+    let ModelConfig::Bert { pretrained, .. } = &b.card.model else {
+        bail!("not a bert model")
+    };
+    let dir = b.asset_dir(pretrained);
+    let net = bert(b.card, &dir, b.loading_checkpoint(), b.params, b.seed)?;
+    Ok((Net::new(net), Some(b.tokenizer(&dir.join("tokenizer.json"))?)))
+}
+
+/// `[model] kind = "lstm" | "gru"`: the recurrent classifier over its tokenizer's vocabulary.
+pub(super) fn build_rnn(b: &Building) -> anyhow::Result<Built> {
+    let (ModelConfig::Lstm(r) | ModelConfig::Gru(r)) = &b.card.model else {
+        bail!("not a recurrent model")
+    };
+    let kind = match b.card.model {
+        ModelConfig::Lstm(_) => CellKind::Lstm,
+        _ => CellKind::Gru,
+    };
+    let tok = b.tokenizer(&match b.weights_dir {
+        Some(d) => d.join("tokenizer.json"),
+        None => r.tokenizer.clone(),
+    })?;
+    // Pretrained embeddings only for a new model (a checkpoint has its own).
+    let net = rnn(r, kind, &tok, b.card.classes.len(), b.params, b.seed, b.fresh())?;
+    Ok((Net::new(net), Some(tok)))
+}
+
+impl Network for BertClassifier {
+    fn step(&self, batch: &Batch, _card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let Batch::Text(b, labels) = batch else {
+            return Err(mismatch("text"));
+        };
+        classified(self.forward(b, ctx)?, labels)
+    }
+
+    fn step_hidden(
+        &self,
+        batch: &Batch,
+        ctx: &Ctx,
+    ) -> candle_core::Result<Option<(StepOutput, HiddenStates)>> {
+        let Batch::Text(b, labels) = batch else {
+            return Err(mismatch("text"));
+        };
+        let (logits, states) = self.forward_hidden(b, ctx)?;
+        let mask = b.mask.to_dtype(candle_core::DType::F32)?;
+        Ok(Some((classified(logits, labels)?, HiddenStates { states, mask })))
+    }
+
+    fn hidden_layout(&self) -> Option<(usize, usize)> {
+        Some((
+            self.bert.config.num_hidden_layers + 1,
+            self.bert.config.hidden_size,
+        ))
+    }
+
+    /// The encoder's `config.json` (describing a student's kept layers and widths) and the
+    /// tokenizer.
+    fn assets(&self, card: &ModelCard) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let ModelConfig::Bert {
+            pretrained, layers, ..
+        } = &card.model
+        else {
+            bail!("a bert network under a card of another kind")
+        };
+        let config = pretrained.join("config.json");
+        let mut bytes = read_asset(&config)?;
+        let width = BertWidth::of(&card.model);
+        if layers.is_some() || width.any() {
+            // The checkpoint's config describes the student: its layers and widths.
+            let mut json: serde_json::Value =
+                serde_json::from_slice(&bytes).with_context(|| config.display().to_string())?;
+            if let Some(keep) = layers {
+                json["num_hidden_layers"] = keep.len().into();
+            }
+            width.apply_json(&mut json);
+            bytes = serde_json::to_vec_pretty(&json)?;
+        }
+        Ok(vec![
+            ("config.json".into(), bytes),
+            (
+                "tokenizer.json".into(),
+                read_asset(&pretrained.join("tokenizer.json"))?,
+            ),
+        ])
+    }
+}
+
+impl Network for RnnClassifier {
+    fn step(&self, batch: &Batch, _card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let Batch::Text(b, labels) = batch else {
+            return Err(mismatch("text"));
+        };
+        classified(self.forward(&b.ids, &b.mask, ctx)?, labels)
+    }
+
+    /// The tokenizer.
+    fn assets(&self, card: &ModelCard) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+        let (ModelConfig::Lstm(r) | ModelConfig::Gru(r)) = &card.model else {
+            bail!("a recurrent network under a card of another kind")
+        };
+        Ok(vec![("tokenizer.json".into(), read_asset(&r.tokenizer)?)])
+    }
+}
+
+/// A file a checkpoint copies, its path named if it cannot be read.
+fn read_asset(file: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(file).with_context(|| file.display().to_string())
+}
 
 /// `embedding.weight` for a recurrent student: the word embeddings of the BERT folder or
 /// checkpoint `from` projected onto their `dim` leading principal directions, scaled to unit
 /// standard deviation (the scale of a fresh `N(0, 1)` table).
-pub(super) fn projected_embeddings(from: &Path, vocab: usize, dim: usize) -> anyhow::Result<Loaded> {
+fn projected_embeddings(from: &Path, vocab: usize, dim: usize) -> anyhow::Result<Loaded> {
     let l = load_bert_weights(from)?;
     let name = "bert.embeddings.word_embeddings.weight";
     let table = l
@@ -42,13 +161,13 @@ pub(super) fn projected_embeddings(from: &Path, vocab: usize, dim: usize) -> any
 /// weights come from a checkpoint (`from_checkpoint`) or `params` is a view,
 /// `model.safetensors`; the caller reads its `tokenizer.json`), with the card's kept
 /// layers, widths, pooling and frozen encoder.
-pub(super) fn bert(
+fn bert(
     card: &ModelCard,
     dir: &Path,
     from_checkpoint: bool,
     params: &Params,
     seed: u64,
-) -> anyhow::Result<Net> {
+) -> anyhow::Result<BertClassifier> {
     let ModelConfig::Bert {
         pooling,
         freeze_encoder,
@@ -95,12 +214,12 @@ pub(super) fn bert(
     if *freeze_encoder {
         params.set_trainable("bert.", false);
     }
-    Ok(Net::Bert(Box::new(m)))
+    Ok(m)
 }
 
 /// The encoder's configuration: `dir`'s `config.json`, narrowed to the card's widths and
 /// kept layers unless it is a checkpoint's (which already describes them).
-pub(super) fn bert_config(card: &ModelCard, dir: &Path, from_checkpoint: bool) -> anyhow::Result<BertConfig> {
+fn bert_config(card: &ModelCard, dir: &Path, from_checkpoint: bool) -> anyhow::Result<BertConfig> {
     let ModelConfig::Bert { layers, .. } = &card.model else {
         bail!("not a bert model")
     };
@@ -138,7 +257,7 @@ pub(super) fn bert_config(card: &ModelCard, dir: &Path, from_checkpoint: bool) -
 /// head where the class count differs, and for a narrower student the embeddings projected
 /// onto their leading principal directions and the tensors of other shapes dropped.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn pretrained_bert_weights(
+fn pretrained_bert_weights(
     dir: &Path,
     config: &BertConfig,
     classes: usize,
@@ -211,7 +330,7 @@ pub(super) fn pretrained_bert_weights(
 
 /// The recurrent classifier of `[model] kind = "lstm" | "gru"` over `tok`'s vocabulary;
 /// with `fresh` (a new model) its embeddings start from `model.embeddings` when given.
-pub(super) fn rnn(
+fn rnn(
     r: &RnnModel,
     kind: CellKind,
     tok: &Tokenizer,

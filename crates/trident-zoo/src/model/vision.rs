@@ -1,7 +1,14 @@
 //! Image models: the ViT, the CNN, EfficientNet-Lite0 from its ImageNet weights, and the
 //! collate function every image path shares.
 
-use super::*;
+use super::{classified, mismatch, Batch, Building, Built, Net, Network};
+use crate::card::{InputSpec, ModelCard, ModelConfig};
+use anyhow::{bail, Context};
+use trident_data::DataError;
+use trident_nn::efficientnet::EfficientNetLite0;
+use trident_nn::vision::{Cnn, Vit, VitConfig};
+use trident_nn::{Ctx, Device, Params, Tensor};
+use trident_train::StepOutput;
 
 /// Normalises images and stacks them into a `[n, c, h, w]` batch (training, evaluation and
 /// `predict` share it).
@@ -25,9 +32,65 @@ pub fn image_collate(
     }
 }
 
+/// `[model] kind = "vit"`.
+pub(super) fn build_vit(b: &Building) -> anyhow::Result<Built> {
+    let ModelConfig::Vit(c) = &b.card.model else {
+        bail!("not a vit model")
+    };
+    Ok((Net::new(vit(c, b.card, b.params, b.seed)?), None))
+}
+
+/// `[model] kind = "cnn"`.
+pub(super) fn build_cnn(b: &Building) -> anyhow::Result<Built> {
+    let ModelConfig::Cnn { width, dropout } = b.card.model else {
+        bail!("not a cnn model")
+    };
+    Ok((Net::new(cnn(width, dropout, b.card, b.params, b.seed)?), None))
+}
+
+/// `[model] kind = "efficientnet_lite0"`.
+pub(super) fn build_efficientnet(b: &Building) -> anyhow::Result<Built> {
+    let ModelConfig::EfficientnetLite0(e) = &b.card.model else {
+        bail!("not an efficientnet_lite0 model")
+    };
+    let net = efficientnet(e, b.card, b.params, b.seed, b.loading_checkpoint())?;
+    Ok((Net::new(net), None))
+}
+
+impl Network for Vit {
+    fn step(&self, batch: &Batch, _card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let Batch::Image(x, labels) = batch else {
+            return Err(mismatch("images"));
+        };
+        classified(self.forward(x, ctx)?, labels)
+    }
+}
+
+impl Network for Cnn {
+    fn step(&self, batch: &Batch, _card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let Batch::Image(x, labels) = batch else {
+            return Err(mismatch("images"));
+        };
+        classified(self.forward(x, ctx)?, labels)
+    }
+}
+
+impl Network for EfficientNetLite0 {
+    fn step(&self, batch: &Batch, card: &ModelCard, ctx: &Ctx) -> candle_core::Result<StepOutput> {
+        let Batch::Image(x, labels) = batch else {
+            return Err(mismatch("images"));
+        };
+        // The network takes pixels in [0, 1] and scales them as it was trained.
+        let InputSpec::Image { mean, std, .. } = card.input else {
+            candle_core::bail!("an image model whose card does not describe images")
+        };
+        classified(self.forward(&x.affine(std as f64, mean as f64)?, ctx)?, labels)
+    }
+}
+
 /// The ViT of `[model] kind = "vit"`, its image size and channels checked against the
 /// data's.
-pub(super) fn vit(c: &VitConfig, card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Vit> {
+fn vit(c: &VitConfig, card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Vit> {
     if let InputSpec::Image {
         channels,
         height,
@@ -47,13 +110,7 @@ pub(super) fn vit(c: &VitConfig, card: &ModelCard, params: &Params, seed: u64) -
 }
 
 /// The CNN of `[model] kind = "cnn"` for square images.
-pub(super) fn cnn(
-    width: usize,
-    dropout: f32,
-    card: &ModelCard,
-    params: &Params,
-    seed: u64,
-) -> anyhow::Result<Cnn> {
+fn cnn(width: usize, dropout: f32, card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Cnn> {
     let InputSpec::Image {
         channels,
         height,
@@ -79,13 +136,13 @@ pub(super) fn cnn(
 /// EfficientNet-Lite0 of `[model] kind = "efficientnet_lite0"`: the pretrained weights by
 /// name (unless a checkpoint's are loaded after), a new classifier, and in probe mode
 /// everything but the classifier frozen.
-pub(super) fn efficientnet(
+fn efficientnet(
     e: &crate::card::EfficientNetModel,
     card: &ModelCard,
     params: &Params,
     seed: u64,
     from_checkpoint: bool,
-) -> anyhow::Result<trident_nn::efficientnet::EfficientNetLite0> {
+) -> anyhow::Result<EfficientNetLite0> {
     let InputSpec::Image { channels, .. } = card.input else {
         bail!("efficientnet_lite0 takes images")
     };
@@ -113,7 +170,7 @@ pub(super) fn efficientnet(
         channels,
         scale: e.scale,
     };
-    let m = trident_nn::efficientnet::EfficientNetLite0::new(
+    let m = EfficientNetLite0::new(
         &params.builder(seed, loaded),
         card.classes.len(),
         adapter,
