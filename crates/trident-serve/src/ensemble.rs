@@ -5,7 +5,7 @@
 //! statistics), in process and without copies (tensors share their bytes). A failing step
 //! is named in the error, which keeps its kind (a client's mistake stays a 400).
 
-use crate::model::{InferRequest, ModelVersion, OutputRequest};
+use crate::model::{Composed, Composition, InferRequest, ModelVersion, OutputRequest};
 use crate::{ConfigError, LoadError, ServeError};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -43,7 +43,6 @@ pub struct Ensemble {
 
 type Tensors = Vec<(String, Tensor)>;
 type StepResult = (usize, Result<Tensors, ServeError>);
-type Running<'a> = Pin<Box<dyn Future<Output = Result<Tensors, ServeError>> + Send + 'a>>;
 
 /// Each ensemble tensor's type and who gives it (for errors).
 type Types = HashMap<String, (DataType, String)>;
@@ -114,12 +113,6 @@ impl Ensemble {
         })
     }
 
-    /// Runs the DAG on validated inputs; returns the ensemble's outputs in config order.
-    /// (A boxed future: ensembles may nest, and an `async fn` cannot contain itself.)
-    pub fn run(&self, inputs: Vec<(String, Tensor)>) -> Running<'_> {
-        Box::pin(self.run_inner(inputs))
-    }
-
     async fn run_inner(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, ServeError> {
         let mut have: HashMap<String, Tensor> = inputs.into_iter().collect();
         let mut launched = vec![false; self.steps.len()];
@@ -185,6 +178,13 @@ impl Ensemble {
                 reason: format!("{at}: {e}"),
             },
         }
+    }
+}
+
+impl Composition for Ensemble {
+    /// Runs the DAG on validated inputs; returns the ensemble's outputs in config order.
+    fn run(&self, inputs: Vec<(String, Tensor)>) -> Composed<'_> {
+        Box::pin(self.run_inner(inputs))
     }
 }
 

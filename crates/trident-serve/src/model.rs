@@ -10,6 +10,8 @@ use crate::scheduler::{self, Executed, Job, Reply, Scheduler};
 use crate::sequence::Sequencer;
 use crate::stats::ModelStats;
 use crate::ServeError;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trident_core::config::{self, pb, ModelConfig};
@@ -130,8 +132,19 @@ enum Runner {
         model: Box<dyn Model>,
     },
     /// Composing models, step by step.
-    Ensemble(crate::ensemble::Ensemble),
+    Composed(Box<dyn Composition>),
 }
+
+/// A version that runs its requests on other models (an ensemble's steps,
+/// `crate::ensemble::Ensemble`): validated inputs in, its outputs out in config order.
+pub trait Composition: Send + Sync {
+    /// Runs `inputs` through the composing models. (A boxed future: compositions may
+    /// nest, and an `async fn` cannot contain itself.)
+    fn run(&self, inputs: Vec<(String, Tensor)>) -> Composed<'_>;
+}
+
+/// What a [`Composition`] runs to: its outputs by name.
+pub type Composed<'a> = Pin<Box<dyn Future<Output = Result<Vec<(String, Tensor)>, ServeError>> + Send + 'a>>;
 
 /// Queue bound used when `max_queue_size` is 0 (Triton: unbounded). Trident bounds every
 /// queue; this is large enough never to matter below overload.
@@ -233,7 +246,7 @@ impl ModelVersion {
         name: String,
         version: i64,
         config: Arc<ModelConfig>,
-        ensemble: crate::ensemble::Ensemble,
+        ensemble: Box<dyn Composition>,
         labels: Vec<Option<Arc<[String]>>>,
         cache: Option<Arc<ResponseCache>>,
     ) -> Self {
@@ -246,7 +259,7 @@ impl ModelVersion {
             backend: "ensemble",
             max_queue: DEFAULT_MAX_QUEUE,
             stats: Arc::new(ModelStats::default()),
-            runner: Runner::Ensemble(ensemble),
+            runner: Runner::Composed(ensemble),
             labels,
             cache,
             sequencer: None,
@@ -491,7 +504,7 @@ impl ModelVersion {
         signature: Vec<i64>,
         wanted: &[(usize, Option<usize>)],
     ) -> Result<(InferResponse, Duration), ServeError> {
-        if let Runner::Ensemble(e) = &self.runner {
+        if let Runner::Composed(e) = &self.runner {
             let t0 = Instant::now();
             let outputs = e.run(inputs).await?;
             let response = self.select_outputs(outputs, wanted, rows)?;

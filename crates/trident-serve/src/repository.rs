@@ -778,7 +778,7 @@ fn load_ensemble(
             name.to_string(),
             version,
             config.clone(),
-            plan,
+            Box::new(plan),
             labels.clone(),
             cache,
         );
