@@ -2,7 +2,7 @@
 //! model with their losses, the critic's weight clipping (WGAN) and gradient penalty
 //! (WGAN-GP), and the generator's samples (grids, and the images its quality is judged on).
 
-use anyhow::bail;
+use crate::error::{Result, ZooError};
 use std::path::Path;
 use trident_nn::{Ctx, Param, Params, Tensor};
 use trident_train::trainer::{AdversarialStep, CriticLoss};
@@ -39,15 +39,15 @@ pub struct GanStep<'a> {
 
 impl<'a> GanStep<'a> {
     /// The GAN of `model` (a `kind = "gan"` model on images).
-    pub fn new(model: &'a Model) -> anyhow::Result<Self> {
+    pub fn new(model: &'a Model) -> Result<Self> {
         let Some(gan) = model.net.get::<Gan>() else {
-            bail!("not a gan")
+            return Err(ZooError::Kind("not a gan"));
         };
         let InputSpec::Image { mean, std, .. } = model.card.input else {
-            bail!("a gan takes image input")
+            return Err(ZooError::Kind("a gan takes image input"));
         };
         let Ok(frozen) = model.inference_twin()?.net.into_kind::<Gan>() else {
-            bail!("the twin of a gan is a gan")
+            return Err(ZooError::Kind("the twin of a gan is a gan"));
         };
         Ok(GanStep {
             model,
@@ -84,7 +84,7 @@ impl<'a> GanStep<'a> {
 
     /// `n` generated images as pixels in [0, 1], `[n, c·h·w]` row-major, from the latent
     /// vectors of `seed` (drawn per chunk), the generator in evaluation mode.
-    pub fn generate(&self, n: usize, seed: u64) -> anyhow::Result<Vec<f32>> {
+    pub fn generate(&self, n: usize, seed: u64) -> Result<Vec<f32>> {
         let mut out = Vec::new();
         for (k, start) in (0..n).step_by(CHUNK).enumerate() {
             let m = CHUNK.min(n - start);
@@ -96,7 +96,7 @@ impl<'a> GanStep<'a> {
     }
 
     /// The sample grid: 64 images of the fixed grid vectors, 8 by 8.
-    pub fn grid(&self, path: &Path) -> anyhow::Result<()> {
+    pub fn grid(&self, path: &Path) -> Result<()> {
         let (c, h, w) = self.gan.shape.image;
         let pixels = self.generate(64, GRID_SEED)?;
         let images: Vec<Vec<f32>> = pixels.chunks(c * h * w).map(<[f32]>::to_vec).collect();

@@ -4,8 +4,8 @@
 //! and reads its `logits` (or `reconstruction_error`) output into the same figures; an
 //! exported forecaster's `forecast` output is read for one window at a time.
 
+use crate::error::{Result, ZooError};
 use crate::Batch;
-use anyhow::Context;
 use trident_core::Tensor as T;
 use trident_nn::{Ctx, Params};
 use trident_train::{Prediction, StepOutput, TrainStep};
@@ -38,8 +38,8 @@ impl ExportedStep {
     /// An exported forecaster's `forecast` for one raw window, the first forecast value at
     /// row `position` of the series (its `position` input, where it reads calendar
     /// features).
-    pub fn forecast(&self, window: &[f64], position: usize) -> anyhow::Result<Vec<f64>> {
-        let err = |e: trident_core::TensorError| anyhow::anyhow!("{e}");
+    pub fn forecast(&self, window: &[f64], position: usize) -> Result<Vec<f64>> {
+        let err = |e: trident_core::TensorError| ZooError::Graph(e.to_string());
         let v: Vec<f32> = window.iter().map(|&x| x as f32).collect();
         let mut inputs = vec![(
             "values".to_string(),
@@ -51,13 +51,12 @@ impl ExportedStep {
                 T::from_i64(vec![1, 1], &[position as i64]).map_err(err)?,
             ));
         }
-        let outputs = self.runner.run(inputs).map_err(anyhow::Error::msg)?;
-        let (_, y) = outputs
-            .iter()
-            .find(|(n, _)| n == "forecast")
-            .context("the ONNX model has no `forecast` output (not an exported forecaster?)")?;
+        let outputs = self.runner.run(inputs).map_err(ZooError::Graph)?;
+        let (_, y) = outputs.iter().find(|(n, _)| n == "forecast").ok_or_else(|| {
+            ZooError::Graph("the ONNX model has no `forecast` output (not an exported forecaster?)".into())
+        })?;
         Ok(y.to_f32()
-            .context("`forecast` is not FP32")?
+            .ok_or_else(|| ZooError::Graph("`forecast` is not FP32".into()))?
             .into_iter()
             .map(f64::from)
             .collect())

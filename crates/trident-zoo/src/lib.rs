@@ -4,6 +4,7 @@
 //! server's pre-processing all load checkpoints through [`Model::load_checkpoint`].
 
 pub mod card;
+pub mod error;
 #[doc(hidden)]
 pub mod fixtures;
 pub mod gan_step;
@@ -11,4 +12,5 @@ pub mod graph_step;
 pub mod model;
 
 pub use card::{BertWidth, InputSpec, ModelCard, ModelConfig, RnnModel, SequentialModel, SeriesSpec};
+pub use error::ZooError;
 pub use model::{image_collate, Batch, Gan, Model, Net, Network};

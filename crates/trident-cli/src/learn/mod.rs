@@ -381,7 +381,7 @@ fn run<D: Dataset + 'static>(
         }
         _ => {
             let card = model.card.clone();
-            let make = || Model::build(&card, c.run.seed, None);
+            let make = || Ok(Model::build(&card, c.run.seed, None)?);
             let (s, m) = fit_replicas(c, args, &trainer, model, &make, &splits, &data_hash, replicas)?;
             model = m;
             (s, None)
@@ -778,7 +778,7 @@ fn eval_series(
             if forecast::refit(c) {
                 bail!("data.refit: the run's backtest trains a model per origin; --onnx scores one exported model (evaluate without data.refit)");
             }
-            let f = |w: &[f64], at: usize| graph.forecast(w, at);
+            let f = |w: &[f64], at: usize| Ok(graph.forecast(w, at)?);
             let update = forecast::updating(&f, spec);
             forecast::report(c, spec, &series.values, &update, out)?.1
         }

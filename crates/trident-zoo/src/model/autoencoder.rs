@@ -2,15 +2,15 @@
 
 use super::{scored, Batch, Building, Built, Net, Network};
 use crate::card::{AeOutput, AeShape, AutoencoderModel, InputSpec, ModelCard, ModelConfig};
-use anyhow::bail;
+use crate::error::{invalid, Result, ZooError};
 use trident_nn::autoencoder::Autoencoder;
 use trident_nn::{Ctx, Params};
 use trident_train::StepOutput;
 
 /// `[model] kind = "autoencoder"`.
-pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build(b: &Building) -> Result<Built> {
     let ModelConfig::Autoencoder(a) = &b.card.model else {
-        bail!("not an autoencoder")
+        invalid!("not an autoencoder")
     };
     Ok((Net::new(autoencoder(a, &b.card.input, b.params, b.seed)?), None))
 }
@@ -32,17 +32,12 @@ impl Network for Autoencoder {
 }
 
 /// The autoencoder of `a` on `input` (images, or a table's encoded rows).
-fn autoencoder(
-    a: &AutoencoderModel,
-    input: &InputSpec,
-    params: &Params,
-    seed: u64,
-) -> anyhow::Result<Autoencoder> {
+fn autoencoder(a: &AutoencoderModel, input: &InputSpec, params: &Params, seed: u64) -> Result<Autoencoder> {
     use trident_nn::autoencoder::Output;
     let act = trident_nn::custom::activation_by_name(&a.activation)
-        .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
+        .map_err(|m| ZooError::Config(format!("model.activation: {m}")))?;
     if !(a.noise >= 0.0 && a.noise.is_finite()) {
-        bail!("model.noise = {}: must be >= 0", a.noise);
+        invalid!("model.noise = {}: must be >= 0", a.noise);
     }
     let output = match (a.output, input) {
         (Some(AeOutput::Sigmoid), _) => Output::Sigmoid,
@@ -90,13 +85,13 @@ fn autoencoder(
             a.noise,
         )?,
         (AeShape::Conv, _) => {
-            bail!("model.shape = \"conv\" takes images; use \"dense\" for table rows and series")
+            invalid!("model.shape = \"conv\" takes images; use \"dense\" for table rows and series")
         }
         (AeShape::Dense, InputSpec::Series(s)) => {
             Autoencoder::dense(&pb, s.window, &a.hidden(), a.code, act, output, a.noise)?
         }
         (_, InputSpec::Text { .. }) => {
-            bail!("an autoencoder takes images, table rows or series windows, not text")
+            invalid!("an autoencoder takes images, table rows or series windows, not text")
         }
     })
 }

@@ -2,14 +2,14 @@
 
 use super::{Batch, Building, Built, Gan, Net, Network};
 use crate::card::{InputSpec, ModelCard, ModelConfig};
-use anyhow::bail;
+use crate::error::{invalid, Result};
 use trident_nn::{Ctx, Params};
 use trident_train::StepOutput;
 
 /// `[model] kind = "gan"`.
-pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build(b: &Building) -> Result<Built> {
     let ModelConfig::Gan(g) = &b.card.model else {
-        bail!("not a gan")
+        invalid!("not a gan")
     };
     Ok((Net::new(gan(g, &b.card.input, b.params, b.seed)?), None))
 }
@@ -23,7 +23,7 @@ impl Network for Gan {
 }
 
 /// The GAN of `[model] kind = "gan"` for image input.
-fn gan(g: &crate::card::GanModel, input: &InputSpec, params: &Params, seed: u64) -> anyhow::Result<Gan> {
+fn gan(g: &crate::card::GanModel, input: &InputSpec, params: &Params, seed: u64) -> Result<Gan> {
     let InputSpec::Image {
         channels,
         height,
@@ -31,13 +31,13 @@ fn gan(g: &crate::card::GanModel, input: &InputSpec, params: &Params, seed: u64)
         ..
     } = *input
     else {
-        bail!("a gan generates images: it needs image data")
+        invalid!("a gan generates images: it needs image data")
     };
     if height % 4 != 0 || width % 4 != 0 {
-        bail!("gan: images of {height}x{width}: height and width must be multiples of 4");
+        invalid!("gan: images of {height}x{width}: height and width must be multiples of 4");
     }
     if g.z == 0 || g.width == 0 || g.critic_steps() == 0 || g.clip() <= 0.0 {
-        bail!("gan: model.z, model.width, model.critic_steps and model.clip must be positive");
+        invalid!("gan: model.z, model.width, model.critic_steps and model.clip must be positive");
     }
     let shape = trident_nn::gan::GanShape {
         image: (channels, height, width),

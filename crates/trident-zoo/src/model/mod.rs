@@ -2,7 +2,7 @@
 //! [`TrainStep`] that ties each to its loss.
 
 use crate::card::{InputSpec, ModelCard, ModelConfig};
-use anyhow::Context;
+use crate::error::{Result, ZooError};
 use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -133,7 +133,7 @@ pub trait Network: Any + Send + Sync {
 
     /// Files besides the weights that a checkpoint of this kind needs to load alone (a
     /// tokenizer, an encoder's config), as (name, bytes).
-    fn assets(&self, _card: &ModelCard) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    fn assets(&self, _card: &ModelCard) -> Result<Vec<(String, Vec<u8>)>> {
         Ok(Vec::new())
     }
 }
@@ -236,7 +236,10 @@ impl TrainStep for Model {
     fn evaluator(&self) -> candle_core::Result<Option<Box<dyn TrainStep<Batch = Batch>>>> {
         match self.inference_twin() {
             Ok(twin) => Ok(Some(Box::new(twin))),
-            Err(e) => Err(candle_core::Error::Msg(format!("the evaluation twin: {e:#}"))),
+            Err(e) => Err(candle_core::Error::Msg(format!(
+                "the evaluation twin: {}",
+                e.report()
+            ))),
         }
     }
 
@@ -281,10 +284,10 @@ impl Building<'_> {
     }
 
     /// The tokenizer in `file`, or the one already read for this card.
-    pub fn tokenizer(&self, file: &Path) -> anyhow::Result<Arc<Tokenizer>> {
+    pub fn tokenizer(&self, file: &Path) -> Result<Arc<Tokenizer>> {
         match self.tokenizer {
             Some(t) => Ok(t.clone()),
-            None => Ok(Arc::new(Tokenizer::from_file(file).map_err(anyhow::Error::msg)?)),
+            None => Ok(Arc::new(Tokenizer::from_file(file).map_err(ZooError::Config)?)),
         }
     }
 }
@@ -293,7 +296,7 @@ impl Building<'_> {
 pub(crate) type Built = (Net, Option<Arc<Tokenizer>>);
 
 /// Builds the network of `b.card`'s kind: the registry of model kinds, one line each.
-fn build_kind(b: &Building) -> anyhow::Result<Built> {
+fn build_kind(b: &Building) -> Result<Built> {
     match &b.card.model {
         ModelConfig::Bert { .. } => text::build_bert(b),
         ModelConfig::Lstm(_) | ModelConfig::Gru(_) => text::build_rnn(b),
@@ -322,7 +325,7 @@ impl Model {
     /// Builds the model of `card`. `weights_dir` holds `model.safetensors` with every
     /// tensor (a checkpoint); without it, new layers are initialised from `seed` and a
     /// BERT encoder is loaded from its pretrained folder.
-    pub fn build(card: &ModelCard, seed: u64, weights_dir: Option<&Path>) -> anyhow::Result<Self> {
+    pub fn build(card: &ModelCard, seed: u64, weights_dir: Option<&Path>) -> Result<Self> {
         Self::build_on(card, seed, weights_dir, Params::new(), None)
     }
 
@@ -331,7 +334,7 @@ impl Model {
     /// updates and loaded checkpoints show), so its forward pass records no graph and frees
     /// each activation once read (an EfficientNet-Lite0 evaluation batch of 200 at 112 px
     /// otherwise keeps 4 GB of activations alive to its end).
-    pub fn inference_twin(&self) -> anyhow::Result<Self> {
+    pub fn inference_twin(&self) -> Result<Self> {
         Self::build_on(
             &self.card,
             0,
@@ -350,7 +353,7 @@ impl Model {
         weights_dir: Option<&Path>,
         params: Params,
         tokenizer: Option<&Arc<Tokenizer>>,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self> {
         let (net, tokenizer) = build_kind(&Building {
             card,
             seed,
@@ -362,7 +365,7 @@ impl Model {
             let file = dir.join("model.safetensors");
             params
                 .load_values(&Loaded::read(&file)?)
-                .with_context(|| format!("loading {}", file.display()))?;
+                .map_err(|e| ZooError::file(format!("loading {}", file.display()), e))?;
         }
         Ok(Model {
             net,
@@ -374,14 +377,14 @@ impl Model {
 
     /// Files a checkpoint carries so it can be loaded alone: `trident.json`, and the
     /// tokenizer and BERT config.
-    pub fn checkpoint_files(&self) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    pub fn checkpoint_files(&self) -> Result<Vec<(String, Vec<u8>)>> {
         let mut files = vec![("trident.json".to_string(), serde_json::to_vec_pretty(&self.card)?)];
         files.extend(self.net.assets(&self.card)?);
         Ok(files)
     }
 
     /// Reads a checkpoint directory written by `trident train`.
-    pub fn load_checkpoint(dir: &Path) -> anyhow::Result<Self> {
+    pub fn load_checkpoint(dir: &Path) -> Result<Self> {
         // The files read here, against the checkpoint's manifest (not the optimizer state).
         trident_train::checkpoint::verify(
             dir,
@@ -394,11 +397,11 @@ impl Model {
             ],
         )?;
         let card_file = dir.join("trident.json");
-        let card: ModelCard = serde_json::from_slice(
-            &std::fs::read(&card_file)
-                .with_context(|| format!("{}: not a Trident checkpoint", card_file.display()))?,
-        )
-        .with_context(|| card_file.display().to_string())?;
+        let card: ModelCard =
+            serde_json::from_slice(&std::fs::read(&card_file).map_err(|e| {
+                ZooError::file(format!("{}: not a Trident checkpoint", card_file.display()), e)
+            })?)
+            .map_err(|e| ZooError::file(card_file.display().to_string(), e))?;
         // Loaded for forward passes only: its models record no graph.
         Self::build_on(&card, 0, Some(dir), Params::for_inference(), None)
     }
@@ -414,15 +417,25 @@ impl Model {
     }
 
     /// Tokenises one text under the card's length rule; `what` names it in errors.
-    pub fn tokenize(&self, text: &str, what: &dyn Fn() -> String) -> anyhow::Result<Vec<u32>> {
-        let tok = self.tokenizer.as_ref().context("this model does not take text")?;
-        let rule = self.length_rule().context("this model does not take text")?;
+    pub fn tokenize(&self, text: &str, what: &dyn Fn() -> String) -> Result<Vec<u32>> {
+        let tok = self
+            .tokenizer
+            .as_ref()
+            .ok_or(ZooError::Kind("this model does not take text"))?;
+        let rule = self
+            .length_rule()
+            .ok_or(ZooError::Kind("this model does not take text"))?;
         tok.encode_within(text, rule).map_err(|e| match e {
-            EncodeError::TooLong { tokens, max_len } => anyhow::anyhow!(
-                "{}: {tokens} tokens, longer than data.max_len = {max_len} (set data.truncate = true to cut)",
-                what()
-            ),
-            e => anyhow::anyhow!("{}: {e}", what()),
+            EncodeError::TooLong { tokens, max_len } => ZooError::Text {
+                what: what(),
+                why: format!(
+                    "{tokens} tokens, longer than data.max_len = {max_len} (set data.truncate = true to cut)"
+                ),
+            },
+            e => ZooError::Text {
+                what: what(),
+                why: e.to_string(),
+            },
         })
     }
 }

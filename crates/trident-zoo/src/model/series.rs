@@ -2,16 +2,16 @@
 
 use super::{mismatch, scored, Batch, Building, Built, Net, Network};
 use crate::card::{ForecastNet, ForecasterModel, InputSpec, ModelCard, ModelConfig};
-use anyhow::{bail, Context};
+use crate::error::{invalid, Result, ZooError};
 use trident_nn::forecast::Forecaster;
 use trident_nn::rnn::CellKind;
 use trident_nn::{Ctx, Params};
 use trident_train::StepOutput;
 
 /// `[model] kind = "forecaster"`.
-pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build(b: &Building) -> Result<Built> {
     let ModelConfig::Forecaster(f) = &b.card.model else {
-        bail!("not a forecaster")
+        invalid!("not a forecaster")
     };
     Ok((Net::new(forecaster(f, &b.card.input, b.params, b.seed)?), None))
 }
@@ -28,32 +28,26 @@ impl Network for Forecaster {
 }
 
 /// The forecaster of `f` on `input`'s windows.
-fn forecaster(
-    f: &ForecasterModel,
-    input: &InputSpec,
-    params: &Params,
-    seed: u64,
-) -> anyhow::Result<Forecaster> {
+fn forecaster(f: &ForecasterModel, input: &InputSpec, params: &Params, seed: u64) -> Result<Forecaster> {
     let InputSpec::Series(s) = input else {
-        bail!("a forecaster takes a series (data.kind = \"series\")")
+        invalid!("a forecaster takes a series (data.kind = \"series\")")
     };
     if !(0.0..1.0).contains(&f.dropout) {
-        bail!("model.dropout = {}: must be in [0, 1)", f.dropout);
+        invalid!("model.dropout = {}: must be in [0, 1)", f.dropout);
     }
     let pb = params.builder(seed, None);
     Ok(match f.net {
         ForecastNet::Mlp => {
             let act = trident_nn::custom::activation_by_name(f.activation())
-                .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
+                .map_err(|m| ZooError::Config(format!("model.activation: {m}")))?;
             Forecaster::mlp(&pb, s.inputs(), &f.hidden, s.horizon, act, f.dropout)?
         }
         ForecastNet::Lstm | ForecastNet::Gru => {
-            let width = *f
-                .hidden
-                .first()
-                .context("model.hidden: an lstm or gru needs a width per layer")?;
+            let width = *f.hidden.first().ok_or_else(|| {
+                ZooError::Config("model.hidden: an lstm or gru needs a width per layer".into())
+            })?;
             if f.hidden.iter().any(|&h| h != width) {
-                bail!(
+                invalid!(
                     "model.hidden = {:?}: an lstm or gru stack has one width for every layer",
                     f.hidden
                 );

@@ -2,17 +2,17 @@
 
 use super::{classified, mismatch, Batch, Building, Built, Net, Network};
 use crate::card::{InputSpec, ModelCard, ModelConfig};
-use anyhow::bail;
+use crate::error::{invalid, Result, ZooError};
 use trident_nn::custom::Sequential;
 use trident_nn::layers::Mlp;
 use trident_nn::Ctx;
 use trident_train::StepOutput;
 
 /// The network of a table model (`mlp` or `sequential`) on the card's encoded rows.
-pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build(b: &Building) -> Result<Built> {
     let (card, params, seed) = (b.card, b.params, b.seed);
     let InputSpec::Table { encoder, .. } = &card.input else {
-        bail!("mlp and sequential models take table input (data.kind = \"table\")")
+        invalid!("mlp and sequential models take table input (data.kind = \"table\")")
     };
     let (pb, width, classes) = (params.builder(seed, None), encoder.width(), card.classes.len());
     Ok((
@@ -23,12 +23,12 @@ pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
                 dropout,
             } => {
                 let act = trident_nn::custom::activation_by_name(activation)
-                    .map_err(|m| anyhow::anyhow!("model.activation: {m}"))?;
+                    .map_err(|m| ZooError::Config(format!("model.activation: {m}")))?;
                 if hidden.contains(&0) {
-                    bail!("model.hidden = {hidden:?}: every hidden width must be at least 1");
+                    invalid!("model.hidden = {hidden:?}: every hidden width must be at least 1");
                 }
                 if !(0.0..1.0).contains(dropout) {
-                    bail!("model.dropout = {dropout}: must be in [0, 1)");
+                    invalid!("model.dropout = {dropout}: must be in [0, 1)");
                 }
                 let sizes: Vec<usize> = std::iter::once(width)
                     .chain(hidden.iter().copied())
@@ -37,7 +37,7 @@ pub(super) fn build(b: &Building) -> anyhow::Result<Built> {
                 Net::new(Mlp::new(&pb, &sizes, act, *dropout)?)
             }
             ModelConfig::Sequential(m) => Net::new(Sequential::new(&pb, &m.layers, width, classes)?),
-            _ => bail!("not a table model"),
+            _ => invalid!("not a table model"),
         },
         None,
     ))

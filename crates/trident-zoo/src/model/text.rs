@@ -4,7 +4,7 @@
 
 use super::{classified, mismatch, Batch, Building, Built, Net, Network};
 use crate::card::{BertWidth, ModelCard, ModelConfig, RnnModel};
-use anyhow::{bail, Context};
+use crate::error::{invalid, Result, ZooError};
 use std::path::Path;
 use trident_nn::bert::{load_bert_weights, BertClassifier, BertConfig, Tokenizer};
 use trident_nn::rnn::{CellKind, RnnClassifier};
@@ -14,9 +14,9 @@ use trident_train::StepOutput;
 
 /// `[model] kind = "bert"`: the encoder and tokenizer from the pretrained folder, or from
 /// the checkpoint being loaded.
-pub(super) fn build_bert(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build_bert(b: &Building) -> Result<Built> {
     let ModelConfig::Bert { pretrained, .. } = &b.card.model else {
-        bail!("not a bert model")
+        invalid!("not a bert model")
     };
     let dir = b.asset_dir(pretrained);
     let net = bert(b.card, &dir, b.loading_checkpoint(), b.params, b.seed)?;
@@ -24,9 +24,9 @@ pub(super) fn build_bert(b: &Building) -> anyhow::Result<Built> {
 }
 
 /// `[model] kind = "lstm" | "gru"`: the recurrent classifier over its tokenizer's vocabulary.
-pub(super) fn build_rnn(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build_rnn(b: &Building) -> Result<Built> {
     let (ModelConfig::Lstm(r) | ModelConfig::Gru(r)) = &b.card.model else {
-        bail!("not a recurrent model")
+        invalid!("not a recurrent model")
     };
     let kind = match b.card.model {
         ModelConfig::Lstm(_) => CellKind::Lstm,
@@ -71,20 +71,20 @@ impl Network for BertClassifier {
 
     /// The encoder's `config.json` (describing a student's kept layers and widths) and the
     /// tokenizer.
-    fn assets(&self, card: &ModelCard) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    fn assets(&self, card: &ModelCard) -> Result<Vec<(String, Vec<u8>)>> {
         let ModelConfig::Bert {
             pretrained, layers, ..
         } = &card.model
         else {
-            bail!("a bert network under a card of another kind")
+            invalid!("a bert network under a card of another kind")
         };
         let config = pretrained.join("config.json");
         let mut bytes = read_asset(&config)?;
         let width = BertWidth::of(&card.model);
         if layers.is_some() || width.any() {
             // The checkpoint's config describes the student: its layers and widths.
-            let mut json: serde_json::Value =
-                serde_json::from_slice(&bytes).with_context(|| config.display().to_string())?;
+            let mut json: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| ZooError::file(config.display().to_string(), e))?;
             if let Some(keep) = layers {
                 json["num_hidden_layers"] = keep.len().into();
             }
@@ -110,38 +110,38 @@ impl Network for RnnClassifier {
     }
 
     /// The tokenizer.
-    fn assets(&self, card: &ModelCard) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    fn assets(&self, card: &ModelCard) -> Result<Vec<(String, Vec<u8>)>> {
         let (ModelConfig::Lstm(r) | ModelConfig::Gru(r)) = &card.model else {
-            bail!("a recurrent network under a card of another kind")
+            invalid!("a recurrent network under a card of another kind")
         };
         Ok(vec![("tokenizer.json".into(), read_asset(&r.tokenizer)?)])
     }
 }
 
 /// A file a checkpoint copies, its path named if it cannot be read.
-fn read_asset(file: &Path) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(file).with_context(|| file.display().to_string())
+fn read_asset(file: &Path) -> Result<Vec<u8>> {
+    std::fs::read(file).map_err(|e| ZooError::file(file.display().to_string(), e))
 }
 
 /// `embedding.weight` for a recurrent student: the word embeddings of the BERT folder or
 /// checkpoint `from` projected onto their `dim` leading principal directions, scaled to unit
 /// standard deviation (the scale of a fresh `N(0, 1)` table).
-fn projected_embeddings(from: &Path, vocab: usize, dim: usize) -> anyhow::Result<Loaded> {
+fn projected_embeddings(from: &Path, vocab: usize, dim: usize) -> Result<Loaded> {
     let l = load_bert_weights(from)?;
     let name = "bert.embeddings.word_embeddings.weight";
     let table = l
         .tensor(name)
-        .with_context(|| format!("model.embeddings = {}: no {name}", from.display()))?;
+        .ok_or_else(|| ZooError::Config(format!("model.embeddings = {}: no {name}", from.display())))?;
     let (rows, width) = table.dims2()?;
     if rows != vocab {
-        bail!(
+        invalid!(
             "model.embeddings = {}: {rows} token embeddings, the tokenizer has {vocab} tokens \
              (use that model's tokenizer.json)",
             from.display()
         );
     }
     if dim > width {
-        bail!(
+        invalid!(
             "model.embed = {dim} is wider than {}'s {width}-wide embeddings",
             from.display()
         );
@@ -167,7 +167,7 @@ fn bert(
     from_checkpoint: bool,
     params: &Params,
     seed: u64,
-) -> anyhow::Result<BertClassifier> {
+) -> Result<BertClassifier> {
     let ModelConfig::Bert {
         pooling,
         freeze_encoder,
@@ -175,7 +175,7 @@ fn bert(
         ..
     } = &card.model
     else {
-        bail!("not a bert model")
+        invalid!("not a bert model")
     };
     let classes = card.classes.len();
     let width = BertWidth::of(&card.model);
@@ -201,7 +201,7 @@ fn bert(
             .filter(|n| n.starts_with("bert."))
             .collect();
         if !fresh.is_empty() {
-            bail!(
+            invalid!(
                 "{}: lacks encoder weights {fresh:?}",
                 dir.join("model.safetensors").display()
             );
@@ -219,9 +219,9 @@ fn bert(
 
 /// The encoder's configuration: `dir`'s `config.json`, narrowed to the card's widths and
 /// kept layers unless it is a checkpoint's (which already describes them).
-fn bert_config(card: &ModelCard, dir: &Path, from_checkpoint: bool) -> anyhow::Result<BertConfig> {
+fn bert_config(card: &ModelCard, dir: &Path, from_checkpoint: bool) -> Result<BertConfig> {
     let ModelConfig::Bert { layers, .. } = &card.model else {
-        bail!("not a bert model")
+        invalid!("not a bert model")
     };
     let width = BertWidth::of(&card.model);
     let mut config = BertConfig::read(&dir.join("config.json"))?;
@@ -232,7 +232,7 @@ fn bert_config(card: &ModelCard, dir: &Path, from_checkpoint: bool) -> anyhow::R
         config.intermediate_size = width.intermediate.unwrap_or(config.intermediate_size);
         let (h, a) = (config.hidden_size, config.num_attention_heads);
         if h == 0 || a == 0 || h % a != 0 || config.intermediate_size == 0 {
-            bail!(
+            invalid!(
                 "model.hidden = {h}, model.heads = {a}, model.intermediate = {}: the heads must \
                  divide the hidden size and every width be at least 1",
                 config.intermediate_size
@@ -243,7 +243,7 @@ fn bert_config(card: &ModelCard, dir: &Path, from_checkpoint: bool) -> anyhow::R
     if let (Some(keep), false) = (layers, from_checkpoint) {
         let n = config.num_hidden_layers;
         if keep.is_empty() || keep.iter().any(|&l| l >= n) {
-            bail!(
+            invalid!(
                 "model.layers = {keep:?}: {} has encoder layers 0..{n}; list one or more of them",
                 dir.display()
             );
@@ -265,7 +265,7 @@ fn pretrained_bert_weights(
     layers: Option<&[usize]>,
     width: &BertWidth,
     seed: u64,
-) -> anyhow::Result<Loaded> {
+) -> Result<Loaded> {
     let mut l = load_bert_weights(dir)?;
     if let Some(keep) = layers {
         l.keep_layers("bert.encoder.layer.", keep)?;
@@ -287,7 +287,7 @@ fn pretrained_bert_weights(
         // principal directions of its word embeddings.
         let k = config.hidden_size;
         if k > d[1] {
-            bail!(
+            invalid!(
                 "model.hidden = {k} is wider than the pretrained {}; only narrower students are supported",
                 d[1]
             );
@@ -338,7 +338,7 @@ fn rnn(
     params: &Params,
     seed: u64,
     fresh: bool,
-) -> anyhow::Result<RnnClassifier> {
+) -> Result<RnnClassifier> {
     let vocab = tok.vocab_size();
     let loaded = match &r.embeddings {
         Some(from) if fresh => Some(projected_embeddings(from, vocab, r.embed)?),

@@ -3,7 +3,7 @@
 
 use super::{classified, mismatch, Batch, Building, Built, Net, Network};
 use crate::card::{InputSpec, ModelCard, ModelConfig};
-use anyhow::{bail, Context};
+use crate::error::{invalid, Result, ZooError};
 use trident_data::DataError;
 use trident_nn::efficientnet::EfficientNetLite0;
 use trident_nn::vision::{Cnn, Vit, VitConfig};
@@ -33,25 +33,25 @@ pub fn image_collate(
 }
 
 /// `[model] kind = "vit"`.
-pub(super) fn build_vit(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build_vit(b: &Building) -> Result<Built> {
     let ModelConfig::Vit(c) = &b.card.model else {
-        bail!("not a vit model")
+        invalid!("not a vit model")
     };
     Ok((Net::new(vit(c, b.card, b.params, b.seed)?), None))
 }
 
 /// `[model] kind = "cnn"`.
-pub(super) fn build_cnn(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build_cnn(b: &Building) -> Result<Built> {
     let ModelConfig::Cnn { width, dropout } = b.card.model else {
-        bail!("not a cnn model")
+        invalid!("not a cnn model")
     };
     Ok((Net::new(cnn(width, dropout, b.card, b.params, b.seed)?), None))
 }
 
 /// `[model] kind = "efficientnet_lite0"`.
-pub(super) fn build_efficientnet(b: &Building) -> anyhow::Result<Built> {
+pub(super) fn build_efficientnet(b: &Building) -> Result<Built> {
     let ModelConfig::EfficientnetLite0(e) = &b.card.model else {
-        bail!("not an efficientnet_lite0 model")
+        invalid!("not an efficientnet_lite0 model")
     };
     let net = efficientnet(e, b.card, b.params, b.seed, b.loading_checkpoint())?;
     Ok((Net::new(net), None))
@@ -90,7 +90,7 @@ impl Network for EfficientNetLite0 {
 
 /// The ViT of `[model] kind = "vit"`, its image size and channels checked against the
 /// data's.
-fn vit(c: &VitConfig, card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Vit> {
+fn vit(c: &VitConfig, card: &ModelCard, params: &Params, seed: u64) -> Result<Vit> {
     if let InputSpec::Image {
         channels,
         height,
@@ -99,7 +99,7 @@ fn vit(c: &VitConfig, card: &ModelCard, params: &Params, seed: u64) -> anyhow::R
     } = card.input
     {
         if (c.channels, c.image_size, c.image_size) != (channels, height, width) {
-            bail!(
+            invalid!(
                 "vit: model.image_size = {} and model.channels = {} do not match the {channels}x{height}x{width} images",
                 c.image_size,
                 c.channels
@@ -110,7 +110,7 @@ fn vit(c: &VitConfig, card: &ModelCard, params: &Params, seed: u64) -> anyhow::R
 }
 
 /// The CNN of `[model] kind = "cnn"` for square images.
-fn cnn(width: usize, dropout: f32, card: &ModelCard, params: &Params, seed: u64) -> anyhow::Result<Cnn> {
+fn cnn(width: usize, dropout: f32, card: &ModelCard, params: &Params, seed: u64) -> Result<Cnn> {
     let InputSpec::Image {
         channels,
         height,
@@ -118,10 +118,10 @@ fn cnn(width: usize, dropout: f32, card: &ModelCard, params: &Params, seed: u64)
         ..
     } = card.input
     else {
-        bail!("cnn needs image input")
+        invalid!("cnn needs image input")
     };
     if height != w {
-        bail!("cnn: images must be square, these are {height}x{w}");
+        invalid!("cnn: images must be square, these are {height}x{w}");
     }
     Ok(Cnn::new(
         &params.builder(seed, None),
@@ -142,25 +142,25 @@ fn efficientnet(
     params: &Params,
     seed: u64,
     from_checkpoint: bool,
-) -> anyhow::Result<EfficientNetLite0> {
+) -> Result<EfficientNetLite0> {
     let InputSpec::Image { channels, .. } = card.input else {
-        bail!("efficientnet_lite0 takes images")
+        invalid!("efficientnet_lite0 takes images")
     };
     let probe = e.mode == crate::card::TransferMode::Probe;
     match e.bn_momentum {
-        Some(_) if probe => bail!(
+        Some(_) if probe => invalid!(
             "model.bn_momentum has no effect with model.mode = \"probe\": the frozen backbone runs on its \
              pretrained running statistics; remove it"
         ),
-        Some(m) if !(m > 0.0 && m <= 1.0) => bail!("model.bn_momentum = {m} is not in (0, 1]"),
+        Some(m) if !(m > 0.0 && m <= 1.0) => invalid!("model.bn_momentum = {m} is not in (0, 1]"),
         _ => {}
     }
     let loaded = match (&e.pretrained, from_checkpoint || params.is_view()) {
         (Some(file), false) => Some(
             trident_nn::efficientnet::pretrained(file, false)
-                .with_context(|| format!("model.pretrained = {}", file.display()))?,
+                .map_err(|e| ZooError::file(format!("model.pretrained = {}", file.display()), e))?,
         ),
-        (None, false) if probe => bail!(
+        (None, false) if probe => invalid!(
             "model.mode = \"probe\" trains a classifier on frozen pretrained features: set model.pretrained \
              (scripts/fetch-data.sh efficientnet)"
         ),
