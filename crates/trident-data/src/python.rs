@@ -6,11 +6,21 @@
 use std::path::{Path, PathBuf};
 
 /// The installation prefixes of the Python environments [`package_dirs`] searches, in
-/// its order (pip puts a package's data files, such as `mkl`'s libraries, in `<prefix>/lib`).
+/// its order (`$VIRTUAL_ENV`, `$TRIDENT_PYTHON_ENV` at run time and at build time, the
+/// user's `~/.local`, then each `python3` on `PATH`) (pip puts a package's data files, such as `mkl`'s libraries, in `<prefix>/lib`).
 pub fn prefixes() -> Vec<PathBuf> {
     let mut prefixes: Vec<PathBuf> = Vec::new();
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
         prefixes.push(venv.into());
+    }
+    // An environment named for Trident: at run time, or when the binary was built
+    // (`scripts/quickstart` builds in the project's `.venv`, where it put onnxruntime, so the
+    // installed `trident` finds it from any shell).
+    if let Some(env) = std::env::var_os("TRIDENT_PYTHON_ENV") {
+        prefixes.push(env.into());
+    }
+    if let Some(env) = option_env!("TRIDENT_PYTHON_ENV").filter(|e| !e.is_empty()) {
+        prefixes.push(env.into());
     }
     if let Some(home) = std::env::var_os("HOME") {
         prefixes.push(Path::new(&home).join(".local"));
