@@ -24,7 +24,11 @@ use clap::{Parser, Subcommand};
 
 /// Trident: a deep-learning platform that trains, distills and serves models.
 #[derive(Debug, Parser)]
-#[command(name = "trident", version, about)]
+#[command(
+    name = "trident",
+    version,
+    about = "Trident: train, distill, evaluate, export and serve deep-learning models from one binary"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,15 +36,15 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve a Triton model repository over KServe v2 HTTP, with Prometheus metrics.
+    /// Serve a Triton model repository over KServe v2 HTTP/REST and Triton's gRPC API, with Prometheus metrics.
     Serve(Box<serve::ServeArgs>),
     /// Train a model from a TOML configuration (checkpoints, metrics, TensorBoard, plots).
     Train(learn::TrainArgs),
     /// Distill: a frozen teacher checkpoint teaches the configured student (`[distill]`).
     Distill(learn::TrainArgs),
-    /// Evaluate a checkpoint: metrics per class, ROC-AUC and a confusion matrix.
+    /// Evaluate a checkpoint or its ONNX export: per-class metrics, ROC-AUC, confusion matrix; forecast backtests, anomaly rankings, GAN sample reports.
     Eval(learn::EvalArgs),
-    /// Classify texts, images or table rows with a checkpoint; one JSON line each.
+    /// Predict with a checkpoint: classes (or reconstruction errors) of texts, images or table rows, a series' next values; one JSON line each.
     Predict(learn::PredictArgs),
     /// Export a checkpoint as an ONNX file (portable or ONNX Runtime-fused, fp32 or int8).
     Export(export::ExportArgs),
@@ -64,6 +68,17 @@ fn quiet_on_closed_stdout() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// Parses `args` (the program's name first) as [`run`] would, running nothing: clap's error
+/// names an unknown subcommand or flag, or a value it refuses. The documentation's commands
+/// are checked with it.
+pub fn check_args<I, T>(args: I) -> Result<(), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    Cli::try_parse_from(args).map(|_| ())
 }
 
 /// The `trident` command line: parses the process's arguments and runs the command.

@@ -69,12 +69,16 @@ pub fn run(args: PackageArgs) -> anyhow::Result<()> {
     let folders = folders(&args, &model, &exported, opts)?;
     if let Some(repo) = &args.repository {
         write_repository(repo, &folders, args.force)?;
+        let what = match folders.as_slice() {
+            [_] => format!("model `{}`", args.name),
+            _ => format!(
+                "ensemble `{}` with `{}_preprocess` and `{}_onnx`",
+                args.name, args.name, args.name
+            ),
+        };
         eprintln!(
-            "{}: ensemble `{}` with `{}_preprocess` and `{}_onnx` ({} {}); serve with `trident serve --model-repository {}`",
+            "{}: {what} ({} {}); serve with `trident serve --model-repository {}`",
             repo.display(),
-            args.name,
-            args.name,
-            args.name,
             opts.flavour.name(),
             opts.precision.name(),
             repo.display()

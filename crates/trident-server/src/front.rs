@@ -285,7 +285,7 @@ pub(crate) enum Setting {
 }
 
 /// The log settings in force, under Triton's names. Trident logs with `tracing` to
-/// standard error, filtered by `RUST_LOG` at start; they cannot be changed at run time.
+/// standard error, filtered by `TRIDENT_LOG` at start; they cannot be changed at run time.
 pub(crate) fn log_settings() -> Vec<(&'static str, Setting)> {
     use tracing::level_filters::LevelFilter;
     let level = LevelFilter::current();
@@ -405,7 +405,7 @@ pub(crate) fn refuse_log_change<'a>(keys: impl Iterator<Item = &'a String>) -> R
     match keys.min() {
         Some(key) => Err(ApiError::new(
             axum::http::StatusCode::NOT_IMPLEMENTED,
-            format!("changing log setting '{key}' at run time is not supported by Trident (set RUST_LOG at start)"),
+            format!("changing log setting '{key}' at run time is not supported by Trident (set TRIDENT_LOG at start)"),
         )),
         None => Ok(()),
     }
