@@ -38,7 +38,7 @@ pub enum KdLoss {
         alpha: f64,
     },
     /// DeiT's hard distillation: `½ CE(y, z_s) + ½ CE(argmax z_t, z_s)`.
-    Hard,
+    Hard {},
 }
 
 impl KdLoss {
@@ -69,7 +69,7 @@ impl KdLoss {
                 let hard = ops::cross_entropy(student, labels)?.affine(1.0 - alpha, 0.0)?;
                 soft + hard
             }
-            KdLoss::Hard => {
+            KdLoss::Hard {} => {
                 let argmax: Vec<u32> = ops::argmax_rows(teacher)?.into_iter().map(|i| i as u32).collect();
                 let teacher_labels = Tensor::new(argmax, student.device())?;
                 let a = ops::cross_entropy(student, labels)?;
@@ -789,7 +789,7 @@ mod tests {
             states,
             params: Params::new(),
         };
-        let loss = KdLoss::Hard;
+        let loss = KdLoss::Hard {};
         let plain = loss
             .compute(&logits, &logits, &Tensor::new(&[0u32, 0], &dev).unwrap())
             .unwrap()

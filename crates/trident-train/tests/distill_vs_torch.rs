@@ -40,7 +40,7 @@ fn losses_and_gradients_match_torch() {
                 alpha: 0.7,
             },
         ),
-        ("hard", KdLoss::Hard),
+        ("hard", KdLoss::Hard {}),
     ];
     for (name, loss) in cases {
         let s = Var::from_tensor(&r["student"]).unwrap();
