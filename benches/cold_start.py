@@ -1,4 +1,4 @@
-"""Cold start (issue 21, SV-4), not a test: a server started from nothing on the digits
+"""Cold start, not a test: a server started from nothing on the digits
 model of examples/model_repository, timed from the exec to its first answer.
 
     python3 benches/cold_start.py trident [BIN]        # default target/release/trident

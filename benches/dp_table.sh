@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7's throughput table: the MiniLM fine-tune (examples/sentiment/train.toml, bf16,
+# The throughput table: the MiniLM fine-tune (examples/sentiment/train.toml, bf16,
 # fused AdamW) with a global batch of 16, as
 #   one      1 process × 2 threads, batch 16
 #   threads  --data-parallel 2 (2 replicas × 1 thread, batch 8 each)

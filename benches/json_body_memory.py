@@ -1,5 +1,5 @@
 """Peak-RSS growth of `trident serve` for one large JSON inference body, in both field
-orders (issue 17, finding 4). Starts the given binary on a copy of the fixture model
+orders. Starts the given binary on a copy of the fixture model
 `simple`, sends a ~60 MB body of FP32 data that decodes fully and is then refused
 (shape mismatch), and reads VmHWM before and after.
 

@@ -3,7 +3,7 @@
     python benches/make_bench_repo.py /tmp/bench_repo
 
 Models (same ONNX graph, different serving configuration):
-  mlp_batched   384 -> 1536 -> ReLU -> 384 (the MLP of ../shared/PEERS.md), FP32,
+  mlp_batched   384 -> 1536 -> ReLU -> 384, FP32,
                 max_batch_size 32, dynamic_batching { preferred 8, 16; 100 us delay }
   mlp_nobatch   the same graph, max_batch_size 32, no dynamic batching
   digits        the example model (copied from examples/model_repository)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's results table for the MiniLM fine-tune: examples/sentiment/train.toml in four
+# The results table for the MiniLM fine-tune: examples/sentiment/train.toml in four
 # configurations, each run by `trident train` and profiled over optimizer steps 6..35
 # (the first five warm up; the run stops after step 35):
 #   baseline  num_workers = 0, candle-nn's AdamW op chain (fused = false), f32

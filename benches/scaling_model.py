@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Predicts the data-parallel step time on N machines from measured pieces (issue 7).
+"""Predicts the data-parallel step time on N machines from measured pieces.
 
     step(N) = compute + exchange(N)
     exchange(N) = buckets * latency + 2 (N - 1) / N * gradient_bytes / bandwidth

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Serving benchmark (issue 2, item 10): perf_analyzer 2.51 against trident serve and against
+# Serving benchmark: perf_analyzer 2.51 against trident serve and against
 # the onnxruntime-in-Python peer, same models, same session. Not a test.
 #
 #   PA_DIR=/work/bench benches/serve_bench.sh [OUT_DIR]
 #
-# PA_DIR holds perf_analyzer and palibs/ (libb64, libcudart) set up as in ../shared/PEERS.md (C).
+# PA_DIR holds perf_analyzer and palibs/ (libb64, libcudart) (perf_analyzer from the tritonclient wheel,
+# its libraries from nvidia-pytriton; docs/PERFORMANCE.md says how).
 # Writes one perf_analyzer CSV per run into OUT_DIR (default /tmp/bench_out) and prints a summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-"""Soak test of `trident serve` (issue 17): a mixed valid/invalid load at a fixed rate
+"""Soak test of `trident serve`: a mixed valid/invalid load at a fixed rate
 for a fixed time, sampling the server's RSS, open file descriptors and threads. Flat
 is the goal: a leak shows as a slope.
 

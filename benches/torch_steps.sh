@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 21's comparison on whatever CPU this is, in one command: Trident's MiniLM, Fashion
+# Trident against PyTorch on whatever CPU this is, in one command: Trident's MiniLM, Fashion
 # CNN and Fashion ViT training steps (f32 and bf16) against PyTorch with `torch.compile`
-# (inductor, fused AdamW; bf16 autocast too where the CPU has AMX, as the issue asks),
+# (inductor, fused AdamW; bf16 autocast too where the CPU has AMX),
 # interleaved by benches/step_ab.sh, and the ratio table docs/PERFORMANCE.md keeps per CPU.
 #
-#   benches/issue21.sh [ROUNDS]        # default 3 (MiniLM 8 steps a run, vision 20)
+#   benches/torch_steps.sh [ROUNDS]        # default 3 (MiniLM 8 steps a run, vision 20)
 #
 # Needs a release build of the two step programs, torch + transformers, and the data:
 #   cargo build --release -p trident-train --example minilm_step --example vision_step

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deployment benchmark (issue 18), not a test: the fine-tuned MiniLM of runs/sentiment served
+# Deployment benchmark, not a test: the fine-tuned MiniLM of runs/sentiment served
 # text in -> label out, by
 #   (a) trident serve: `trident package` (native tokenizer backend + exported ONNX on ONNX
 #       Runtime) in three variants: portable fp32, ort-fused fp32, ort-fused int8;

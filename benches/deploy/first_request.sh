@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# First-request latency with and without `model_warmup` (issue 18, SV-6), not a test: the
+# First-request latency with and without `model_warmup`, not a test: the
 # package of runs/sentiment served fresh each time, on each ONNX engine; times the
 # server's start-to-ready and the first three requests (one VADER text each, curl).
 #

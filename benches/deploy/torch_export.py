@@ -1,4 +1,4 @@
-"""The Triton side of the deployment benchmark (issue 18): the ONNX graph that
+"""The Triton side of the deployment benchmark: the ONNX graph that
 `torch.onnx.export` writes from the same checkpoint, the way Triton users serve a
 fine-tuned BERT today. The checkpoint's weights carry Hugging Face's names, so
 transformers' BertModel loads them; mean pooling and the linear head are added as the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gRPC vs HTTP, Trident vs Triton 2.51 (issue 19's benchmark). Not a test.
+# gRPC vs HTTP, Trident vs Triton 2.51. Not a test.
 #
 #   PEERS=/work/peers benches/grpc/grpc_bench.sh [OUT_DIR]
 #

@@ -1,6 +1,6 @@
 """Triton's `simple` example model (INPUT0 + INPUT1, INPUT0 - INPUT1 on INT32[16]) for the
 python backend: the only backend of the Triton 2.51 binary available here (nvidia-pytriton
-0.7.0, ../shared/PEERS.md B). Used by benches/grpc/grpc_bench.sh; not a test."""
+0.7.0). Used by benches/grpc/grpc_bench.sh; not a test."""
 
 import numpy as np
 import triton_python_backend_utils as pb_utils

