@@ -96,7 +96,7 @@ fn words(line: &str) -> Vec<String> {
     }
     if in_word {
         // A redirection's file descriptor (`2>`) is not a word.
-        if !(word.chars().all(|c| c.is_ascii_digit()) && !word.is_empty()) {
+        if !word.chars().all(|c| c.is_ascii_digit()) || word.is_empty() {
             words.push(word);
         }
     }
@@ -174,9 +174,14 @@ fn documented_commands_parse_and_name_real_files() {
                 };
                 let file = root().join(config);
                 if config.starts_with("examples/") {
-                    match trident_tasks::config::RunConfig::read(&file) {
-                        Ok(_) => {}
-                        Err(e) => problems.push(format!("{at}: {config}: {e:#}")),
+                    let checked = match command.get(1).map(String::as_str) {
+                        Some("rl") => trident_rl::config::RlConfig::read(&file).map(|_| ()),
+                        _ => trident_tasks::config::RunConfig::read(&file)
+                            .map(|_| ())
+                            .map_err(|e| format!("{e:#}")),
+                    };
+                    if let Err(e) = checked {
+                        problems.push(format!("{at}: {config}: {e}"));
                     }
                 }
             }

@@ -147,8 +147,9 @@ impl<'a> Checkpoints<'a> {
         params: &Params,
         state: &TrainerState,
         updaters: &[&Updater],
+        extra: &[(String, Vec<u8>)],
     ) -> Result<(), TrainError> {
-        self.save(&self.last, params, state, updaters)
+        self.save(&self.last, params, state, updaters, extra)
     }
 
     /// Writes `best`.
@@ -157,8 +158,9 @@ impl<'a> Checkpoints<'a> {
         params: &Params,
         state: &TrainerState,
         updaters: &[&Updater],
+        extra: &[(String, Vec<u8>)],
     ) -> Result<(), TrainError> {
-        self.save(&self.best, params, state, updaters)
+        self.save(&self.best, params, state, updaters, extra)
     }
 
     /// An epoch's checkpoints: `best` then `last` as its copy when the epoch `improved`,
@@ -170,12 +172,13 @@ impl<'a> Checkpoints<'a> {
         state: &TrainerState,
         updaters: &[&Updater],
         improved: bool,
+        extra: &[(String, Vec<u8>)],
     ) -> Result<(), TrainError> {
         if improved {
-            self.save_best(params, state, updaters)?;
+            self.save_best(params, state, updaters, extra)?;
             self.save_last_as_best()
         } else {
-            self.save_last(params, state, updaters)
+            self.save_last(params, state, updaters, extra)
         }
     }
 
@@ -199,8 +202,15 @@ impl<'a> Checkpoints<'a> {
         params: &Params,
         state: &TrainerState,
         updaters: &[&Updater],
+        extra: &[(String, Vec<u8>)],
     ) -> Result<(), TrainError> {
-        let files = self.files;
+        let joined: Vec<(String, Vec<u8>)>;
+        let files: &[(String, Vec<u8>)] = if extra.is_empty() {
+            self.files
+        } else {
+            joined = self.files.iter().chain(extra).cloned().collect();
+            &joined
+        };
         let Some(d) = self.dp else {
             let optimizers: Vec<_> = updaters.iter().map(|u| u.optimizer()).collect();
             return Ok(checkpoint::save_groups(dir, params, &optimizers, state, files)?);

@@ -33,7 +33,9 @@ pub use log::RunLog;
 pub use profiling::StepProfiler;
 pub use stopping::{EarlyStopping, StopRequest, Verdict};
 pub use supervised::{Supervised, SUPERVISED_METRICS};
-pub use task::{Goal, MetricDef, Metrics, Monitor, Source, StepDone, Task};
+pub use task::{
+    BatchContext, EpochBatches, EpochContext, Goal, MetricDef, Metrics, Monitor, Plan, Source, StepDone, Task,
+};
 pub use updater::Updater;
 
 use crate::checkpoint::TrainerState;

@@ -12,7 +12,6 @@ use crate::checkpoint::TrainerState;
 use crate::ddp::DataParallel;
 use crate::profile::Phase;
 use std::time::Instant;
-use trident_nn::Params;
 
 /// One run in progress: its state and the parts the loop composes.
 struct Run<'a> {
@@ -217,6 +216,9 @@ impl Trainer {
         let checkpoints = Checkpoints::new(&self.run_dir, &self.checkpoint_files, dp);
         let mut groups: Vec<&mut Updater> = updaters.iter_mut().collect();
         let state = checkpoints.open(resume, task.params(), &mut groups, &hash, self.progress)?;
+        if resume {
+            task.load_state(&checkpoints.last)?;
+        }
         task.opened(&state, &mut updaters);
         if let Some(d) = dp {
             // Every rank has looked at the run directory before rank 0 writes to it; then
@@ -285,7 +287,7 @@ impl Run<'_> {
             bar.inc(1);
             let Some(done) = done else { continue };
             step_open = false;
-            let stopped = self.step_done(task.params(), i, done)?;
+            let stopped = self.step_done(task, i, done)?;
             let rate =
                 (self.state.sums.units - units_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
             let mean = self.state.sums.mean_loss();
@@ -334,7 +336,7 @@ impl Run<'_> {
     /// After an optimizer step that ended with the epoch's first `batches` batches: the
     /// counters, the step's log and the periodic checkpoint. Returns whether the run stops
     /// here mid-epoch, in which case `last` holds this step.
-    fn step_done(&mut self, params: &Params, batches: u64, done: StepDone) -> Result<bool, TrainError> {
+    fn step_done<T: Task>(&mut self, task: &mut T, batches: u64, done: StepDone) -> Result<bool, TrainError> {
         let c = &self.trainer.config;
         self.state.optimizer_step += 1;
         self.state.batch_in_epoch = batches;
@@ -347,8 +349,10 @@ impl Run<'_> {
         let periodic = c.checkpoint_every > 0 && n.is_multiple_of(c.checkpoint_every);
         let mid_epoch = batches < self.per_epoch;
         if (done.stop || periodic) && mid_epoch {
+            let extra = task.save_state()?;
             let updaters: Vec<&Updater> = self.updaters.iter().collect();
-            self.checkpoints.save_last(params, &self.state, &updaters)?;
+            self.checkpoints
+                .save_last(task.params(), &self.state, &updaters, &extra)?;
         }
         self.profiler.mark(Phase::Other);
         self.profiler.end_step(n);
@@ -379,9 +383,10 @@ impl Run<'_> {
         let verdict = self
             .rule
             .end_epoch(&mut self.state, epoch, monitored, self.trainer.config.epochs);
+        let extra = task.save_state()?;
         let updaters: Vec<&Updater> = self.updaters.iter().collect();
         self.checkpoints
-            .save_epoch(task.params(), &self.state, &updaters, verdict.improved)?;
+            .save_epoch(task.params(), &self.state, &updaters, verdict.improved, &extra)?;
         self.log.plots_periodically()?;
         Ok(verdict.early)
     }

@@ -205,6 +205,19 @@ pub trait Task {
     /// The epoch's figures: its training figures from the sums, its validation. The loop
     /// adds `train_loss` (the sums' mean loss).
     fn end_epoch(&mut self, cx: EpochContext<'_>) -> Result<Metrics, TrainError>;
+    /// What exact resume needs besides the parameters and optimizer state (an agent's
+    /// environments and generators, a replay buffer), as named files the loop writes into
+    /// every checkpoint with the rest (atomically, in the manifest). Called just before
+    /// each checkpoint is written.
+    fn save_state(&mut self) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
+        Ok(Vec::new())
+    }
+    /// Restores what [`Task::save_state`] wrote, from the checkpoint `dir` a run resumes
+    /// from (after its parameters are loaded, before [`Task::opened`]).
+    fn load_state(&mut self, dir: &std::path::Path) -> Result<(), TrainError> {
+        let _ = dir;
+        Ok(())
+    }
 }
 
 /// Batches, epoch by epoch, each with this rank's share of its global batch.
