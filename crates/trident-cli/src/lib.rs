@@ -18,6 +18,7 @@ mod export;
 mod learn;
 mod package;
 mod quickstart;
+mod rl;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +43,8 @@ enum Command {
     Train(learn::TrainArgs),
     /// Distill: a frozen teacher checkpoint teaches the configured student (`[distill]`).
     Distill(learn::TrainArgs),
+    /// Train a reinforcement-learning agent on a built-in environment (`[env]`, `[agent]`).
+    Rl(rl::RlArgs),
     /// Evaluate a checkpoint or its ONNX export: per-class metrics, ROC-AUC, confusion matrix; forecast backtests, anomaly rankings, GAN sample reports.
     Eval(learn::EvalArgs),
     /// Predict with a checkpoint: classes (or reconstruction errors) of texts, images or table rows, a series' next values; one JSON line each.
@@ -112,6 +115,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(*args),
         Command::Train(args) => learn::train(args, false),
         Command::Distill(args) => learn::train(args, true),
+        Command::Rl(args) => rl::run(args),
         Command::Eval(args) => {
             quiet_on_closed_stdout();
             trident_nn::runtime::on_pool(|| learn::eval(args))

@@ -2,6 +2,7 @@
 //! [`Env`] and plugs in beside the built-in ones.
 
 use crate::rng::NpRandom;
+use serde::{Deserialize, Serialize};
 
 /// What an environment observes or accepts.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,11 +95,36 @@ pub trait Env: Send {
     /// Takes `action` (below the action space's `n`; the built-in environments panic on
     /// another, as gymnasium asserts).
     fn step(&mut self, action: usize) -> Step;
+    /// Everything the environment is (its state and its generator's), for a checkpoint
+    /// that resumes exactly; `None` when it cannot say (a resumed run then starts new
+    /// episodes).
+    fn snapshot(&self) -> Option<Vec<u8>> {
+        None
+    }
+    /// Becomes what [`Env::snapshot`] wrote; an error names what did not fit.
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let _ = snapshot;
+        Err("this environment cannot be restored from a snapshot".into())
+    }
+}
+
+/// [`Env::snapshot`] and [`Env::restore`] of an environment that is serde data.
+#[macro_export]
+macro_rules! serde_snapshot {
+    () => {
+        fn snapshot(&self) -> Option<Vec<u8>> {
+            serde_json::to_vec(self).ok()
+        }
+        fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+            *self = serde_json::from_slice(snapshot).map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    };
 }
 
 /// The generator behind `reset(seed)`, shared by the built-in environments
 /// (gymnasium's `Env.reset(seed=…)`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Seeding {
     rng: Option<NpRandom>,
 }
@@ -121,6 +147,7 @@ impl Seeding {
 }
 
 /// gymnasium's `TimeLimit`: truncates an episode after `max_steps` steps.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TimeLimit<E> {
     env: E,
     max_steps: u64,
@@ -143,7 +170,9 @@ impl<E: Env> TimeLimit<E> {
     }
 }
 
-impl<E: Env> Env for TimeLimit<E> {
+impl<E: Env + Serialize + for<'de> Deserialize<'de>> Env for TimeLimit<E> {
+    crate::serde_snapshot!();
+
     fn observation_space(&self) -> Space {
         self.env.observation_space()
     }

@@ -3,9 +3,12 @@
 //! small [`Env`] trait a user's own environment implements too, and a vectorised runner
 //! with gymnasium's autoreset rule.
 
+pub mod agent;
+pub mod config;
 pub mod env;
 pub mod envs;
 pub mod rng;
+pub mod run;
 pub mod vector;
 
 pub use env::{Env, Info, Obs, Space, Step, TimeLimit};

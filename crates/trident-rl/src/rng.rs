@@ -91,7 +91,7 @@ impl SeedSequence {
 
 /// An environment's generator: numpy's `Generator(PCG64(SeedSequence(seed)))`, with the
 /// draws gymnasium's environments make.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NpRandom {
     pcg: Pcg64,
 }

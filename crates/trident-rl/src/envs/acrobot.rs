@@ -18,7 +18,7 @@ const MAX_VEL_2: f64 = 9.0 * PI;
 const AVAIL_TORQUE: [f64; 3] = [-1.0, 0.0, 1.0];
 
 /// The Acrobot environment (without its time limit: [`crate::make`] adds it).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Acrobot {
     seeding: Seeding,
     /// θ₁, θ₂, θ̇₁, θ̇₂.
@@ -103,6 +103,8 @@ fn wrap(mut x: f64, m: f64, big_m: f64) -> f64 {
 }
 
 impl Env for Acrobot {
+    crate::serde_snapshot!();
+
     fn observation_space(&self) -> Space {
         let high = [1.0, 1.0, 1.0, 1.0, MAX_VEL_1 as f32, MAX_VEL_2 as f32];
         Space::Box {

@@ -18,7 +18,7 @@ const X_THRESHOLD: f64 = 2.4;
 const THETA_THRESHOLD: f64 = 12.0 * 2.0 * std::f64::consts::PI / 360.0;
 
 /// The CartPole environment (without its time limit: [`crate::make`] adds it).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct CartPole {
     seeding: Seeding,
     /// x, ẋ, θ, θ̇.
@@ -44,6 +44,8 @@ impl CartPole {
 }
 
 impl Env for CartPole {
+    crate::serde_snapshot!();
+
     fn observation_space(&self) -> Space {
         let high = [
             X_THRESHOLD * 2.0,

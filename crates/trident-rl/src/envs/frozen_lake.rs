@@ -16,7 +16,7 @@ pub const MAP_8X8: [&str; 8] = [
 type Transition = (f64, usize, f64, bool);
 
 /// The FrozenLake environment (without its time limit: [`crate::make`] adds it).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct FrozenLake {
     seeding: Seeding,
     /// Per state and action, the possible transitions in gymnasium's order.
@@ -94,6 +94,8 @@ impl FrozenLake {
 }
 
 impl Env for FrozenLake {
+    crate::serde_snapshot!();
+
     fn observation_space(&self) -> Space {
         Space::Discrete(self.p.len())
     }

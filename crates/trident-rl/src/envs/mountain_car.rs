@@ -13,7 +13,7 @@ const FORCE: f64 = 0.001;
 const GRAVITY: f64 = 0.0025;
 
 /// The MountainCar environment (without its time limit: [`crate::make`] adds it).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct MountainCar {
     seeding: Seeding,
     /// Position and velocity.
@@ -32,6 +32,8 @@ impl MountainCar {
 }
 
 impl Env for MountainCar {
+    crate::serde_snapshot!();
+
     fn observation_space(&self) -> Space {
         Space::Box {
             low: vec![MIN_POSITION as f32, -MAX_SPEED as f32],

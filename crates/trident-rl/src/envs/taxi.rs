@@ -20,7 +20,7 @@ const LOCS: [(usize, usize); 4] = [(0, 0), (0, 4), (4, 0), (4, 3)];
 const STATES: usize = 500;
 
 /// The Taxi environment (without its time limit: [`crate::make`] adds it).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Taxi {
     seeding: Seeding,
     /// Per state and action: next state, reward, terminated.
@@ -137,6 +137,8 @@ fn dry_transition(row: usize, col: usize, pass: usize, dest: usize, action: usiz
 }
 
 impl Env for Taxi {
+    crate::serde_snapshot!();
+
     fn observation_space(&self) -> Space {
         Space::Discrete(STATES)
     }

@@ -1,0 +1,270 @@
+//! A reinforcement-learning run's TOML (`trident rl --config run.toml`): `[run]`, `[env]`,
+//! `[agent]` (its `kind` and settings) and `[train]` (epochs, checkpoints, the monitored
+//! metric). Every key is checked; a misspelt one is refused with its line.
+
+use crate::agent::tabular::{Method, TabularConfig};
+use crate::agent::EpsilonSchedule;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use trident_train::trainer::Monitor;
+
+/// A run's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlConfig {
+    /// Where the run writes and its seed.
+    pub run: RunSection,
+    /// The environment.
+    pub env: EnvSection,
+    /// The agent.
+    pub agent: AgentConfig,
+    /// The loop's settings.
+    #[serde(default)]
+    pub train: RlTrain,
+}
+
+/// `[run]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Seeds the environment's first reset and the agent's exploration.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// `[env]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSection {
+    /// A built-in environment's id (`CartPole-v1`, `FrozenLake-v1`, `Taxi-v4`, …).
+    pub id: String,
+}
+
+/// `[agent]`: the algorithm, by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AgentConfig {
+    /// Tabular Q-learning.
+    QLearning(TabularSettings),
+    /// Tabular SARSA.
+    Sarsa(TabularSettings),
+}
+
+/// The settings of a tabular agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TabularSettings {
+    /// Step size α.
+    pub alpha: f64,
+    /// Discount γ.
+    #[serde(default = "gamma")]
+    pub gamma: f64,
+    /// ε at the start.
+    #[serde(default = "one")]
+    pub epsilon_start: f64,
+    /// ε after its decay.
+    #[serde(default = "epsilon_end")]
+    pub epsilon_end: f64,
+    /// The share of the run's environment steps over which ε decays linearly.
+    #[serde(default = "half")]
+    pub epsilon_fraction: f64,
+    /// Environment steps per epoch.
+    pub steps_per_epoch: u64,
+    /// Environment steps per iteration (the loop's batch: progress and checkpoints).
+    #[serde(default = "thousand")]
+    pub steps_per_iteration: u64,
+    /// Greedy episodes evaluated at each epoch's end (seeded `eval_seed`, `eval_seed + 1`, …).
+    #[serde(default = "hundred")]
+    pub eval_episodes: u64,
+    /// The first evaluation episode's seed.
+    #[serde(default = "eval_seed")]
+    pub eval_seed: u64,
+}
+
+/// `[train]`: what the training loop reads for an agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlTrain {
+    /// Epochs (each `steps_per_epoch` environment steps, then an evaluation).
+    #[serde(default = "ten")]
+    pub epochs: u64,
+    /// Also write `last` every this many iterations (0: each epoch only).
+    #[serde(default)]
+    pub checkpoint_every: u64,
+    /// Log the iteration's figures to TensorBoard every this many iterations.
+    #[serde(default = "one_u")]
+    pub log_every: u64,
+    /// Stop after this many epochs without improvement of `monitor`.
+    #[serde(default)]
+    pub early_stopping_patience: Option<u64>,
+    /// The metric that picks `best`: `eval_return` (default) or `episodic_return`.
+    #[serde(default = "eval_return")]
+    pub monitor: Monitor,
+}
+
+impl Default for RlTrain {
+    fn default() -> Self {
+        RlTrain {
+            epochs: ten(),
+            checkpoint_every: 0,
+            log_every: 1,
+            early_stopping_patience: None,
+            monitor: eval_return(),
+        }
+    }
+}
+
+fn gamma() -> f64 {
+    0.99
+}
+fn one() -> f64 {
+    1.0
+}
+fn one_u() -> u64 {
+    1
+}
+fn epsilon_end() -> f64 {
+    0.01
+}
+fn half() -> f64 {
+    0.5
+}
+fn thousand() -> u64 {
+    1000
+}
+fn hundred() -> u64 {
+    100
+}
+fn ten() -> u64 {
+    10
+}
+fn eval_seed() -> u64 {
+    1_000_000
+}
+fn eval_return() -> Monitor {
+    Monitor::named("eval_return")
+}
+
+impl RlConfig {
+    /// Parses `file`; errors name the file, the line and the key.
+    pub fn read(file: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        Self::parse(&text).map_err(|e| format!("{}: {e}", file.display()))
+    }
+
+    /// Parses TOML text and checks the settings.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let c: RlConfig = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| key_line(text, s.start, e.message()));
+            let at = at.map(|l| format!("line {l}: ")).unwrap_or_default();
+            format!("{at}{}", e.message())
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !crate::ENV_IDS.contains(&self.env.id.as_str()) {
+            return Err(format!(
+                "env.id = {:?}: one of {}",
+                self.env.id,
+                crate::ENV_IDS.join(", ")
+            ));
+        }
+        if self.train.epochs == 0 {
+            return Err("train.epochs must be at least 1".into());
+        }
+        let (AgentConfig::QLearning(t) | AgentConfig::Sarsa(t)) = &self.agent;
+        if !(t.alpha > 0.0 && t.alpha <= 1.0) {
+            return Err(format!("agent.alpha = {}: must be in (0, 1]", t.alpha));
+        }
+        if !(0.0..=1.0).contains(&t.gamma) {
+            return Err(format!("agent.gamma = {}: must be in [0, 1]", t.gamma));
+        }
+        for (key, v) in [
+            ("agent.epsilon_start", t.epsilon_start),
+            ("agent.epsilon_end", t.epsilon_end),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{key} = {v}: must be in [0, 1]"));
+            }
+        }
+        if !(t.epsilon_fraction > 0.0 && t.epsilon_fraction <= 1.0) {
+            return Err(format!(
+                "agent.epsilon_fraction = {}: must be in (0, 1]",
+                t.epsilon_fraction
+            ));
+        }
+        if t.steps_per_iteration == 0 || t.steps_per_epoch < t.steps_per_iteration {
+            return Err(format!(
+                "agent.steps_per_epoch = {} must be at least agent.steps_per_iteration = {} (at least 1)",
+                t.steps_per_epoch, t.steps_per_iteration
+            ));
+        }
+        if t.steps_per_epoch % t.steps_per_iteration != 0 {
+            return Err(format!(
+                "agent.steps_per_epoch = {} is not a multiple of agent.steps_per_iteration = {}",
+                t.steps_per_epoch, t.steps_per_iteration
+            ));
+        }
+        if !["eval_return", "episodic_return"].contains(&self.train.monitor.name()) {
+            return Err(format!(
+                "train.monitor = {:?}: \"eval_return\" or \"episodic_return\"",
+                self.train.monitor.name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tabular agent's settings, for a tabular `kind`.
+    pub fn tabular(&self) -> Option<TabularConfig> {
+        let (method, t) = match &self.agent {
+            AgentConfig::QLearning(t) => (Method::QLearning, t),
+            AgentConfig::Sarsa(t) => (Method::Sarsa, t),
+        };
+        Some(TabularConfig {
+            method,
+            alpha: t.alpha,
+            gamma: t.gamma,
+            epsilon: EpsilonSchedule {
+                start: t.epsilon_start,
+                end: t.epsilon_end,
+                fraction: t.epsilon_fraction,
+            },
+            steps_per_iteration: t.steps_per_iteration,
+            eval_episodes: t.eval_episodes,
+            eval_seed: t.eval_seed,
+        })
+    }
+
+    /// Iterations per epoch.
+    pub fn iterations_per_epoch(&self) -> u64 {
+        let (AgentConfig::QLearning(t) | AgentConfig::Sarsa(t)) = &self.agent;
+        t.steps_per_epoch / t.steps_per_iteration
+    }
+}
+
+/// The line of an error at byte `at`: for an unknown key, the line of that key at or after
+/// `at` (a tagged table such as `[agent]` is reported at its start), else `at`'s own.
+fn key_line(text: &str, at: usize, message: &str) -> usize {
+    let line_of = |i: usize| text[..i].matches('\n').count() + 1;
+    let key = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next());
+    if let Some(key) = key {
+        let mut offset = at;
+        for line in text[at..].split_inclusive('\n') {
+            let trimmed = line.trim_start();
+            if trimmed
+                .strip_prefix(key)
+                .is_some_and(|r| r.trim_start().starts_with('='))
+            {
+                return line_of(offset);
+            }
+            offset += line.len();
+        }
+    }
+    line_of(at)
+}

@@ -1,0 +1,132 @@
+//! Tabular agents through `trident rl`'s run: they learn FrozenLake and Taxi to the
+//! reference figures, and a run interrupted mid-epoch resumes to the same table.
+
+use trident_rl::config::RlConfig;
+use trident_rl::run::{run, RunOptions};
+
+fn config(dir: &std::path::Path, body: &str) -> (RlConfig, String) {
+    let text = format!("[run]\ndir = {:?}\nseed = 0\n{body}", dir.display().to_string());
+    (RlConfig::parse(&text).expect("a valid config"), text)
+}
+
+const FROZEN_LAKE: &str = r#"
+[env]
+id = "FrozenLake-v1"
+[agent]
+kind = "q_learning"
+alpha = 0.05
+gamma = 0.99
+steps_per_epoch = 60000
+steps_per_iteration = 2000
+eval_episodes = 1000
+[train]
+epochs = 10
+"#;
+
+#[test]
+fn q_learning_solves_frozen_lake() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, text) = config(&dir.path().join("run"), FROZEN_LAKE);
+    let out = run(&c, &text, RunOptions::default()).expect("trains");
+    let (success, _) = out.evaluation.return_stats();
+    let best = out
+        .summary
+        .records
+        .iter()
+        .filter_map(|r| r.metric("eval_return"))
+        .fold(f64::NAN, f64::max);
+    eprintln!("FrozenLake-v1 greedy success: final {success:.3}, best epoch {best:.3}");
+    assert!(
+        success >= 0.70,
+        "greedy success {success} after 600k steps (optimum 0.744)"
+    );
+    for f in [
+        "metrics.jsonl",
+        "best/agent.json",
+        "best/env.json",
+        "last/model.safetensors",
+        "best/rl.toml",
+    ] {
+        assert!(dir.path().join("run").join(f).exists(), "{f}");
+    }
+}
+
+const TAXI_SHORT: &str = r#"
+[env]
+id = "Taxi-v4"
+[agent]
+kind = "sarsa"
+alpha = 0.1
+steps_per_epoch = 20000
+steps_per_iteration = 1000
+eval_episodes = 20
+[train]
+epochs = 3
+"#;
+
+/// The table and the evaluation figures of a finished run.
+fn outcome(dir: &std::path::Path) -> (Vec<u8>, Vec<f64>) {
+    let table = std::fs::read(dir.join("last/model.safetensors")).unwrap();
+    let returns = std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| v["figures"]["eval_return"].as_f64().unwrap())
+        .collect();
+    (table, returns)
+}
+
+#[test]
+fn an_interrupted_run_resumes_to_the_same_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    let (c, text) = config(&whole, TAXI_SHORT);
+    run(&c, &text, RunOptions::default()).unwrap();
+
+    let cut = dir.path().join("cut");
+    let (c, text) = config(&cut, TAXI_SHORT);
+    let first = RunOptions {
+        stop_after_steps: Some(27),
+        ..Default::default()
+    };
+    let out = run(&c, &text, first).unwrap();
+    assert!(out.summary.interrupted, "stopped mid-run");
+    let again = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    run(&c, &text, again).unwrap();
+    assert_eq!(outcome(&whole), outcome(&cut), "resumed run ≠ uninterrupted run");
+}
+
+#[test]
+fn bad_settings_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[run]\ndir = {:?}\n[env]\nid = \"FrozenLake-v1\"\n[agent]\nkind = \"q_learning\"\nalpha = 0.1\nsteps_per_epoch = 100\nstep_per_iteration = 10\n",
+        dir.path().display().to_string()
+    );
+    let e = RlConfig::parse(&text).unwrap_err();
+    assert!(e.contains("line 9") && e.contains("step_per_iteration"), "{e}");
+    let e = RlConfig::parse(
+        &text
+            .replace("FrozenLake-v1", "FrozenLake-v9")
+            .replace("step_per", "steps_per"),
+    )
+    .unwrap_err();
+    assert!(e.contains("env.id") && e.contains("FrozenLake-v9"), "{e}");
+}
+
+#[test]
+fn every_shipped_rl_configuration_is_accepted() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/rl");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            RlConfig::read(&path).unwrap_or_else(|e| panic!("{e}"));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "{checked} configurations under examples/rl");
+}
