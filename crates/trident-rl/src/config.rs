@@ -2,6 +2,7 @@
 //! `[agent]` (its `kind` and settings) and `[train]` (epochs, checkpoints, the monitored
 //! metric). Every key is checked; a misspelt one is refused with its line.
 
+use crate::agent::dqn::DqnConfig;
 use crate::agent::tabular::{Method, TabularConfig};
 use crate::agent::EpsilonSchedule;
 use serde::{Deserialize, Serialize};
@@ -50,6 +51,73 @@ pub enum AgentConfig {
     QLearning(TabularSettings),
     /// Tabular SARSA.
     Sarsa(TabularSettings),
+    /// Deep Q-learning.
+    Dqn(DqnSettings),
+}
+
+/// The settings of a DQN agent (defaults: rl-baselines3-zoo's tuned CartPole-v1 values).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DqnSettings {
+    /// Hidden widths of the Q-network.
+    #[serde(default = "hidden")]
+    pub hidden: Vec<usize>,
+    /// Adam's learning rate.
+    #[serde(default = "dqn_lr")]
+    pub lr: f64,
+    /// Adam's ε.
+    #[serde(default = "adam_eps")]
+    pub adam_eps: f64,
+    /// Global gradient-norm clipping (none when absent).
+    #[serde(default = "ten_f")]
+    pub max_grad_norm: f64,
+    /// Discount γ.
+    #[serde(default = "gamma")]
+    pub gamma: f64,
+    /// Transitions per gradient step.
+    #[serde(default = "sixty_four")]
+    pub batch_size: usize,
+    /// Transitions the replay buffer keeps.
+    #[serde(default = "buffer")]
+    pub buffer_size: usize,
+    /// Environment steps before learning starts.
+    #[serde(default = "thousand")]
+    pub learning_starts: u64,
+    /// Gradient steps every this many environment steps…
+    #[serde(default = "two_five_six")]
+    pub train_frequency: u64,
+    /// …this many at a time.
+    #[serde(default = "one_two_eight")]
+    pub gradient_steps: u64,
+    /// The target network is copied every this many environment steps.
+    #[serde(default = "ten")]
+    pub target_update_interval: u64,
+    /// Double DQN.
+    #[serde(default)]
+    pub double: bool,
+    /// `huber` (default) or `mse`.
+    #[serde(default = "huber")]
+    pub loss: String,
+    /// ε at the start.
+    #[serde(default = "one")]
+    pub epsilon_start: f64,
+    /// ε after its decay.
+    #[serde(default = "dqn_epsilon_end")]
+    pub epsilon_end: f64,
+    /// The share of the run's steps over which ε decays linearly.
+    #[serde(default = "dqn_epsilon_fraction")]
+    pub epsilon_fraction: f64,
+    /// Environment steps per epoch.
+    pub steps_per_epoch: u64,
+    /// Environment steps per iteration (a multiple of nothing; the progress unit).
+    #[serde(default = "thousand")]
+    pub steps_per_iteration: u64,
+    /// Greedy episodes evaluated at each epoch's end.
+    #[serde(default = "ten")]
+    pub eval_episodes: u64,
+    /// The first evaluation episode's seed.
+    #[serde(default = "eval_seed")]
+    pub eval_seed: u64,
 }
 
 /// The settings of a tabular agent.
@@ -116,6 +184,39 @@ impl Default for RlTrain {
     }
 }
 
+fn hidden() -> Vec<usize> {
+    vec![256, 256]
+}
+fn dqn_lr() -> f64 {
+    2.3e-3
+}
+fn adam_eps() -> f64 {
+    1e-8
+}
+fn ten_f() -> f64 {
+    10.0
+}
+fn sixty_four() -> usize {
+    64
+}
+fn buffer() -> usize {
+    100_000
+}
+fn two_five_six() -> u64 {
+    256
+}
+fn one_two_eight() -> u64 {
+    128
+}
+fn huber() -> String {
+    "huber".into()
+}
+fn dqn_epsilon_end() -> f64 {
+    0.04
+}
+fn dqn_epsilon_fraction() -> f64 {
+    0.16
+}
 fn gamma() -> f64 {
     0.99
 }
@@ -176,37 +277,56 @@ impl RlConfig {
         if self.train.epochs == 0 {
             return Err("train.epochs must be at least 1".into());
         }
-        let (AgentConfig::QLearning(t) | AgentConfig::Sarsa(t)) = &self.agent;
-        if !(t.alpha > 0.0 && t.alpha <= 1.0) {
-            return Err(format!("agent.alpha = {}: must be in (0, 1]", t.alpha));
+        let (per_epoch, per_iteration) = self.steps();
+        if per_iteration == 0 || per_epoch < per_iteration {
+            return Err(format!(
+                "agent.steps_per_epoch = {per_epoch} must be at least agent.steps_per_iteration = {per_iteration} (at least 1)"
+            ));
         }
-        if !(0.0..=1.0).contains(&t.gamma) {
-            return Err(format!("agent.gamma = {}: must be in [0, 1]", t.gamma));
+        if per_epoch % per_iteration != 0 {
+            return Err(format!(
+                "agent.steps_per_epoch = {per_epoch} is not a multiple of agent.steps_per_iteration = {per_iteration}"
+            ));
+        }
+        let (gamma, epsilon) = match &self.agent {
+            AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => {
+                if !(t.alpha > 0.0 && t.alpha <= 1.0) {
+                    return Err(format!("agent.alpha = {}: must be in (0, 1]", t.alpha));
+                }
+                (t.gamma, [t.epsilon_start, t.epsilon_end, t.epsilon_fraction])
+            }
+            AgentConfig::Dqn(d) => {
+                let positive = |v: f64| v > 0.0 && v.is_finite();
+                if !(positive(d.lr) && positive(d.adam_eps) && positive(d.max_grad_norm)) {
+                    return Err("agent.lr, agent.adam_eps and agent.max_grad_norm must be positive".into());
+                }
+                if !["huber", "mse"].contains(&d.loss.as_str()) {
+                    return Err(format!("agent.loss = {:?}: \"huber\" or \"mse\"", d.loss));
+                }
+                if d.hidden.contains(&0) {
+                    return Err(format!(
+                        "agent.hidden = {:?}: every width must be at least 1",
+                        d.hidden
+                    ));
+                }
+                (d.gamma, [d.epsilon_start, d.epsilon_end, d.epsilon_fraction])
+            }
+        };
+        if !(0.0..=1.0).contains(&gamma) {
+            return Err(format!("agent.gamma = {gamma}: must be in [0, 1]"));
         }
         for (key, v) in [
-            ("agent.epsilon_start", t.epsilon_start),
-            ("agent.epsilon_end", t.epsilon_end),
+            ("agent.epsilon_start", epsilon[0]),
+            ("agent.epsilon_end", epsilon[1]),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{key} = {v}: must be in [0, 1]"));
             }
         }
-        if !(t.epsilon_fraction > 0.0 && t.epsilon_fraction <= 1.0) {
+        if !(epsilon[2] > 0.0 && epsilon[2] <= 1.0) {
             return Err(format!(
                 "agent.epsilon_fraction = {}: must be in (0, 1]",
-                t.epsilon_fraction
-            ));
-        }
-        if t.steps_per_iteration == 0 || t.steps_per_epoch < t.steps_per_iteration {
-            return Err(format!(
-                "agent.steps_per_epoch = {} must be at least agent.steps_per_iteration = {} (at least 1)",
-                t.steps_per_epoch, t.steps_per_iteration
-            ));
-        }
-        if t.steps_per_epoch % t.steps_per_iteration != 0 {
-            return Err(format!(
-                "agent.steps_per_epoch = {} is not a multiple of agent.steps_per_iteration = {}",
-                t.steps_per_epoch, t.steps_per_iteration
+                epsilon[2]
             ));
         }
         if !["eval_return", "episodic_return"].contains(&self.train.monitor.name()) {
@@ -223,6 +343,7 @@ impl RlConfig {
         let (method, t) = match &self.agent {
             AgentConfig::QLearning(t) => (Method::QLearning, t),
             AgentConfig::Sarsa(t) => (Method::Sarsa, t),
+            AgentConfig::Dqn(_) => return None,
         };
         Some(TabularConfig {
             method,
@@ -239,10 +360,45 @@ impl RlConfig {
         })
     }
 
+    /// The DQN agent's settings, for `kind = "dqn"`.
+    pub fn dqn(&self) -> Option<DqnConfig> {
+        let AgentConfig::Dqn(d) = &self.agent else {
+            return None;
+        };
+        Some(DqnConfig {
+            hidden: d.hidden.clone(),
+            gamma: d.gamma,
+            batch_size: d.batch_size,
+            buffer_size: d.buffer_size,
+            learning_starts: d.learning_starts,
+            train_frequency: d.train_frequency,
+            gradient_steps: d.gradient_steps,
+            target_update_interval: d.target_update_interval,
+            double: d.double,
+            huber: d.loss == "huber",
+            epsilon: EpsilonSchedule {
+                start: d.epsilon_start,
+                end: d.epsilon_end,
+                fraction: d.epsilon_fraction,
+            },
+            steps_per_iteration: d.steps_per_iteration,
+            eval_episodes: d.eval_episodes,
+            eval_seed: d.eval_seed,
+        })
+    }
+
+    /// Environment steps per epoch and per iteration.
+    pub fn steps(&self) -> (u64, u64) {
+        match &self.agent {
+            AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => (t.steps_per_epoch, t.steps_per_iteration),
+            AgentConfig::Dqn(d) => (d.steps_per_epoch, d.steps_per_iteration),
+        }
+    }
+
     /// Iterations per epoch.
     pub fn iterations_per_epoch(&self) -> u64 {
-        let (AgentConfig::QLearning(t) | AgentConfig::Sarsa(t)) = &self.agent;
-        t.steps_per_epoch / t.steps_per_iteration
+        let (per_epoch, per_iteration) = self.steps();
+        per_epoch / per_iteration
     }
 }
 

@@ -108,15 +108,18 @@ pub trait Env: Send {
     }
 }
 
-/// [`Env::snapshot`] and [`Env::restore`] of an environment that is serde data.
+/// [`Env::snapshot`] and [`Env::restore`] of an environment that is serde data: the
+/// snapshot is the serialised environment (its constant tables skipped), a restore takes
+/// the named fields back from it.
 #[macro_export]
 macro_rules! serde_snapshot {
-    () => {
+    ($($field:ident),+) => {
         fn snapshot(&self) -> Option<Vec<u8>> {
             serde_json::to_vec(self).ok()
         }
         fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-            *self = serde_json::from_slice(snapshot).map_err(|e| e.to_string())?;
+            let saved: Self = serde_json::from_slice(snapshot).map_err(|e| e.to_string())?;
+            $(self.$field = saved.$field;)+
             Ok(())
         }
     };
@@ -147,7 +150,7 @@ impl Seeding {
 }
 
 /// gymnasium's `TimeLimit`: truncates an episode after `max_steps` steps.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct TimeLimit<E> {
     env: E,
     max_steps: u64,
@@ -170,8 +173,29 @@ impl<E: Env> TimeLimit<E> {
     }
 }
 
-impl<E: Env + Serialize + for<'de> Deserialize<'de>> Env for TimeLimit<E> {
-    crate::serde_snapshot!();
+/// A [`TimeLimit`]'s snapshot: its step count and the wrapped environment's.
+#[derive(Serialize, Deserialize)]
+struct LimitSnapshot {
+    elapsed: u64,
+    env: Vec<u8>,
+}
+
+impl<E: Env> Env for TimeLimit<E> {
+    fn snapshot(&self) -> Option<Vec<u8>> {
+        let env = self.env.snapshot()?;
+        serde_json::to_vec(&LimitSnapshot {
+            elapsed: self.elapsed,
+            env,
+        })
+        .ok()
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let s: LimitSnapshot = serde_json::from_slice(snapshot).map_err(|e| e.to_string())?;
+        self.env.restore(&s.env)?;
+        self.elapsed = s.elapsed;
+        Ok(())
+    }
 
     fn observation_space(&self) -> Space {
         self.env.observation_space()

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod config;
 pub mod env;
 pub mod envs;
+mod exact;
 pub mod rng;
 pub mod run;
 pub mod vector;

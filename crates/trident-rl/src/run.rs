@@ -1,11 +1,13 @@
 //! `trident rl`: a run of an agent on Trident's training loop, from its TOML.
 
+use crate::agent::dqn::Dqn;
 use crate::agent::tabular::Tabular;
 use crate::agent::{Episodes, Iterations};
-use crate::config::RlConfig;
+use crate::config::{AgentConfig, RlConfig};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use trident_train::optim::OptimizerConfig;
 use trident_train::trainer::{FitSummary, TrainConfig, TrainError, Trainer};
 
 /// How a run is driven from outside (the command line's flags and signals).
@@ -29,15 +31,29 @@ pub struct RlOutcome {
     pub evaluation: Episodes,
 }
 
-/// The loop's settings for an agent's run.
+/// The loop's settings for an agent's run (a DQN's Adam among them).
 fn train_config(c: &RlConfig) -> TrainConfig {
+    let (lr, optimizer, max_grad_norm) = match &c.agent {
+        AgentConfig::Dqn(d) => (
+            d.lr,
+            OptimizerConfig::Adamw {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: d.adam_eps,
+                weight_decay: 0.0,
+                fused: true,
+            },
+            Some(d.max_grad_norm),
+        ),
+        _ => (0.0, OptimizerConfig::default(), None),
+    };
     TrainConfig {
         epochs: c.train.epochs,
-        lr: 0.0,
+        lr,
         warmup_steps: 0,
         decay: Default::default(),
-        optimizer: Default::default(),
-        max_grad_norm: None,
+        optimizer,
+        max_grad_norm,
         grad_accum: 1,
         early_stopping_patience: c.train.early_stopping_patience,
         monitor: c.train.monitor.clone(),
@@ -52,10 +68,6 @@ fn train_config(c: &RlConfig) -> TrainConfig {
 pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutcome, TrainError> {
     let env = crate::make(&config.env.id).map_err(|e| TrainError::Invalid(e.to_string()))?;
     let eval_env = crate::make(&config.env.id).map_err(|e| TrainError::Invalid(e.to_string()))?;
-    let tabular = config
-        .tabular()
-        .ok_or_else(|| TrainError::Invalid("this agent kind is not built yet".into()))?;
-    let mut agent = Tabular::new(tabular, env, eval_env, config.run.seed)?;
     let mut trainer = Trainer::new(train_config(config), Vec::new(), &config.run.dir);
     trainer.progress = options.progress;
     trainer.stop_after_steps = options.stop_after_steps;
@@ -67,8 +79,17 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
         per_epoch: config.iterations_per_epoch(),
     };
     let hash = serde_json::to_string(config).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    let seed = config.run.seed;
+    if let Some(t) = config.tabular() {
+        let mut agent = Tabular::new(t, env, eval_env, seed)?;
+        let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
+        let evaluation = agent.evaluate(None);
+        return Ok(RlOutcome { summary, evaluation });
+    }
+    let d = config.dqn().expect("the agent kinds are tabular or dqn");
+    let mut agent = Dqn::new(d, env, eval_env, seed)?;
     let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
-    let evaluation = agent.evaluate(None);
+    let evaluation = agent.evaluate(None)?;
     Ok(RlOutcome { summary, evaluation })
 }
 

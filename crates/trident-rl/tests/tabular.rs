@@ -130,3 +130,45 @@ fn every_shipped_rl_configuration_is_accepted() {
     }
     assert!(checked >= 2, "{checked} configurations under examples/rl");
 }
+
+const DQN_SHORT: &str = r#"
+[env]
+id = "CartPole-v1"
+[agent]
+kind = "dqn"
+hidden = [32, 32]
+learning_starts = 200
+train_frequency = 50
+gradient_steps = 4
+target_update_interval = 100
+buffer_size = 1000
+batch_size = 16
+steps_per_epoch = 600
+steps_per_iteration = 100
+eval_episodes = 2
+[train]
+epochs = 2
+"#;
+
+#[test]
+fn an_interrupted_dqn_run_resumes_to_the_same_network() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    let (c, text) = config(&whole, DQN_SHORT);
+    run(&c, &text, RunOptions::default()).unwrap();
+    let cut = dir.path().join("cut");
+    let (c, text) = config(&cut, DQN_SHORT);
+    let first = RunOptions {
+        stop_after_steps: Some(4),
+        ..Default::default()
+    };
+    assert!(run(&c, &text, first).unwrap().summary.interrupted);
+    let again = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    run(&c, &text, again).unwrap();
+    let weights = |d: &std::path::Path| std::fs::read(d.join("last/model.safetensors")).unwrap();
+    assert_eq!(weights(&whole), weights(&cut), "resumed DQN ≠ uninterrupted DQN");
+    assert_eq!(outcome(&whole).1, outcome(&cut).1);
+}

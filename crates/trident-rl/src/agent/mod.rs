@@ -3,6 +3,7 @@
 //! logs, plots and stops them as it does every task; an agent says what an iteration does
 //! and what an epoch reports.
 
+pub mod dqn;
 pub mod tabular;
 
 use crate::env::{Env, Obs};
@@ -52,6 +53,7 @@ impl EpsilonSchedule {
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Episodes {
     /// Each episode's return.
+    #[serde(with = "crate::exact::vec_f64")]
     pub returns: Vec<f64>,
     /// Each episode's length in steps.
     pub lengths: Vec<u64>,

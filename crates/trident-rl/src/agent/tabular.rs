@@ -50,6 +50,7 @@ struct Progress {
     /// The current state, and for SARSA the action already chosen in it.
     state: usize,
     action: Option<usize>,
+    #[serde(with = "crate::exact::f64_bits")]
     episode_return: f64,
     episode_length: u64,
     /// Episodes finished in the current epoch.

@@ -22,6 +22,7 @@ const AVAIL_TORQUE: [f64; 3] = [-1.0, 0.0, 1.0];
 pub struct Acrobot {
     seeding: Seeding,
     /// θ₁, θ₂, θ̇₁, θ̇₂.
+    #[serde(with = "crate::exact::opt_f64s")]
     state: Option<[f64; 4]>,
 }
 
@@ -103,7 +104,7 @@ fn wrap(mut x: f64, m: f64, big_m: f64) -> f64 {
 }
 
 impl Env for Acrobot {
-    crate::serde_snapshot!();
+    crate::serde_snapshot!(seeding, state);
 
     fn observation_space(&self) -> Space {
         let high = [1.0, 1.0, 1.0, 1.0, MAX_VEL_1 as f32, MAX_VEL_2 as f32];

@@ -22,6 +22,7 @@ const THETA_THRESHOLD: f64 = 12.0 * 2.0 * std::f64::consts::PI / 360.0;
 pub struct CartPole {
     seeding: Seeding,
     /// x, ẋ, θ, θ̇.
+    #[serde(with = "crate::exact::opt_f64s")]
     state: Option<[f64; 4]>,
     /// Steps taken since the pole fell (gymnasium rewards 0 after the first).
     steps_beyond_terminated: Option<u64>,
@@ -44,7 +45,7 @@ impl CartPole {
 }
 
 impl Env for CartPole {
-    crate::serde_snapshot!();
+    crate::serde_snapshot!(seeding, state, steps_beyond_terminated);
 
     fn observation_space(&self) -> Space {
         let high = [

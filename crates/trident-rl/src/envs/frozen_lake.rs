@@ -20,7 +20,9 @@ type Transition = (f64, usize, f64, bool);
 pub struct FrozenLake {
     seeding: Seeding,
     /// Per state and action, the possible transitions in gymnasium's order.
+    #[serde(skip)]
     p: Vec<[Vec<Transition>; 4]>,
+    #[serde(skip)]
     initial: Vec<f64>,
     state: Option<usize>,
 }
@@ -94,7 +96,7 @@ impl FrozenLake {
 }
 
 impl Env for FrozenLake {
-    crate::serde_snapshot!();
+    crate::serde_snapshot!(seeding, state);
 
     fn observation_space(&self) -> Space {
         Space::Discrete(self.p.len())

@@ -17,6 +17,7 @@ const GRAVITY: f64 = 0.0025;
 pub struct MountainCar {
     seeding: Seeding,
     /// Position and velocity.
+    #[serde(with = "crate::exact::opt_f64s")]
     state: Option<[f64; 2]>,
 }
 
@@ -32,7 +33,7 @@ impl MountainCar {
 }
 
 impl Env for MountainCar {
-    crate::serde_snapshot!();
+    crate::serde_snapshot!(seeding, state);
 
     fn observation_space(&self) -> Space {
         Space::Box {

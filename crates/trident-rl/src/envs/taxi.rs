@@ -24,7 +24,9 @@ const STATES: usize = 500;
 pub struct Taxi {
     seeding: Seeding,
     /// Per state and action: next state, reward, terminated.
+    #[serde(skip)]
     p: Vec<[(usize, f64, bool); 6]>,
+    #[serde(skip)]
     initial: Vec<f64>,
     state: Option<usize>,
 }
@@ -137,7 +139,7 @@ fn dry_transition(row: usize, col: usize, pass: usize, dest: usize, action: usiz
 }
 
 impl Env for Taxi {
-    crate::serde_snapshot!();
+    crate::serde_snapshot!(seeding, state);
 
     fn observation_space(&self) -> Space {
         Space::Discrete(STATES)
