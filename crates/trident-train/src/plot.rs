@@ -83,6 +83,18 @@ pub fn training_curves(dir: &Path, records: &[EpochRecord]) -> Result<(), PlotEr
             )?;
         }
     }
+    let greedy = series(&figure("eval_return"));
+    if !greedy.is_empty() {
+        // An agent: its returns, training episodes and greedy evaluation.
+        line_chart(
+            &dir.join("returns.png"),
+            "return",
+            &[
+                ("training episodes", series(&figure("episodic_return"))),
+                ("greedy evaluation", greedy),
+            ],
+        )?;
+    }
     if records
         .iter()
         .all(|r| r.metric("train_accuracy").is_none() && r.metric("val_accuracy").is_none())
