@@ -40,13 +40,16 @@ pub fn run(args: RlArgs) -> anyhow::Result<()> {
     }
     for r in &out.summary.records {
         let f = |k: &str| r.metric(k).unwrap_or(f64::NAN);
+        let epsilon = r
+            .metric("epsilon")
+            .map(|e| format!("  ε {e:.3}"))
+            .unwrap_or_default();
         println!(
-            "epoch {:>3}  episodic return {:>9.3}  greedy return {:>9.3} ± {:.3}  ε {:.3}",
+            "epoch {:>3}  episodic return {:>9.3}  greedy return {:>9.3} ± {:.3}{epsilon}",
             r.epoch + 1,
             f("episodic_return"),
             f("eval_return"),
             f("eval_return_std"),
-            f("epsilon"),
         );
     }
     let (mean, std) = out.evaluation.return_stats();

@@ -3,6 +3,7 @@
 //! metric). Every key is checked; a misspelt one is refused with its line.
 
 use crate::agent::dqn::DqnConfig;
+use crate::agent::reinforce::ReinforceConfig;
 use crate::agent::tabular::{Method, TabularConfig};
 use crate::agent::EpsilonSchedule;
 use serde::{Deserialize, Serialize};
@@ -53,6 +54,46 @@ pub enum AgentConfig {
     Sarsa(TabularSettings),
     /// Deep Q-learning.
     Dqn(DqnSettings),
+    /// REINFORCE with a learned baseline.
+    Reinforce(ReinforceSettings),
+}
+
+/// The settings of a REINFORCE agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReinforceSettings {
+    /// Hidden widths of the policy and value networks (tanh).
+    #[serde(default = "reinforce_hidden")]
+    pub hidden: Vec<usize>,
+    /// Adam's learning rate.
+    #[serde(default = "reinforce_lr")]
+    pub lr: f64,
+    /// Adam's ε.
+    #[serde(default = "adam_eps")]
+    pub adam_eps: f64,
+    /// Global gradient-norm clipping.
+    #[serde(default = "half")]
+    pub max_grad_norm: f64,
+    /// Discount γ.
+    #[serde(default = "gamma")]
+    pub gamma: f64,
+    /// Weight of the value loss.
+    #[serde(default = "half")]
+    pub value_coef: f64,
+    /// Scale advantages to zero mean and unit deviation within each update.
+    #[serde(default = "yes")]
+    pub normalize_advantages: bool,
+    /// Complete episodes per epoch.
+    pub episodes_per_epoch: u64,
+    /// Complete episodes per update (the loop's iteration).
+    #[serde(default = "four")]
+    pub episodes_per_iteration: u64,
+    /// Greedy episodes evaluated at each epoch's end.
+    #[serde(default = "ten")]
+    pub eval_episodes: u64,
+    /// The first evaluation episode's seed.
+    #[serde(default = "eval_seed")]
+    pub eval_seed: u64,
 }
 
 /// The settings of a DQN agent (defaults: rl-baselines3-zoo's tuned CartPole-v1 values).
@@ -184,6 +225,18 @@ impl Default for RlTrain {
     }
 }
 
+fn reinforce_hidden() -> Vec<usize> {
+    vec![64, 64]
+}
+fn reinforce_lr() -> f64 {
+    1e-3
+}
+fn yes() -> bool {
+    true
+}
+fn four() -> u64 {
+    4
+}
 fn hidden() -> Vec<usize> {
     vec![256, 256]
 }
@@ -278,14 +331,18 @@ impl RlConfig {
             return Err("train.epochs must be at least 1".into());
         }
         let (per_epoch, per_iteration) = self.steps();
+        let unit = match self.agent {
+            AgentConfig::Reinforce(_) => "episodes",
+            _ => "steps",
+        };
         if per_iteration == 0 || per_epoch < per_iteration {
             return Err(format!(
-                "agent.steps_per_epoch = {per_epoch} must be at least agent.steps_per_iteration = {per_iteration} (at least 1)"
+                "agent.{unit}_per_epoch = {per_epoch} must be at least agent.{unit}_per_iteration = {per_iteration} (at least 1)"
             ));
         }
         if per_epoch % per_iteration != 0 {
             return Err(format!(
-                "agent.steps_per_epoch = {per_epoch} is not a multiple of agent.steps_per_iteration = {per_iteration}"
+                "agent.{unit}_per_epoch = {per_epoch} is not a multiple of agent.{unit}_per_iteration = {per_iteration}"
             ));
         }
         let (gamma, epsilon) = match &self.agent {
@@ -294,6 +351,23 @@ impl RlConfig {
                     return Err(format!("agent.alpha = {}: must be in (0, 1]", t.alpha));
                 }
                 (t.gamma, [t.epsilon_start, t.epsilon_end, t.epsilon_fraction])
+            }
+            AgentConfig::Reinforce(r) => {
+                let positive = |v: f64| v > 0.0 && v.is_finite();
+                if !(positive(r.lr) && positive(r.adam_eps) && positive(r.max_grad_norm))
+                    || r.value_coef < 0.0
+                {
+                    return Err(
+                        "agent.lr, agent.adam_eps and agent.max_grad_norm must be positive, agent.value_coef at least 0".into(),
+                    );
+                }
+                if r.hidden.contains(&0) {
+                    return Err(format!(
+                        "agent.hidden = {:?}: every width must be at least 1",
+                        r.hidden
+                    ));
+                }
+                (r.gamma, [0.0, 0.0, 1.0])
             }
             AgentConfig::Dqn(d) => {
                 let positive = |v: f64| v > 0.0 && v.is_finite();
@@ -343,7 +417,7 @@ impl RlConfig {
         let (method, t) = match &self.agent {
             AgentConfig::QLearning(t) => (Method::QLearning, t),
             AgentConfig::Sarsa(t) => (Method::Sarsa, t),
-            AgentConfig::Dqn(_) => return None,
+            AgentConfig::Dqn(_) | AgentConfig::Reinforce(_) => return None,
         };
         Some(TabularConfig {
             method,
@@ -387,11 +461,28 @@ impl RlConfig {
         })
     }
 
-    /// Environment steps per epoch and per iteration.
+    /// The REINFORCE agent's settings, for `kind = "reinforce"`.
+    pub fn reinforce(&self) -> Option<ReinforceConfig> {
+        let AgentConfig::Reinforce(r) = &self.agent else {
+            return None;
+        };
+        Some(ReinforceConfig {
+            hidden: r.hidden.clone(),
+            gamma: r.gamma,
+            episodes_per_iteration: r.episodes_per_iteration,
+            value_coef: r.value_coef,
+            normalize_advantages: r.normalize_advantages,
+            eval_episodes: r.eval_episodes,
+            eval_seed: r.eval_seed,
+        })
+    }
+
+    /// Units per epoch and per iteration: environment steps, or for REINFORCE episodes.
     pub fn steps(&self) -> (u64, u64) {
         match &self.agent {
             AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => (t.steps_per_epoch, t.steps_per_iteration),
             AgentConfig::Dqn(d) => (d.steps_per_epoch, d.steps_per_iteration),
+            AgentConfig::Reinforce(r) => (r.episodes_per_epoch, r.episodes_per_iteration),
         }
     }
 

@@ -1,6 +1,7 @@
 //! `trident rl`: a run of an agent on Trident's training loop, from its TOML.
 
 use crate::agent::dqn::Dqn;
+use crate::agent::reinforce::Reinforce;
 use crate::agent::tabular::Tabular;
 use crate::agent::{Episodes, Iterations};
 use crate::config::{AgentConfig, RlConfig};
@@ -45,6 +46,17 @@ fn train_config(c: &RlConfig) -> TrainConfig {
             },
             Some(d.max_grad_norm),
         ),
+        AgentConfig::Reinforce(r) => (
+            r.lr,
+            OptimizerConfig::Adamw {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: r.adam_eps,
+                weight_decay: 0.0,
+                fused: true,
+            },
+            Some(r.max_grad_norm),
+        ),
         _ => (0.0, OptimizerConfig::default(), None),
     };
     TrainConfig {
@@ -86,7 +98,15 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
         let evaluation = agent.evaluate(None);
         return Ok(RlOutcome { summary, evaluation });
     }
-    let d = config.dqn().expect("the agent kinds are tabular or dqn");
+    if let Some(r) = config.reinforce() {
+        let mut agent = Reinforce::new(r, env, eval_env, seed)?;
+        let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
+        let evaluation = agent.evaluate(None)?;
+        return Ok(RlOutcome { summary, evaluation });
+    }
+    let d = config
+        .dqn()
+        .expect("the agent kinds are tabular, reinforce or dqn");
     let mut agent = Dqn::new(d, env, eval_env, seed)?;
     let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
     let evaluation = agent.evaluate(None)?;

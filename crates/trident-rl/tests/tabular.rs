@@ -172,3 +172,43 @@ fn an_interrupted_dqn_run_resumes_to_the_same_network() {
     assert_eq!(weights(&whole), weights(&cut), "resumed DQN ≠ uninterrupted DQN");
     assert_eq!(outcome(&whole).1, outcome(&cut).1);
 }
+
+const REINFORCE_SHORT: &str = r#"
+[env]
+id = "CartPole-v1"
+[agent]
+kind = "reinforce"
+hidden = [16]
+episodes_per_epoch = 12
+episodes_per_iteration = 2
+eval_episodes = 2
+[train]
+epochs = 2
+"#;
+
+#[test]
+fn an_interrupted_reinforce_run_resumes_to_the_same_networks() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    let (c, text) = config(&whole, REINFORCE_SHORT);
+    run(&c, &text, RunOptions::default()).unwrap();
+    let cut = dir.path().join("cut");
+    let (c, text) = config(&cut, REINFORCE_SHORT);
+    let first = RunOptions {
+        stop_after_steps: Some(3),
+        ..Default::default()
+    };
+    assert!(run(&c, &text, first).unwrap().summary.interrupted);
+    let again = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    run(&c, &text, again).unwrap();
+    let weights = |d: &std::path::Path| std::fs::read(d.join("last/model.safetensors")).unwrap();
+    assert_eq!(
+        weights(&whole),
+        weights(&cut),
+        "resumed REINFORCE ≠ uninterrupted REINFORCE"
+    );
+    assert_eq!(outcome(&whole).1, outcome(&cut).1);
+}

@@ -4,6 +4,7 @@
 //! and what an epoch reports.
 
 pub mod dqn;
+pub mod reinforce;
 pub mod tabular;
 
 use crate::env::{Env, Obs};
