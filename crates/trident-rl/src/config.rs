@@ -3,6 +3,7 @@
 //! metric). Every key is checked; a misspelt one is refused with its line.
 
 use crate::agent::dqn::DqnConfig;
+use crate::agent::ppo::PpoConfig;
 use crate::agent::reinforce::ReinforceConfig;
 use crate::agent::tabular::{Method, TabularConfig};
 use crate::agent::EpsilonSchedule;
@@ -56,6 +57,70 @@ pub enum AgentConfig {
     Dqn(DqnSettings),
     /// REINFORCE with a learned baseline.
     Reinforce(ReinforceSettings),
+    /// Proximal policy optimisation (CleanRL's `ppo.py`).
+    Ppo(PpoSettings),
+}
+
+/// The settings of a PPO agent (defaults: CleanRL's `ppo.py`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PpoSettings {
+    /// Hidden widths of the actor and the critic (tanh).
+    #[serde(default = "reinforce_hidden")]
+    pub hidden: Vec<usize>,
+    /// Adam's learning rate (annealed linearly to 0 with `anneal_lr`).
+    #[serde(default = "ppo_lr")]
+    pub lr: f64,
+    /// Anneal the learning rate linearly to 0 over the run's iterations.
+    #[serde(default = "yes")]
+    pub anneal_lr: bool,
+    /// Adam's ε.
+    #[serde(default = "ppo_eps")]
+    pub adam_eps: f64,
+    /// Global gradient-norm clipping.
+    #[serde(default = "half")]
+    pub max_grad_norm: f64,
+    /// Environment copies.
+    #[serde(default = "four_usize")]
+    pub num_envs: usize,
+    /// Steps of each copy per iteration.
+    #[serde(default = "one_two_eight_usize")]
+    pub num_steps: usize,
+    /// Discount γ.
+    #[serde(default = "gamma")]
+    pub gamma: f64,
+    /// GAE's λ.
+    #[serde(default = "gae_lambda")]
+    pub gae_lambda: f64,
+    /// Minibatches per pass.
+    #[serde(default = "four_usize")]
+    pub num_minibatches: usize,
+    /// Passes over each iteration's samples.
+    #[serde(default = "four_usize")]
+    pub update_epochs: usize,
+    /// The surrogate's clipping range.
+    #[serde(default = "clip")]
+    pub clip_coef: f64,
+    /// Clip the value loss too.
+    #[serde(default = "yes")]
+    pub clip_vloss: bool,
+    /// Normalise advantages per minibatch.
+    #[serde(default = "yes")]
+    pub norm_adv: bool,
+    /// Entropy bonus weight.
+    #[serde(default = "ent")]
+    pub ent_coef: f64,
+    /// Value loss weight.
+    #[serde(default = "half")]
+    pub vf_coef: f64,
+    /// Environment steps per epoch (a multiple of num_envs × num_steps).
+    pub steps_per_epoch: u64,
+    /// Greedy episodes evaluated at each epoch's end.
+    #[serde(default = "ten")]
+    pub eval_episodes: u64,
+    /// The first evaluation episode's seed.
+    #[serde(default = "eval_seed")]
+    pub eval_seed: u64,
 }
 
 /// The settings of a REINFORCE agent.
@@ -225,6 +290,27 @@ impl Default for RlTrain {
     }
 }
 
+fn ppo_lr() -> f64 {
+    2.5e-4
+}
+fn ppo_eps() -> f64 {
+    1e-5
+}
+fn four_usize() -> usize {
+    4
+}
+fn one_two_eight_usize() -> usize {
+    128
+}
+fn gae_lambda() -> f64 {
+    0.95
+}
+fn clip() -> f64 {
+    0.2
+}
+fn ent() -> f64 {
+    0.01
+}
 fn reinforce_hidden() -> Vec<usize> {
     vec![64, 64]
 }
@@ -335,14 +421,18 @@ impl RlConfig {
             AgentConfig::Reinforce(_) => "episodes",
             _ => "steps",
         };
+        let per_iteration_key = match self.agent {
+            AgentConfig::Ppo(_) => "num_envs × agent.num_steps".to_string(),
+            _ => format!("{unit}_per_iteration"),
+        };
         if per_iteration == 0 || per_epoch < per_iteration {
             return Err(format!(
-                "agent.{unit}_per_epoch = {per_epoch} must be at least agent.{unit}_per_iteration = {per_iteration} (at least 1)"
+                "agent.{unit}_per_epoch = {per_epoch} must be at least agent.{per_iteration_key} = {per_iteration} (at least 1)"
             ));
         }
         if per_epoch % per_iteration != 0 {
             return Err(format!(
-                "agent.{unit}_per_epoch = {per_epoch} is not a multiple of agent.{unit}_per_iteration = {per_iteration}"
+                "agent.{unit}_per_epoch = {per_epoch} is not a multiple of agent.{per_iteration_key} = {per_iteration}"
             ));
         }
         let (gamma, epsilon) = match &self.agent {
@@ -351,6 +441,29 @@ impl RlConfig {
                     return Err(format!("agent.alpha = {}: must be in (0, 1]", t.alpha));
                 }
                 (t.gamma, [t.epsilon_start, t.epsilon_end, t.epsilon_fraction])
+            }
+            AgentConfig::Ppo(p) => {
+                let positive = |v: f64| v > 0.0 && v.is_finite();
+                if !(positive(p.lr)
+                    && positive(p.adam_eps)
+                    && positive(p.max_grad_norm)
+                    && positive(p.clip_coef))
+                {
+                    return Err(
+                        "agent.lr, agent.adam_eps, agent.max_grad_norm and agent.clip_coef must be positive"
+                            .into(),
+                    );
+                }
+                if p.num_envs == 0 || p.num_steps == 0 || p.hidden.contains(&0) {
+                    return Err(
+                        "agent.num_envs, agent.num_steps and every agent.hidden width must be at least 1"
+                            .into(),
+                    );
+                }
+                if !(0.0..=1.0).contains(&p.gae_lambda) {
+                    return Err(format!("agent.gae_lambda = {}: must be in [0, 1]", p.gae_lambda));
+                }
+                (p.gamma, [0.0, 0.0, 1.0])
             }
             AgentConfig::Reinforce(r) => {
                 let positive = |v: f64| v > 0.0 && v.is_finite();
@@ -417,7 +530,7 @@ impl RlConfig {
         let (method, t) = match &self.agent {
             AgentConfig::QLearning(t) => (Method::QLearning, t),
             AgentConfig::Sarsa(t) => (Method::Sarsa, t),
-            AgentConfig::Dqn(_) | AgentConfig::Reinforce(_) => return None,
+            AgentConfig::Dqn(_) | AgentConfig::Reinforce(_) | AgentConfig::Ppo(_) => return None,
         };
         Some(TabularConfig {
             method,
@@ -461,6 +574,29 @@ impl RlConfig {
         })
     }
 
+    /// The PPO agent's settings, for `kind = "ppo"`.
+    pub fn ppo(&self) -> Option<PpoConfig> {
+        let AgentConfig::Ppo(p) = &self.agent else {
+            return None;
+        };
+        Some(PpoConfig {
+            hidden: p.hidden.clone(),
+            num_envs: p.num_envs,
+            num_steps: p.num_steps,
+            gamma: p.gamma,
+            gae_lambda: p.gae_lambda,
+            num_minibatches: p.num_minibatches,
+            update_epochs: p.update_epochs,
+            clip_coef: p.clip_coef,
+            clip_vloss: p.clip_vloss,
+            norm_adv: p.norm_adv,
+            ent_coef: p.ent_coef,
+            vf_coef: p.vf_coef,
+            eval_episodes: p.eval_episodes,
+            eval_seed: p.eval_seed,
+        })
+    }
+
     /// The REINFORCE agent's settings, for `kind = "reinforce"`.
     pub fn reinforce(&self) -> Option<ReinforceConfig> {
         let AgentConfig::Reinforce(r) = &self.agent else {
@@ -483,6 +619,7 @@ impl RlConfig {
             AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => (t.steps_per_epoch, t.steps_per_iteration),
             AgentConfig::Dqn(d) => (d.steps_per_epoch, d.steps_per_iteration),
             AgentConfig::Reinforce(r) => (r.episodes_per_epoch, r.episodes_per_iteration),
+            AgentConfig::Ppo(p) => (p.steps_per_epoch, (p.num_envs * p.num_steps) as u64),
         }
     }
 

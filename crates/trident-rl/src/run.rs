@@ -1,6 +1,7 @@
 //! `trident rl`: a run of an agent on Trident's training loop, from its TOML.
 
 use crate::agent::dqn::Dqn;
+use crate::agent::ppo::Ppo;
 use crate::agent::reinforce::Reinforce;
 use crate::agent::tabular::Tabular;
 use crate::agent::{Episodes, Iterations};
@@ -8,7 +9,7 @@ use crate::config::{AgentConfig, RlConfig};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use trident_train::optim::OptimizerConfig;
+use trident_train::optim::{Decay, OptimizerConfig};
 use trident_train::trainer::{FitSummary, TrainConfig, TrainError, Trainer};
 
 /// How a run is driven from outside (the command line's flags and signals).
@@ -57,13 +58,28 @@ fn train_config(c: &RlConfig) -> TrainConfig {
             },
             Some(r.max_grad_norm),
         ),
+        AgentConfig::Ppo(p) => (
+            p.lr,
+            OptimizerConfig::Adamw {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: p.adam_eps,
+                weight_decay: 0.0,
+                fused: true,
+            },
+            Some(p.max_grad_norm),
+        ),
         _ => (0.0, OptimizerConfig::default(), None),
+    };
+    let decay = match &c.agent {
+        AgentConfig::Ppo(p) if p.anneal_lr => Decay::Linear,
+        _ => Decay::Constant,
     };
     TrainConfig {
         epochs: c.train.epochs,
         lr,
         warmup_steps: 0,
-        decay: Default::default(),
+        decay,
         optimizer,
         max_grad_norm,
         grad_accum: 1,
@@ -96,6 +112,17 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
         let mut agent = Tabular::new(t, env, eval_env, seed)?;
         let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
         let evaluation = agent.evaluate(None);
+        return Ok(RlOutcome { summary, evaluation });
+    }
+    if let Some(p) = config.ppo() {
+        let mut envs = Vec::with_capacity(p.num_envs);
+        for _ in 0..p.num_envs {
+            envs.push(crate::make(&config.env.id).map_err(|e| TrainError::Invalid(e.to_string()))?);
+        }
+        drop(env);
+        let mut agent = Ppo::new(p, envs, eval_env, seed)?;
+        let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
+        let evaluation = agent.evaluate(None)?;
         return Ok(RlOutcome { summary, evaluation });
     }
     if let Some(r) = config.reinforce() {

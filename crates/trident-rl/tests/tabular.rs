@@ -212,3 +212,42 @@ fn an_interrupted_reinforce_run_resumes_to_the_same_networks() {
     );
     assert_eq!(outcome(&whole).1, outcome(&cut).1);
 }
+
+const PPO_SHORT: &str = r#"
+[env]
+id = "CartPole-v1"
+[agent]
+kind = "ppo"
+hidden = [16]
+num_envs = 2
+num_steps = 32
+num_minibatches = 2
+update_epochs = 2
+steps_per_epoch = 256
+eval_episodes = 2
+[train]
+epochs = 2
+"#;
+
+#[test]
+fn an_interrupted_ppo_run_resumes_to_the_same_networks() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    let (c, text) = config(&whole, PPO_SHORT);
+    run(&c, &text, RunOptions::default()).unwrap();
+    let cut = dir.path().join("cut");
+    let (c, text) = config(&cut, PPO_SHORT);
+    let first = RunOptions {
+        stop_after_steps: Some(3),
+        ..Default::default()
+    };
+    assert!(run(&c, &text, first).unwrap().summary.interrupted);
+    let again = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    run(&c, &text, again).unwrap();
+    let weights = |d: &std::path::Path| std::fs::read(d.join("last/model.safetensors")).unwrap();
+    assert_eq!(weights(&whole), weights(&cut), "resumed PPO ≠ uninterrupted PPO");
+    assert_eq!(outcome(&whole).1, outcome(&cut).1);
+}

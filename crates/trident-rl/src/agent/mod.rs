@@ -4,6 +4,7 @@
 //! and what an epoch reports.
 
 pub mod dqn;
+pub mod ppo;
 pub mod reinforce;
 pub mod tabular;
 
