@@ -18,6 +18,23 @@ pub struct RlArgs {
     stop_after_steps: Option<u64>,
 }
 
+/// `trident eval` of an agent: its greedy policy on seeded episodes.
+pub fn evaluate(dir: &std::path::Path, episodes: Option<u64>, seed: Option<u64>) -> anyhow::Result<()> {
+    let (config, out) =
+        trident_rl::run::evaluate_checkpoint(dir, episodes, seed).map_err(anyhow::Error::msg)?;
+    let (mean, std) = out.return_stats();
+    let best = out.returns.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let worst = out.returns.iter().copied().fold(f64::INFINITY, f64::min);
+    println!(
+        "{} ({}): greedy return {mean:.4} ± {std:.4} over {} seeded episodes (min {worst}, max {best}, mean length {:.1})",
+        config.env.id,
+        dir.display(),
+        out.returns.len(),
+        out.mean_length()
+    );
+    Ok(())
+}
+
 pub fn run(args: RlArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

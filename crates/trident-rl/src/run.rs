@@ -146,3 +146,62 @@ pub fn run_file(file: &Path, options: RunOptions) -> Result<RlOutcome, String> {
     let config = RlConfig::parse(&text).map_err(|e| format!("{}: {e}", file.display()))?;
     run(&config, &text, options).map_err(|e| e.to_string())
 }
+
+/// The greedy evaluation of a checkpoint of `trident rl` (`<run>/best` or `<run>/last`):
+/// `episodes` episodes (the run's own count when `None`) from `seed` on (the run's
+/// evaluation seed when `None`), the agent rebuilt from the checkpoint's `rl.toml` and its
+/// weights.
+pub fn evaluate_checkpoint(
+    dir: &Path,
+    episodes: Option<u64>,
+    seed: Option<u64>,
+) -> Result<(RlConfig, Episodes), String> {
+    let err = |e: TrainError| format!("{}: {e}", dir.display());
+    trident_train::checkpoint::verify(dir, &["rl.toml", "model.safetensors"]).map_err(|e| err(e.into()))?;
+    let file = dir.join("rl.toml");
+    let mut config = RlConfig::read(&file)?;
+    match &mut config.agent {
+        AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => {
+            t.eval_episodes = episodes.unwrap_or(t.eval_episodes);
+            t.eval_seed = seed.unwrap_or(t.eval_seed);
+        }
+        AgentConfig::Dqn(d) => {
+            d.eval_episodes = episodes.unwrap_or(d.eval_episodes);
+            d.eval_seed = seed.unwrap_or(d.eval_seed);
+        }
+        AgentConfig::Reinforce(r) => {
+            r.eval_episodes = episodes.unwrap_or(r.eval_episodes);
+            r.eval_seed = seed.unwrap_or(r.eval_seed);
+        }
+        AgentConfig::Ppo(p) => {
+            p.eval_episodes = episodes.unwrap_or(p.eval_episodes);
+            p.eval_seed = seed.unwrap_or(p.eval_seed);
+        }
+    }
+    let make = || crate::make(&config.env.id).map_err(|e| e.to_string());
+    let load = |params: &trident_nn::Params| {
+        trident_train::checkpoint::load_weights(dir, params).map_err(|e| err(e.into()))
+    };
+    let s = config.run.seed;
+    let episodes = if let Some(t) = config.tabular() {
+        let mut a = Tabular::new(t, make()?, make()?, s).map_err(err)?;
+        load(trident_train::trainer::Task::params(&a))?;
+        a.reload().map_err(err)?;
+        a.evaluate(None)
+    } else if let Some(d) = config.dqn() {
+        let mut a = Dqn::new(d, make()?, make()?, s).map_err(err)?;
+        load(trident_train::trainer::Task::params(&a))?;
+        a.evaluate(None).map_err(err)?
+    } else if let Some(r) = config.reinforce() {
+        let mut a = Reinforce::new(r, make()?, make()?, s).map_err(err)?;
+        load(trident_train::trainer::Task::params(&a))?;
+        a.evaluate(None).map_err(err)?
+    } else {
+        let p = config.ppo().expect("the agent kinds");
+        let envs = (0..p.num_envs).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
+        let mut a = Ppo::new(p, envs, make()?, s).map_err(err)?;
+        load(trident_train::trainer::Task::params(&a))?;
+        a.evaluate(None).map_err(err)?
+    };
+    Ok((config, episodes))
+}

@@ -40,8 +40,17 @@ fn q_learning_solves_frozen_lake() {
         success >= 0.70,
         "greedy success {success} after 600k steps (optimum 0.744)"
     );
+    // `trident eval` of the best checkpoint: the same episodes give the best epoch's figure.
+    let (_, again) = trident_rl::run::evaluate_checkpoint(&dir.path().join("run/best"), None, None).unwrap();
+    assert_eq!(
+        again.return_stats().0,
+        best,
+        "the best checkpoint's greedy policy"
+    );
     for f in [
         "metrics.jsonl",
+        "returns.png",
+        "loss.png",
         "best/agent.json",
         "best/env.json",
         "last/model.safetensors",

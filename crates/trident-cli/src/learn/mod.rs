@@ -168,6 +168,13 @@ pub struct EvalArgs {
     /// or tract.
     #[arg(long, requires = "onnx")]
     engine: Option<String>,
+    /// An agent of `trident rl`: greedy episodes to play (default: the run's
+    /// `eval_episodes`).
+    #[arg(long)]
+    episodes: Option<u64>,
+    /// An agent of `trident rl`: the first episode's seed (default: the run's `eval_seed`).
+    #[arg(long)]
+    seed: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -599,6 +606,18 @@ where
 }
 
 pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
+    if args.model.join("rl.toml").exists() {
+        if args.data.is_some() || args.onnx.is_some() || args.out.is_some() || args.split != "test" {
+            bail!("{}: an agent of `trident rl` is evaluated on seeded episodes: --episodes and --seed apply, not --split, --data, --out or --onnx", args.model.display());
+        }
+        return crate::rl::evaluate(&args.model, args.episodes, args.seed);
+    }
+    if args.episodes.is_some() || args.seed.is_some() {
+        bail!(
+            "--episodes and --seed evaluate an agent of `trident rl`; {} is not one",
+            args.model.display()
+        );
+    }
     let run_file = args.model.join("run.toml");
     let mut c = RunConfig::read(&run_file)
         .with_context(|| format!("{} is not a checkpoint of `trident train`", args.model.display()))?;

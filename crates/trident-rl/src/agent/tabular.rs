@@ -159,6 +159,13 @@ impl Tabular {
         }
     }
 
+    /// The table from its `q_table` buffer (after a checkpoint's weights are loaded).
+    pub fn reload(&mut self) -> Result<(), TrainError> {
+        let q = self.params.get("q_table").expect("registered");
+        self.q = q.var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+        Ok(())
+    }
+
     /// The table into its `q_table` buffer (before a checkpoint).
     fn store(&self) -> Result<(), TrainError> {
         let p = self.params.get("q_table").expect("registered");
@@ -337,8 +344,7 @@ impl Task for Tabular {
     }
 
     fn load_state(&mut self, dir: &Path) -> Result<(), TrainError> {
-        let q = self.params.get("q_table").expect("registered");
-        self.q = q.var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+        self.reload()?;
         let read = |name: &str| -> Result<Vec<u8>, TrainError> {
             trident_train::checkpoint::verify(dir, &[name])?;
             std::fs::read(dir.join(name))
