@@ -8,6 +8,7 @@ pub mod config;
 pub mod env;
 pub mod envs;
 mod exact;
+pub mod render;
 pub mod rng;
 pub mod run;
 pub mod vector;

@@ -4,7 +4,7 @@ use crate::agent::dqn::Dqn;
 use crate::agent::ppo::Ppo;
 use crate::agent::reinforce::Reinforce;
 use crate::agent::tabular::Tabular;
-use crate::agent::{Episodes, Iterations};
+use crate::agent::{EpisodeGifs, Episodes, Iterations};
 use crate::config::{AgentConfig, RlConfig};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -108,8 +108,13 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
     };
     let hash = serde_json::to_string(config).map_err(|e| TrainError::Invalid(e.to_string()))?;
     let seed = config.run.seed;
+    let gifs = Some(EpisodeGifs {
+        dir: config.run.dir.join("episodes"),
+        env_id: config.env.id.clone(),
+    });
     if let Some(t) = config.tabular() {
         let mut agent = Tabular::new(t, env, eval_env, seed)?;
+        agent.gifs = gifs.clone();
         let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
         let evaluation = agent.evaluate(None);
         return Ok(RlOutcome { summary, evaluation });
@@ -121,12 +126,14 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
         }
         drop(env);
         let mut agent = Ppo::new(p, envs, eval_env, seed)?;
+        agent.gifs = gifs.clone();
         let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
         let evaluation = agent.evaluate(None)?;
         return Ok(RlOutcome { summary, evaluation });
     }
     if let Some(r) = config.reinforce() {
         let mut agent = Reinforce::new(r, env, eval_env, seed)?;
+        agent.gifs = gifs.clone();
         let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
         let evaluation = agent.evaluate(None)?;
         return Ok(RlOutcome { summary, evaluation });
@@ -135,6 +142,7 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
         .dqn()
         .expect("the agent kinds are tabular, reinforce or dqn");
     let mut agent = Dqn::new(d, env, eval_env, seed)?;
+    agent.gifs = gifs;
     let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
     let evaluation = agent.evaluate(None)?;
     Ok(RlOutcome { summary, evaluation })

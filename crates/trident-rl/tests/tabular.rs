@@ -51,6 +51,8 @@ fn q_learning_solves_frozen_lake() {
         "metrics.jsonl",
         "returns.png",
         "loss.png",
+        "episodes/epoch-001.gif",
+        "episodes/epoch-010.gif",
         "best/agent.json",
         "best/env.json",
         "last/model.safetensors",

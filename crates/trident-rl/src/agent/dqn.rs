@@ -117,6 +117,8 @@ struct Progress {
 
 /// A DQN agent on the training loop.
 pub struct Dqn {
+    /// Draws each epoch's first greedy episode, when set.
+    pub gifs: Option<super::EpisodeGifs>,
     config: DqnConfig,
     env: Box<dyn Env>,
     /// The evaluation copy (taken out while it runs).
@@ -178,6 +180,7 @@ impl Dqn {
         params.set_trainable("target.", false);
         let (obs, _) = env.reset(Some(seed));
         let mut agent = Dqn {
+            gifs: None,
             progress: Progress {
                 steps: 0,
                 updates: 0,
@@ -439,7 +442,7 @@ impl Task for Dqn {
         }))
     }
 
-    fn end_epoch(&mut self, _cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
+    fn end_epoch(&mut self, cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
         let mut m = Metrics::new();
         let done = std::mem::take(&mut self.progress.episodes);
         m.insert("episodic_return".into(), done.return_stats().0);
@@ -451,7 +454,11 @@ impl Task for Dqn {
                 .epsilon
                 .at(self.progress.steps, self.total_steps.get().max(1)),
         );
-        let eval = self.evaluate(None)?;
+        let mut frames = Vec::new();
+        let eval = self.evaluate(self.gifs.is_some().then_some(&mut frames))?;
+        if let Some(g) = &self.gifs {
+            g.write(cx.epoch, &frames)?;
+        }
         let (mean, std) = eval.return_stats();
         m.insert("eval_return".into(), mean);
         m.insert("eval_return_std".into(), std);

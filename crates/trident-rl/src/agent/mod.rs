@@ -85,6 +85,26 @@ pub fn mean_std(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// Where an agent draws the first greedy evaluation episode of every epoch:
+/// `<dir>/epoch-NNN.gif`.
+#[derive(Debug, Clone)]
+pub struct EpisodeGifs {
+    /// The folder (the run's `episodes/`).
+    pub dir: std::path::PathBuf,
+    /// The environment's id (what to draw).
+    pub env_id: String,
+}
+
+impl EpisodeGifs {
+    /// Writes epoch `epoch`'s (0-based) episode.
+    pub fn write(&self, epoch: u64, frames: &[Obs]) -> Result<(), trident_train::trainer::TrainError> {
+        let path = self.dir.join(format!("epoch-{:03}.gif", epoch + 1));
+        crate::render::write_gif(&path, &self.env_id, frames, 40, 300)
+            .map(|_| ())
+            .map_err(trident_train::trainer::TrainError::Invalid)
+    }
+}
+
 /// Runs `episodes` episodes of `policy` on `env`, episode `k` reset with seed `seed + k`;
 /// `policy` sees the observation and returns the action. The frames of the first are
 /// kept when `keep_first` is given.

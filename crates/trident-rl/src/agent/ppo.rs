@@ -71,6 +71,8 @@ struct Progress {
 
 /// A PPO agent on the training loop.
 pub struct Ppo {
+    /// Draws each epoch's first greedy episode, when set.
+    pub gifs: Option<super::EpisodeGifs>,
     config: PpoConfig,
     envs: Vec<Box<dyn Env>>,
     eval_env: Option<Box<dyn Env>>,
@@ -180,6 +182,7 @@ impl Ppo {
         }
         let n = config.num_envs;
         Ok(Ppo {
+            gifs: None,
             progress: Progress {
                 steps: 0,
                 updates: 0,
@@ -573,7 +576,11 @@ impl Task for Ppo {
         ] {
             m.insert(name.into(), cx.state.sums.get(name) / batches);
         }
-        let eval = self.evaluate(None)?;
+        let mut frames = Vec::new();
+        let eval = self.evaluate(self.gifs.is_some().then_some(&mut frames))?;
+        if let Some(g) = &self.gifs {
+            g.write(cx.epoch, &frames)?;
+        }
         let (mean, std) = eval.return_stats();
         m.insert("eval_return".into(), mean);
         m.insert("eval_return_std".into(), std);

@@ -45,6 +45,8 @@ struct Progress {
 
 /// A REINFORCE agent on the training loop.
 pub struct Reinforce {
+    /// Draws each epoch's first greedy episode, when set.
+    pub gifs: Option<super::EpisodeGifs>,
     config: ReinforceConfig,
     env: Box<dyn Env>,
     eval_env: Option<Box<dyn Env>>,
@@ -105,6 +107,7 @@ impl Reinforce {
         )?;
         let (obs, _) = env.reset(Some(seed));
         let mut agent = Reinforce {
+            gifs: None,
             progress: Progress {
                 steps: 0,
                 updates: 0,
@@ -337,13 +340,17 @@ impl Task for Reinforce {
         }))
     }
 
-    fn end_epoch(&mut self, _cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
+    fn end_epoch(&mut self, cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
         let mut m = Metrics::new();
         let done = std::mem::take(&mut self.progress.episodes);
         m.insert("episodic_return".into(), done.return_stats().0);
         m.insert("episodic_length".into(), done.mean_length());
         m.insert("episodes".into(), done.returns.len() as f64);
-        let eval = self.evaluate(None)?;
+        let mut frames = Vec::new();
+        let eval = self.evaluate(self.gifs.is_some().then_some(&mut frames))?;
+        if let Some(g) = &self.gifs {
+            g.write(cx.epoch, &frames)?;
+        }
         let (mean, std) = eval.return_stats();
         m.insert("eval_return".into(), mean);
         m.insert("eval_return_std".into(), std);

@@ -60,6 +60,8 @@ struct Progress {
 
 /// A tabular agent on the training loop.
 pub struct Tabular {
+    /// Draws each epoch's first greedy episode, when set.
+    pub gifs: Option<super::EpisodeGifs>,
     config: TabularConfig,
     env: Box<dyn Env>,
     eval_env: Box<dyn Env>,
@@ -114,6 +116,7 @@ impl Tabular {
         let state = obs.index().expect("discrete");
         let mut explore = NpRandom::from_seed(seed ^ 0x5eed_ab1e);
         let mut agent = Tabular {
+            gifs: None,
             q: vec![0.0; states * actions],
             config,
             env,
@@ -312,7 +315,6 @@ impl Task for Tabular {
     }
 
     fn end_epoch(&mut self, cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
-        let _ = cx;
         let mut m = Metrics::new();
         let done = std::mem::take(&mut self.progress.episodes);
         let (mean, _) = done.return_stats();
@@ -325,7 +327,11 @@ impl Task for Tabular {
                 .epsilon
                 .at(self.progress.steps, self.total_steps.get().max(1)),
         );
-        let eval = self.evaluate(None);
+        let mut frames = Vec::new();
+        let eval = self.evaluate(self.gifs.is_some().then_some(&mut frames));
+        if let Some(g) = &self.gifs {
+            g.write(cx.epoch, &frames)?;
+        }
         let (mean, std) = eval.return_stats();
         m.insert("eval_return".into(), mean);
         m.insert("eval_return_std".into(), std);

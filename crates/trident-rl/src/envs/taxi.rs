@@ -7,7 +7,8 @@
 
 use crate::env::{Env, Info, Obs, Seeding, Space, Step};
 
-const MAP: [&str; 7] = [
+/// The road map: `:` open, `|` a wall between two cells.
+pub const MAP: [&str; 7] = [
     "+---------+",
     "|R: | : :G|",
     "| : | : : |",
