@@ -43,6 +43,72 @@ pub struct RunSection {
 pub struct EnvSection {
     /// A built-in environment's id (`CartPole-v1`, `FrozenLake-v1`, `Taxi-v4`, …).
     pub id: String,
+    /// FrozenLake: slippery ice (gymnasium's `is_slippery`, default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_slippery: Option<bool>,
+    /// FrozenLake: the probability of moving as intended on slippery ice (default 1/3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_rate: Option<f64>,
+    /// FrozenLake: a map of its own, rows of `S`, `F`, `H`, `G` (gymnasium's `desc`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<Vec<String>>,
+}
+
+impl EnvSection {
+    /// The environment with these options and its registered time limit.
+    pub fn make(&self) -> Result<Box<dyn crate::Env>, String> {
+        use crate::envs::{frozen_lake, FrozenLake};
+        let lake = matches!(self.id.as_str(), "FrozenLake-v1" | "FrozenLake8x8-v1");
+        if !lake {
+            return crate::make(&self.id).map_err(|e| e.to_string());
+        }
+        let default_map: &[&str] = if self.id == "FrozenLake-v1" {
+            &frozen_lake::MAP_4X4
+        } else {
+            &frozen_lake::MAP_8X8
+        };
+        let map: Vec<&str> = match &self.map {
+            Some(rows) => rows.iter().map(String::as_str).collect(),
+            None => default_map.to_vec(),
+        };
+        let env = FrozenLake::new(
+            &map,
+            self.is_slippery.unwrap_or(true),
+            self.success_rate.unwrap_or(1.0 / 3.0),
+            [1.0, 0.0, 0.0],
+        );
+        let limit = if self.id == "FrozenLake-v1" { 100 } else { 200 };
+        Ok(Box::new(crate::TimeLimit::new(env, limit)))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let lake = matches!(self.id.as_str(), "FrozenLake-v1" | "FrozenLake8x8-v1");
+        if !lake && (self.is_slippery.is_some() || self.success_rate.is_some() || self.map.is_some()) {
+            return Err(format!(
+                "env.is_slippery, env.success_rate and env.map are FrozenLake's options, not {}'s",
+                self.id
+            ));
+        }
+        if let Some(p) = self.success_rate {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(format!("env.success_rate = {p}: must be in [0, 1]"));
+            }
+        }
+        if let Some(rows) = &self.map {
+            let width = rows.first().map_or(0, String::len);
+            let cells: String = rows.concat();
+            if width == 0
+                || rows.iter().any(|r| r.len() != width)
+                || cells.chars().any(|c| !"SFHG".contains(c))
+            {
+                return Err("env.map: equal rows of S, F, H and G".into());
+            }
+            if cells.matches('S').count() == 0 || !cells.contains('G') {
+                return Err("env.map: at least one start (S) and a goal (G)".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[agent]`: the algorithm, by `kind`.
@@ -413,6 +479,7 @@ impl RlConfig {
                 crate::ENV_IDS.join(", ")
             ));
         }
+        self.env.validate()?;
         if self.train.epochs == 0 {
             return Err("train.epochs must be at least 1".into());
         }

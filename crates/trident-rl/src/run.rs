@@ -94,8 +94,8 @@ fn train_config(c: &RlConfig) -> TrainConfig {
 
 /// Trains the agent `config` describes (its TOML text `text`, copied into checkpoints).
 pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutcome, TrainError> {
-    let env = crate::make(&config.env.id).map_err(|e| TrainError::Invalid(e.to_string()))?;
-    let eval_env = crate::make(&config.env.id).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    let env = config.env.make().map_err(TrainError::Invalid)?;
+    let eval_env = config.env.make().map_err(TrainError::Invalid)?;
     let mut trainer = Trainer::new(train_config(config), Vec::new(), &config.run.dir);
     trainer.progress = options.progress;
     trainer.stop_after_steps = options.stop_after_steps;
@@ -108,7 +108,8 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
     };
     let hash = serde_json::to_string(config).map_err(|e| TrainError::Invalid(e.to_string()))?;
     let seed = config.run.seed;
-    let gifs = Some(EpisodeGifs {
+    // A lake of the user's own map is not drawn (the drawings know the registered maps).
+    let gifs = config.env.map.is_none().then(|| EpisodeGifs {
         dir: config.run.dir.join("episodes"),
         env_id: config.env.id.clone(),
     });
@@ -122,7 +123,7 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
     if let Some(p) = config.ppo() {
         let mut envs = Vec::with_capacity(p.num_envs);
         for _ in 0..p.num_envs {
-            envs.push(crate::make(&config.env.id).map_err(|e| TrainError::Invalid(e.to_string()))?);
+            envs.push(config.env.make().map_err(TrainError::Invalid)?);
         }
         drop(env);
         let mut agent = Ppo::new(p, envs, eval_env, seed)?;
@@ -186,7 +187,7 @@ pub fn evaluate_checkpoint(
             p.eval_seed = seed.unwrap_or(p.eval_seed);
         }
     }
-    let make = || crate::make(&config.env.id).map_err(|e| e.to_string());
+    let make = || config.env.make();
     let load = |params: &trident_nn::Params| {
         trident_train::checkpoint::load_weights(dir, params).map_err(|e| err(e.into()))
     };

@@ -262,3 +262,34 @@ fn an_interrupted_ppo_run_resumes_to_the_same_networks() {
     assert_eq!(weights(&whole), weights(&cut), "resumed PPO ≠ uninterrupted PPO");
     assert_eq!(outcome(&whole).1, outcome(&cut).1);
 }
+
+#[test]
+fn environment_options_reach_the_lake() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = r#"
+[env]
+id = "FrozenLake-v1"
+is_slippery = false
+map = ["SFF", "FHF", "FFG"]
+[agent]
+kind = "q_learning"
+alpha = 0.5
+steps_per_epoch = 2000
+steps_per_iteration = 500
+eval_episodes = 5
+[train]
+epochs = 2
+"#;
+    let (c, text) = config(&dir.path().join("run"), body);
+    let out = run(&c, &text, RunOptions::default()).unwrap();
+    // Ice that does not slip on a 3x3 map: the greedy path always arrives.
+    assert_eq!(out.evaluation.return_stats().0, 1.0);
+    assert_eq!(out.evaluation.mean_length(), 4.0);
+    let bad = |extra: &str| {
+        let text = format!("[run]\ndir = \"x\"\n[env]\n{extra}\n[agent]\nkind = \"q_learning\"\nalpha = 0.5\nsteps_per_epoch = 10\nsteps_per_iteration = 10\n");
+        RlConfig::parse(&text).unwrap_err()
+    };
+    assert!(bad("id = \"Taxi-v4\"\nis_slippery = false").contains("FrozenLake"));
+    assert!(bad("id = \"FrozenLake-v1\"\nmap = [\"SFX\"]").contains("env.map"));
+    assert!(bad("id = \"FrozenLake-v1\"\nsuccess_rate = 2.0").contains("env.success_rate"));
+}

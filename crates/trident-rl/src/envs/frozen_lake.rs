@@ -35,7 +35,12 @@ impl FrozenLake {
         let desc: Vec<&[u8]> = map.iter().map(|r| r.as_bytes()).collect();
         let (nrow, ncol) = (desc.len(), desc[0].len());
         let cells = nrow * ncol;
-        let starts = desc.iter().flat_map(|r| r.iter()).filter(|&&c| c == b'S').count();
+        let starts = desc
+            .iter()
+            .flat_map(|r| r.iter())
+            .filter(|&&c| c == b'S')
+            .count()
+            .max(1);
         let initial = desc
             .iter()
             .flat_map(|r| r.iter())
