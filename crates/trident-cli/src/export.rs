@@ -1,4 +1,5 @@
-//! `trident export`: a checkpoint of `trident train` / `trident distill` as an ONNX file.
+//! `trident export`: a checkpoint of `trident train` / `trident distill` as an ONNX file, or
+//! an agent of `trident rl` as its policy.
 
 use anyhow::Context;
 use clap::Args;
@@ -34,11 +35,46 @@ impl ExportArgs {
     }
 }
 
+/// An agent of `trident rl`: its policy network (observation in; scores and greedy action
+/// out), or its Q-table (state in).
+fn policy(args: &ExportArgs, opts: Options) -> anyhow::Result<trident_export::Exported> {
+    use trident_rl::run::PolicyShape;
+    let (config, agent) =
+        trident_rl::run::load_checkpoint(&args.model, None, None).map_err(anyhow::Error::msg)?;
+    let shape = trident_rl::run::policy_shape(&config).map_err(anyhow::Error::msg)?;
+    let at = || format!("exporting {}", args.model.display());
+    Ok(match shape {
+        PolicyShape::Table { actions } => {
+            trident_export::export_q_table(agent.params(), "q_table", actions, opts).with_context(at)?
+        }
+        PolicyShape::Net {
+            prefix,
+            layers,
+            activation,
+            width,
+            scores,
+            actions,
+        } => {
+            let net = trident_export::PolicyNet {
+                prefix,
+                layers,
+                activation,
+                width,
+                scores,
+            };
+            trident_export::export_policy(agent.params(), &net, actions, opts).with_context(at)?
+        }
+    })
+}
+
 pub fn run(args: ExportArgs) -> anyhow::Result<()> {
     let opts = args.options()?;
-    let model = Model::load_checkpoint(&args.model)?;
-    let exported = trident_export::export(&model, opts)
-        .with_context(|| format!("exporting {}", args.model.display()))?;
+    let exported = if args.model.join("rl.toml").exists() {
+        policy(&args, opts)?
+    } else {
+        let model = Model::load_checkpoint(&args.model)?;
+        trident_export::export(&model, opts).with_context(|| format!("exporting {}", args.model.display()))?
+    };
     crate::learn::write_atomic(&args.out, &exported.to_bytes())?;
     let bytes = std::fs::metadata(&args.out)?.len();
     let nodes: usize = exported.histogram().values().sum();

@@ -18,10 +18,18 @@ pub struct RlArgs {
     stop_after_steps: Option<u64>,
 }
 
-/// `trident eval` of an agent: its greedy policy on seeded episodes.
-pub fn evaluate(dir: &std::path::Path, episodes: Option<u64>, seed: Option<u64>) -> anyhow::Result<()> {
-    let (config, out) =
-        trident_rl::run::evaluate_checkpoint(dir, episodes, seed).map_err(anyhow::Error::msg)?;
+/// `trident eval` of an agent: its greedy policy on seeded episodes — the checkpoint's, or
+/// with `onnx` (a file and an engine) its export's `action` output.
+pub fn evaluate(
+    dir: &std::path::Path,
+    episodes: Option<u64>,
+    seed: Option<u64>,
+    onnx: Option<(&std::path::Path, &str)>,
+) -> anyhow::Result<()> {
+    let (config, out) = match onnx {
+        None => trident_rl::run::evaluate_checkpoint(dir, episodes, seed).map_err(anyhow::Error::msg)?,
+        Some((file, engine)) => exported(dir, episodes, seed, file, engine)?,
+    };
     let (mean, std) = out.return_stats();
     let best = out.returns.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let worst = out.returns.iter().copied().fold(f64::INFINITY, f64::min);
@@ -33,6 +41,81 @@ pub fn evaluate(dir: &std::path::Path, episodes: Option<u64>, seed: Option<u64>)
         out.mean_length()
     );
     Ok(())
+}
+
+/// The greedy episodes of an exported policy: each observation through the graph, its
+/// `action` output played.
+fn exported(
+    dir: &std::path::Path,
+    episodes: Option<u64>,
+    seed: Option<u64>,
+    file: &std::path::Path,
+    engine: &str,
+) -> anyhow::Result<(trident_rl::config::RlConfig, trident_rl::agent::Episodes)> {
+    use trident_core::Tensor;
+    use trident_rl::config::AgentConfig;
+    let config = trident_rl::config::RlConfig::read(&dir.join("rl.toml")).map_err(anyhow::Error::msg)?;
+    let (mut instance, inputs) = crate::learn::onnx_instance(file, engine)?;
+    let mut env = config.env.make().map_err(anyhow::Error::msg)?;
+    let width = env.observation_space().size();
+    let (n, first) = match &config.agent {
+        AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => (t.eval_episodes, t.eval_seed),
+        AgentConfig::Dqn(d) => (d.eval_episodes, d.eval_seed),
+        AgentConfig::Reinforce(r) => (r.eval_episodes, r.eval_seed),
+        AgentConfig::Ppo(p) => (p.eval_episodes, p.eval_seed),
+    };
+    let table = inputs.iter().any(|i| i == "state");
+    let mut failed = None;
+    let out = trident_rl::agent::evaluate(
+        env.as_mut(),
+        episodes.unwrap_or(n),
+        seed.unwrap_or(first),
+        |o| {
+            let input = match (o, table) {
+                (trident_rl::Obs::Index(s), true) => ("state", Tensor::from_i64(vec![1], &[*s as i64])),
+                (trident_rl::Obs::Index(s), false) => {
+                    let mut v = vec![0f32; width];
+                    v[*s] = 1.0;
+                    ("observation", Tensor::from_f32(vec![1, width as i64], &v))
+                }
+                (trident_rl::Obs::Values(v), _) => {
+                    ("observation", Tensor::from_f32(vec![1, v.len() as i64], v))
+                }
+            };
+            let run = input
+                .1
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    instance
+                        .execute(vec![(input.0.to_string(), t)])
+                        .map_err(|e| e.to_string())
+                })
+                .and_then(|outs| {
+                    let (_, a) = outs
+                        .into_iter()
+                        .find(|(n, _)| n == "action")
+                        .ok_or("the graph has no `action` output")?;
+                    let bytes: [u8; 8] = a
+                        .data()
+                        .get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or("`action` is not INT64")?;
+                    Ok(i64::from_le_bytes(bytes) as usize)
+                });
+            match run {
+                Ok(a) => a,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    0
+                }
+            }
+        },
+        None,
+    );
+    if let Some(e) = failed {
+        anyhow::bail!("{}: {e}", file.display());
+    }
+    Ok((config, out))
 }
 
 pub fn run(args: RlArgs) -> anyhow::Result<()> {

@@ -152,3 +152,28 @@ impl Exported {
 pub fn export(model: &trident_zoo::Model, opts: Options) -> Result<Exported> {
     models::export(model, opts)
 }
+
+pub use models::policy::PolicyNet;
+
+/// Exports an agent's network (`trident rl`): input `observation` FP32 `[batch, width]`,
+/// outputs its scores (`logits` of a policy, `q_values` of a Q-network) FP32
+/// `[batch, actions]` and the greedy `action` INT64 `[batch]`.
+pub fn export_policy(
+    params: &trident_nn::Params,
+    net: &PolicyNet,
+    actions: usize,
+    opts: Options,
+) -> Result<Exported> {
+    models::policy::export_net(layers::Writer::new(params, opts), net, actions)
+}
+
+/// Exports a Q-table (the tensor `table` of `params`): input `state` INT64 `[batch]`,
+/// outputs `q_values` and the greedy `action`.
+pub fn export_q_table(
+    params: &trident_nn::Params,
+    table: &str,
+    actions: usize,
+    opts: Options,
+) -> Result<Exported> {
+    models::policy::export_table(layers::Writer::new(params, opts), table, actions)
+}

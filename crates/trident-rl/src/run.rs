@@ -156,19 +156,75 @@ pub fn run_file(file: &Path, options: RunOptions) -> Result<RlOutcome, String> {
     run(&config, &text, options).map_err(|e| e.to_string())
 }
 
-/// The greedy evaluation of a checkpoint of `trident rl` (`<run>/best` or `<run>/last`):
-/// `episodes` episodes (the run's own count when `None`) from `seed` on (the run's
-/// evaluation seed when `None`), the agent rebuilt from the checkpoint's `rl.toml` and its
-/// weights.
-pub fn evaluate_checkpoint(
+/// An agent rebuilt from a checkpoint of `trident rl`.
+pub enum Loaded {
+    /// Tabular Q-learning or SARSA.
+    Tabular(Box<Tabular>),
+    /// DQN.
+    Dqn(Box<Dqn>),
+    /// REINFORCE.
+    Reinforce(Box<Reinforce>),
+    /// PPO.
+    Ppo(Box<Ppo>),
+}
+
+/// What an agent's policy is, for its export.
+pub enum PolicyShape {
+    /// A Q-table: the tensor `q_table`, states × actions.
+    Table {
+        /// Actions.
+        actions: usize,
+    },
+    /// An MLP: its prefix, linear layers, activation, observation width, scores' name.
+    Net {
+        /// The network's parameter prefix.
+        prefix: &'static str,
+        /// Its linear layers.
+        layers: usize,
+        /// Its activation.
+        activation: &'static str,
+        /// The observation's width.
+        width: usize,
+        /// `logits` or `q_values`.
+        scores: &'static str,
+        /// Actions.
+        actions: usize,
+    },
+}
+
+impl Loaded {
+    /// Greedy episodes on the agent's evaluation settings.
+    pub fn evaluate(&mut self) -> Result<Episodes, TrainError> {
+        match self {
+            Loaded::Tabular(a) => Ok(a.evaluate(None)),
+            Loaded::Dqn(a) => a.evaluate(None),
+            Loaded::Reinforce(a) => a.evaluate(None),
+            Loaded::Ppo(a) => a.evaluate(None),
+        }
+    }
+
+    /// The agent's parameters.
+    pub fn params(&self) -> &trident_nn::Params {
+        use trident_train::trainer::Task;
+        match self {
+            Loaded::Tabular(a) => a.params(),
+            Loaded::Dqn(a) => a.params(),
+            Loaded::Reinforce(a) => a.params(),
+            Loaded::Ppo(a) => a.params(),
+        }
+    }
+}
+
+/// Rebuilds the agent of checkpoint `dir` (its `rl.toml` and weights), its evaluation set to
+/// `episodes` episodes from `seed` (the run's own when `None`).
+pub fn load_checkpoint(
     dir: &Path,
     episodes: Option<u64>,
     seed: Option<u64>,
-) -> Result<(RlConfig, Episodes), String> {
+) -> Result<(RlConfig, Loaded), String> {
     let err = |e: TrainError| format!("{}: {e}", dir.display());
     trident_train::checkpoint::verify(dir, &["rl.toml", "model.safetensors"]).map_err(|e| err(e.into()))?;
-    let file = dir.join("rl.toml");
-    let mut config = RlConfig::read(&file)?;
+    let mut config = RlConfig::read(&dir.join("rl.toml"))?;
     match &mut config.agent {
         AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => {
             t.eval_episodes = episodes.unwrap_or(t.eval_episodes);
@@ -192,25 +248,75 @@ pub fn evaluate_checkpoint(
         trident_train::checkpoint::load_weights(dir, params).map_err(|e| err(e.into()))
     };
     let s = config.run.seed;
-    let episodes = if let Some(t) = config.tabular() {
+    let loaded = if let Some(t) = config.tabular() {
         let mut a = Tabular::new(t, make()?, make()?, s).map_err(err)?;
         load(trident_train::trainer::Task::params(&a))?;
         a.reload().map_err(err)?;
-        a.evaluate(None)
+        Loaded::Tabular(Box::new(a))
     } else if let Some(d) = config.dqn() {
-        let mut a = Dqn::new(d, make()?, make()?, s).map_err(err)?;
+        let a = Dqn::new(d, make()?, make()?, s).map_err(err)?;
         load(trident_train::trainer::Task::params(&a))?;
-        a.evaluate(None).map_err(err)?
+        Loaded::Dqn(Box::new(a))
     } else if let Some(r) = config.reinforce() {
-        let mut a = Reinforce::new(r, make()?, make()?, s).map_err(err)?;
+        let a = Reinforce::new(r, make()?, make()?, s).map_err(err)?;
         load(trident_train::trainer::Task::params(&a))?;
-        a.evaluate(None).map_err(err)?
+        Loaded::Reinforce(Box::new(a))
     } else {
         let p = config.ppo().expect("the agent kinds");
         let envs = (0..p.num_envs).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
-        let mut a = Ppo::new(p, envs, make()?, s).map_err(err)?;
+        let a = Ppo::new(p, envs, make()?, s).map_err(err)?;
         load(trident_train::trainer::Task::params(&a))?;
-        a.evaluate(None).map_err(err)?
+        Loaded::Ppo(Box::new(a))
     };
-    Ok((config, episodes))
+    Ok((config, loaded))
+}
+
+/// The shape of the policy of `config`'s agent (for its export).
+pub fn policy_shape(config: &RlConfig) -> Result<PolicyShape, String> {
+    let env = config.env.make()?;
+    let crate::Space::Discrete(actions) = env.action_space() else {
+        return Err("an agent with continuous actions has no policy export yet".into());
+    };
+    let width = env.observation_space().size();
+    Ok(match &config.agent {
+        AgentConfig::QLearning(_) | AgentConfig::Sarsa(_) => PolicyShape::Table { actions },
+        AgentConfig::Dqn(d) => PolicyShape::Net {
+            prefix: "q",
+            layers: d.hidden.len() + 1,
+            activation: "relu",
+            width,
+            scores: "q_values",
+            actions,
+        },
+        AgentConfig::Reinforce(r) => PolicyShape::Net {
+            prefix: "policy",
+            layers: r.hidden.len() + 1,
+            activation: "tanh",
+            width,
+            scores: "logits",
+            actions,
+        },
+        AgentConfig::Ppo(p) => PolicyShape::Net {
+            prefix: "actor",
+            layers: p.hidden.len() + 1,
+            activation: "tanh",
+            width,
+            scores: "logits",
+            actions,
+        },
+    })
+}
+
+/// The greedy evaluation of a checkpoint of `trident rl` (`<run>/best` or `<run>/last`):
+/// `episodes` episodes (the run's own count when `None`) from `seed` on (the run's
+/// evaluation seed when `None`), the agent rebuilt from the checkpoint's `rl.toml` and its
+/// weights.
+pub fn evaluate_checkpoint(
+    dir: &Path,
+    episodes: Option<u64>,
+    seed: Option<u64>,
+) -> Result<(RlConfig, Episodes), String> {
+    let (config, mut agent) = load_checkpoint(dir, episodes, seed)?;
+    let out = agent.evaluate().map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok((config, out))
 }

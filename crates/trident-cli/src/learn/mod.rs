@@ -607,10 +607,14 @@ where
 
 pub fn eval(args: EvalArgs) -> anyhow::Result<()> {
     if args.model.join("rl.toml").exists() {
-        if args.data.is_some() || args.onnx.is_some() || args.out.is_some() || args.split != "test" {
-            bail!("{}: an agent of `trident rl` is evaluated on seeded episodes: --episodes and --seed apply, not --split, --data, --out or --onnx", args.model.display());
+        if args.data.is_some() || args.out.is_some() || args.split != "test" {
+            bail!("{}: an agent of `trident rl` is evaluated on seeded episodes: --episodes, --seed and --onnx apply, not --split, --data or --out", args.model.display());
         }
-        return crate::rl::evaluate(&args.model, args.episodes, args.seed);
+        let onnx = args
+            .onnx
+            .as_deref()
+            .map(|f| (f, args.engine.as_deref().unwrap_or("ort")));
+        return crate::rl::evaluate(&args.model, args.episodes, args.seed, onnx);
     }
     if args.episodes.is_some() || args.seed.is_some() {
         bail!(
@@ -817,24 +821,34 @@ struct OnnxRunner {
     inputs: Vec<String>,
 }
 
+/// One instance of the server's ONNX engine `engine` (ort or tract) running `file`, with
+/// the graph's input names.
+pub(crate) fn onnx_instance(
+    file: &Path,
+    engine: &str,
+) -> anyhow::Result<(Box<dyn trident_serve::backend::ModelInstance>, Vec<String>)> {
+    use trident_serve::backend::LoadOptions;
+    let backend = match engine {
+        "tract" => trident_serve::backend::tract_engine(),
+        "ort" => trident_serve::backend::ort_engine(),
+        other => bail!("--engine `{other}`: expected ort or tract"),
+    }
+    .map_err(|e| anyhow::anyhow!("--engine {engine}: {e}"))?;
+    let options = LoadOptions {
+        threads_per_instance: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        config: Default::default(),
+    };
+    let model = backend.load(file, &options)?;
+    let inputs = model.io().inputs.iter().map(|i| i.name.clone()).collect();
+    Ok((model.instance()?, inputs))
+}
+
 impl OnnxRunner {
     /// `file` on `engine` (ort or tract), as the step that evaluates it.
     fn load(file: &Path, engine: &str) -> anyhow::Result<ExportedStep> {
-        use trident_serve::backend::LoadOptions;
-        let backend = match engine {
-            "tract" => trident_serve::backend::tract_engine(),
-            "ort" => trident_serve::backend::ort_engine(),
-            other => bail!("--engine `{other}`: expected ort or tract"),
-        }
-        .map_err(|e| anyhow::anyhow!("--engine {engine}: {e}"))?;
-        let options = LoadOptions {
-            threads_per_instance: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            config: Default::default(),
-        };
-        let model = backend.load(file, &options)?;
-        let inputs = model.io().inputs.iter().map(|i| i.name.clone()).collect();
+        let (instance, inputs) = onnx_instance(file, engine)?;
         Ok(ExportedStep::new(Box::new(OnnxRunner {
-            instance: std::sync::Mutex::new(model.instance()?),
+            instance: std::sync::Mutex::new(instance),
             inputs,
         })))
     }

@@ -9,6 +9,7 @@ mod cnn;
 mod efficientnet;
 mod forecaster;
 mod gan;
+pub mod policy;
 mod rnn;
 mod table;
 mod vit;
