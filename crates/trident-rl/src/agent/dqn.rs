@@ -5,7 +5,10 @@
 //! Huber (or squared) loss, optional double DQN, Adam through the loop's updater (global
 //! gradient clipping at `train.max_grad_norm`).
 
-use super::{evaluate, Episodes, EpsilonSchedule};
+use super::{
+    argmax, encode, epoch_figures, evaluate_with, evaluated, read_progress, restore_env, return_metrics,
+    state_files, Episodes, EpsilonSchedule,
+};
 use crate::env::{Env, Obs, Space};
 use crate::rng::NpRandom;
 use serde::{Deserialize, Serialize};
@@ -13,7 +16,7 @@ use std::path::Path;
 use trident_nn::layers::Mlp;
 use trident_nn::{Ctx, Device, Params, Tensor};
 use trident_train::trainer::{
-    BatchContext, EpochContext, Goal, MetricDef, Metrics, Plan, StepDone, Task, TrainError, Updater,
+    BatchContext, EpochContext, MetricDef, Metrics, Plan, StepDone, Task, TrainError, Updater,
 };
 
 /// A DQN agent's settings.
@@ -136,7 +139,7 @@ pub struct Dqn {
     seed: u64,
 }
 
-const PROGRESS: &str = "agent.json";
+/// The file of the environment's snapshot in a checkpoint.
 const ENV: &str = "env.json";
 
 impl Dqn {
@@ -209,15 +212,7 @@ impl Dqn {
     }
 
     fn encode(&self, obs: &Obs) -> Vec<f32> {
-        match (obs, self.discrete_obs) {
-            (Obs::Index(i), Some(n)) => {
-                let mut v = vec![0.0; n];
-                v[*i] = 1.0;
-                v
-            }
-            (Obs::Values(v), _) => v.clone(),
-            (Obs::Index(i), None) => vec![*i as f32],
-        }
+        encode(obs, self.discrete_obs)
     }
 
     /// The target network becomes a copy of the online one.
@@ -303,38 +298,18 @@ impl Dqn {
 
     /// Greedy episodes on the evaluation copy.
     pub fn evaluate(&mut self, frames: Option<&mut Vec<Obs>>) -> Result<Episodes, TrainError> {
-        let mut failed = None;
         let (episodes, seed) = (self.config.eval_episodes, self.config.eval_seed);
         let mut env = self.eval_env.take().expect("the evaluation copy");
-        let out = evaluate(
+        let out = evaluate_with(
             env.as_mut(),
             episodes,
             seed,
-            |o| match self.greedy(&self.encode(o)) {
-                Ok(a) => a,
-                Err(e) => {
-                    failed.get_or_insert(e);
-                    0
-                }
-            },
+            |o| self.greedy(&self.encode(o)),
             frames,
         );
         self.eval_env = Some(env);
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        out
     }
-}
-
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 impl Task for Dqn {
@@ -345,16 +320,7 @@ impl Task for Dqn {
     }
 
     fn metrics(&self) -> Vec<MetricDef> {
-        vec![
-            MetricDef {
-                name: "eval_return",
-                goal: Goal::Maximize,
-            },
-            MetricDef {
-                name: "episodic_return",
-                goal: Goal::Maximize,
-            },
-        ]
+        return_metrics()
     }
 
     fn updaters(&self, plan: &Plan<'_>) -> Result<Vec<Updater>, TrainError> {
@@ -443,51 +409,24 @@ impl Task for Dqn {
     }
 
     fn end_epoch(&mut self, cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
-        let mut m = Metrics::new();
         let done = std::mem::take(&mut self.progress.episodes);
-        m.insert("episodic_return".into(), done.return_stats().0);
-        m.insert("episodic_length".into(), done.mean_length());
-        m.insert("episodes".into(), done.returns.len() as f64);
-        m.insert(
-            "epsilon".into(),
-            self.config
-                .epsilon
-                .at(self.progress.steps, self.total_steps.get().max(1)),
-        );
-        let mut frames = Vec::new();
-        let eval = self.evaluate(self.gifs.is_some().then_some(&mut frames))?;
-        if let Some(g) = &self.gifs {
-            g.write(cx.epoch, &frames)?;
-        }
-        let (mean, std) = eval.return_stats();
-        m.insert("eval_return".into(), mean);
-        m.insert("eval_return_std".into(), std);
-        m.insert("eval_length".into(), eval.mean_length());
+        let gifs = self.gifs.clone();
+        let eval = evaluated(&gifs, cx.epoch, |frames| self.evaluate(frames))?;
+        let mut m = epoch_figures(&done, &eval);
+        let epsilon = self
+            .config
+            .epsilon
+            .at(self.progress.steps, self.total_steps.get().max(1));
+        m.insert("epsilon".into(), epsilon);
         Ok(m)
     }
 
     fn save_state(&mut self) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
-        let progress = serde_json::to_vec(&self.progress).map_err(|e| TrainError::Invalid(e.to_string()))?;
-        let mut files = vec![(PROGRESS.to_string(), progress)];
-        if let Some(env) = self.env.snapshot() {
-            files.push((ENV.to_string(), env));
-        }
-        Ok(files)
+        state_files(&self.progress, &[(ENV.into(), self.env.as_ref())])
     }
 
     fn load_state(&mut self, dir: &Path) -> Result<(), TrainError> {
-        let read = |name: &str| -> Result<Vec<u8>, TrainError> {
-            trident_train::checkpoint::verify(dir, &[name])?;
-            std::fs::read(dir.join(name))
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(name).display())))
-        };
-        self.progress = serde_json::from_slice(&read(PROGRESS)?)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(PROGRESS).display())))?;
-        if dir.join(ENV).exists() {
-            self.env
-                .restore(&read(ENV)?)
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(ENV).display())))?;
-        }
-        Ok(())
+        self.progress = read_progress(dir)?;
+        restore_env(self.env.as_mut(), dir, ENV)
     }
 }

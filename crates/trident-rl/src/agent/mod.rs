@@ -9,7 +9,152 @@ pub mod reinforce;
 pub mod tabular;
 
 use crate::env::{Env, Obs};
-use trident_train::trainer::{EpochBatches, Source};
+use std::path::Path;
+use trident_train::trainer::{EpochBatches, Goal, MetricDef, Metrics, Source, TrainError};
+
+/// The metrics every agent reports that `train.monitor` may name.
+pub(crate) fn return_metrics() -> Vec<MetricDef> {
+    vec![
+        MetricDef {
+            name: "eval_return",
+            goal: Goal::Maximize,
+        },
+        MetricDef {
+            name: "episodic_return",
+            goal: Goal::Maximize,
+        },
+    ]
+}
+
+/// The index of the largest value (the first of equal ones).
+pub(crate) fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// A network's input for `obs`: a box's values, or a discrete state one-hot over `discrete`.
+pub(crate) fn encode(obs: &Obs, discrete: Option<usize>) -> Vec<f32> {
+    match (obs, discrete) {
+        (Obs::Index(i), Some(n)) => {
+            let mut v = vec![0.0; n];
+            v[*i] = 1.0;
+            v
+        }
+        (Obs::Values(v), _) => v.clone(),
+        (Obs::Index(i), None) => vec![*i as f32],
+    }
+}
+
+/// An action drawn from probabilities with the uniform draw `u` (the last action when
+/// rounding leaves `u` above their sum).
+pub(crate) fn sample(probabilities: impl IntoIterator<Item = f32>, u: f32, actions: usize) -> usize {
+    let mut acc = 0.0;
+    for (i, p) in probabilities.into_iter().enumerate() {
+        acc += p;
+        if u < acc {
+            return i;
+        }
+    }
+    actions - 1
+}
+
+/// [`evaluate`] with a policy that can fail: the first error is returned.
+pub(crate) fn evaluate_with(
+    env: &mut dyn Env,
+    episodes: u64,
+    seed: u64,
+    mut policy: impl FnMut(&Obs) -> Result<usize, TrainError>,
+    frames: Option<&mut Vec<Obs>>,
+) -> Result<Episodes, TrainError> {
+    let mut failed = None;
+    let out = evaluate(
+        env,
+        episodes,
+        seed,
+        |o| {
+            policy(o).unwrap_or_else(|e| {
+                failed.get_or_insert(e);
+                0
+            })
+        },
+        frames,
+    );
+    failed.map_or(Ok(out), Err)
+}
+
+/// An epoch's evaluation by `run` (given a frame buffer when `gifs` draws it), its episode
+/// drawn.
+pub(crate) fn evaluated(
+    gifs: &Option<EpisodeGifs>,
+    epoch: u64,
+    run: impl FnOnce(Option<&mut Vec<Obs>>) -> Result<Episodes, TrainError>,
+) -> Result<Episodes, TrainError> {
+    let mut frames = Vec::new();
+    let eval = run(gifs.is_some().then_some(&mut frames))?;
+    if let Some(g) = gifs {
+        g.write(epoch, &frames)?;
+    }
+    Ok(eval)
+}
+
+/// The figures every agent's epoch reports: its finished training episodes and the greedy
+/// evaluation.
+pub(crate) fn epoch_figures(done: &Episodes, eval: &Episodes) -> Metrics {
+    let mut m = Metrics::new();
+    m.insert("episodic_return".into(), done.return_stats().0);
+    m.insert("episodic_length".into(), done.mean_length());
+    m.insert("episodes".into(), done.returns.len() as f64);
+    let (mean, std) = eval.return_stats();
+    m.insert("eval_return".into(), mean);
+    m.insert("eval_return_std".into(), std);
+    m.insert("eval_length".into(), eval.mean_length());
+    m
+}
+
+/// The file of an agent's progress in a checkpoint.
+const PROGRESS: &str = "agent.json";
+
+/// An agent's checkpoint files: its progress (`agent.json`) and each environment's snapshot
+/// under its name.
+pub(crate) fn state_files(
+    progress: &impl serde::Serialize,
+    envs: &[(String, &dyn Env)],
+) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
+    let bytes = serde_json::to_vec(progress).map_err(|e| TrainError::Invalid(e.to_string()))?;
+    let mut files = vec![(PROGRESS.to_string(), bytes)];
+    files.extend(
+        envs.iter()
+            .filter_map(|(name, e)| Some((name.clone(), e.snapshot()?))),
+    );
+    Ok(files)
+}
+
+/// A checkpoint file, checked against its manifest.
+fn read_state(dir: &Path, name: &str) -> Result<Vec<u8>, TrainError> {
+    trident_train::checkpoint::verify(dir, &[name])?;
+    std::fs::read(dir.join(name))
+        .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(name).display())))
+}
+
+/// The progress [`state_files`] wrote into checkpoint `dir`.
+pub(crate) fn read_progress<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<T, TrainError> {
+    serde_json::from_slice(&read_state(dir, PROGRESS)?)
+        .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(PROGRESS).display())))
+}
+
+/// `env` restored from its snapshot `name` in checkpoint `dir`, when the checkpoint has one.
+pub(crate) fn restore_env(env: &mut dyn Env, dir: &Path, name: &str) -> Result<(), TrainError> {
+    if !dir.join(name).exists() {
+        return Ok(());
+    }
+    env.restore(&read_state(dir, name)?)
+        .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(name).display())))
+}
 
 /// The iterations of an agent: `per_epoch` of them each epoch, numbered through the run.
 pub struct Iterations {

@@ -6,7 +6,10 @@
 //! initialisation (gains √2, 0.01 for the policy head, 1 for the value head), Adam with
 //! ε = 1e-5, global gradient clipping and a learning rate annealed linearly to 0.
 
-use super::{evaluate, Episodes};
+use super::{
+    argmax, encode, epoch_figures, evaluate_with, evaluated, read_progress, restore_env, return_metrics,
+    sample, state_files, Episodes,
+};
 use crate::env::{Env, Obs, Space};
 use crate::rng::NpRandom;
 use serde::{Deserialize, Serialize};
@@ -14,7 +17,7 @@ use std::path::Path;
 use trident_nn::layers::Mlp;
 use trident_nn::{Ctx, Device, Params, Tensor};
 use trident_train::trainer::{
-    BatchContext, EpochContext, Goal, MetricDef, Metrics, Plan, StepDone, Task, TrainError, Updater,
+    BatchContext, EpochContext, MetricDef, Metrics, Plan, StepDone, Task, TrainError, Updater,
 };
 
 /// A PPO agent's settings.
@@ -64,9 +67,6 @@ struct Progress {
     running_length: Vec<u64>,
     episodes: Episodes,
     rng: NpRandom,
-    /// The last iteration's diagnostics.
-    #[serde(with = "crate::exact::vec_f64")]
-    last: Vec<f64>,
 }
 
 /// A PPO agent on the training loop.
@@ -86,7 +86,20 @@ pub struct Ppo {
     seed: u64,
 }
 
-const PROGRESS: &str = "agent.json";
+/// What each iteration's update reports, averaged over the epoch.
+const DIAGNOSTICS: [&str; 6] = [
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "explained_variance",
+];
+
+/// The file of copy `i`'s snapshot in a checkpoint.
+fn env_file(i: usize) -> String {
+    format!("env-{i}.json")
+}
 
 /// An orthogonal `[rows, cols]` matrix times `gain` (the first `min(rows, cols)` orthonormal
 /// rows or columns of a Gaussian matrix, by Gram–Schmidt), PyTorch's `orthogonal_`.
@@ -193,7 +206,6 @@ impl Ppo {
                 running_length: vec![0; n],
                 episodes: Episodes::default(),
                 rng,
-                last: vec![0.0; 6],
             },
             config,
             envs,
@@ -210,33 +222,20 @@ impl Ppo {
 
     /// Greedy episodes on the evaluation copy (the most probable action).
     pub fn evaluate(&mut self, frames: Option<&mut Vec<Obs>>) -> Result<Episodes, TrainError> {
-        let mut failed = None;
         let (episodes, seed) = (self.config.eval_episodes, self.config.eval_seed);
         let mut env = self.eval_env.take().expect("the evaluation copy");
-        let out = evaluate(
+        let out = evaluate_with(
             env.as_mut(),
             episodes,
             seed,
             |o| {
-                let x = encode(o, self.discrete_obs);
-                match self
-                    .logits(&x, 1)
-                    .and_then(|l| Ok(l.flatten_all()?.to_vec1::<f32>()?))
-                {
-                    Ok(l) => argmax(&l),
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                        0
-                    }
-                }
+                let logits = self.logits(&encode(o, self.discrete_obs), 1)?;
+                Ok(argmax(&logits.flatten_all()?.to_vec1::<f32>()?))
             },
             frames,
         );
         self.eval_env = Some(env);
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        out
     }
 
     fn logits(&self, obs: &[f32], rows: usize) -> Result<Tensor, TrainError> {
@@ -252,28 +251,6 @@ impl Ppo {
             .flatten_all()?
             .to_vec1::<f32>()?)
     }
-}
-
-fn encode(obs: &Obs, discrete: Option<usize>) -> Vec<f32> {
-    match (obs, discrete) {
-        (Obs::Index(i), Some(n)) => {
-            let mut v = vec![0.0; n];
-            v[*i] = 1.0;
-            v
-        }
-        (Obs::Values(v), _) => v.clone(),
-        (Obs::Index(i), None) => vec![*i as f32],
-    }
-}
-
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// Log-probabilities `[rows, actions]` of logits.
@@ -310,15 +287,7 @@ impl Ppo {
             values.extend_from_slice(&v);
             for (i, logp_i) in logp.iter().enumerate() {
                 let u = self.progress.rng.random() as f32;
-                let mut acc = 0.0;
-                let mut a = self.actions - 1;
-                for (k, lp) in logp_i.iter().enumerate() {
-                    acc += lp.exp();
-                    if u < acc {
-                        a = k;
-                        break;
-                    }
-                }
+                let a = sample(logp_i.iter().map(|lp| lp.exp()), u, self.actions);
                 let step = self.envs[i].step(a);
                 actions.push(a as u32);
                 logprobs.push(logp_i[a]);
@@ -469,16 +438,7 @@ impl Task for Ppo {
     }
 
     fn metrics(&self) -> Vec<MetricDef> {
-        vec![
-            MetricDef {
-                name: "eval_return",
-                goal: Goal::Maximize,
-            },
-            MetricDef {
-                name: "episodic_return",
-                goal: Goal::Maximize,
-            },
-        ]
+        return_metrics()
     }
 
     fn updaters(&self, plan: &Plan<'_>) -> Result<Vec<Updater>, TrainError> {
@@ -534,22 +494,12 @@ impl Task for Ppo {
         } else {
             1.0 - var_r / var_y
         };
-        self.progress.last = vec![pg, vl, ent, kl, clip, explained];
+
         cx.sums.loss += loss;
         cx.sums.batches += 1;
         cx.sums.units += rollout.actions.len() as u64;
-        for (name, v) in [
-            "policy_loss",
-            "value_loss",
-            "entropy",
-            "approx_kl",
-            "clip_fraction",
-            "explained_variance",
-        ]
-        .iter()
-        .zip(&self.progress.last)
-        {
-            cx.sums.add(name, *v);
+        for (name, v) in DIAGNOSTICS.iter().zip([pg, vl, ent, kl, clip, explained]) {
+            cx.sums.add(name, v);
         }
         Ok(Some(StepDone {
             loss,
@@ -560,59 +510,31 @@ impl Task for Ppo {
     }
 
     fn end_epoch(&mut self, cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
-        let mut m = Metrics::new();
         let done = std::mem::take(&mut self.progress.episodes);
-        m.insert("episodic_return".into(), done.return_stats().0);
-        m.insert("episodic_length".into(), done.mean_length());
-        m.insert("episodes".into(), done.returns.len() as f64);
+        let gifs = self.gifs.clone();
+        let eval = evaluated(&gifs, cx.epoch, |frames| self.evaluate(frames))?;
+        let mut m = epoch_figures(&done, &eval);
         let batches = cx.state.sums.batches.max(1) as f64;
-        for name in [
-            "policy_loss",
-            "value_loss",
-            "entropy",
-            "approx_kl",
-            "clip_fraction",
-            "explained_variance",
-        ] {
+        for name in DIAGNOSTICS {
             m.insert(name.into(), cx.state.sums.get(name) / batches);
         }
-        let mut frames = Vec::new();
-        let eval = self.evaluate(self.gifs.is_some().then_some(&mut frames))?;
-        if let Some(g) = &self.gifs {
-            g.write(cx.epoch, &frames)?;
-        }
-        let (mean, std) = eval.return_stats();
-        m.insert("eval_return".into(), mean);
-        m.insert("eval_return_std".into(), std);
-        m.insert("eval_length".into(), eval.mean_length());
         Ok(m)
     }
 
     fn save_state(&mut self) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
-        let progress = serde_json::to_vec(&self.progress).map_err(|e| TrainError::Invalid(e.to_string()))?;
-        let mut files = vec![(PROGRESS.to_string(), progress)];
-        for (i, e) in self.envs.iter().enumerate() {
-            if let Some(s) = e.snapshot() {
-                files.push((format!("env-{i}.json"), s));
-            }
-        }
-        Ok(files)
+        let envs: Vec<(String, &dyn Env)> = self
+            .envs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (env_file(i), e.as_ref()))
+            .collect();
+        state_files(&self.progress, &envs)
     }
 
     fn load_state(&mut self, dir: &Path) -> Result<(), TrainError> {
-        let read = |name: &str| -> Result<Vec<u8>, TrainError> {
-            trident_train::checkpoint::verify(dir, &[name])?;
-            std::fs::read(dir.join(name))
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(name).display())))
-        };
-        self.progress = serde_json::from_slice(&read(PROGRESS)?)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(PROGRESS).display())))?;
+        self.progress = read_progress(dir)?;
         for (i, e) in self.envs.iter_mut().enumerate() {
-            let name = format!("env-{i}.json");
-            if dir.join(&name).exists() {
-                e.restore(&read(&name)?)
-                    .map_err(|err| TrainError::Invalid(format!("{}: {err}", dir.join(&name).display())))?;
-            }
+            restore_env(e.as_mut(), dir, &env_file(i))?;
         }
         Ok(())
     }

@@ -3,7 +3,10 @@
 //! episodes on the discounted returns — the policy on `−log π(a|s) · (G − V(s))`, the value
 //! on `½ (V(s) − G)²` — in one Adam step with global gradient clipping.
 
-use super::{evaluate, Episodes};
+use super::{
+    argmax, encode, epoch_figures, evaluate_with, evaluated, read_progress, restore_env, return_metrics,
+    sample, state_files, Episodes,
+};
 use crate::env::{Env, Obs, Space};
 use crate::rng::NpRandom;
 use serde::{Deserialize, Serialize};
@@ -11,7 +14,7 @@ use std::path::Path;
 use trident_nn::layers::Mlp;
 use trident_nn::{Ctx, Device, Params, Tensor};
 use trident_train::trainer::{
-    BatchContext, EpochContext, Goal, MetricDef, Metrics, Plan, StepDone, Task, TrainError, Updater,
+    BatchContext, EpochContext, MetricDef, Metrics, Plan, StepDone, Task, TrainError, Updater,
 };
 
 /// A REINFORCE agent's settings.
@@ -60,7 +63,7 @@ pub struct Reinforce {
     seed: u64,
 }
 
-const PROGRESS: &str = "agent.json";
+/// The file of the environment's snapshot in a checkpoint.
 const ENV: &str = "env.json";
 
 impl Reinforce {
@@ -131,15 +134,7 @@ impl Reinforce {
     }
 
     fn encode(&self, obs: &Obs) -> Vec<f32> {
-        match (obs, self.discrete_obs) {
-            (Obs::Index(i), Some(n)) => {
-                let mut v = vec![0.0; n];
-                v[*i] = 1.0;
-                v
-            }
-            (Obs::Values(v), _) => v.clone(),
-            (Obs::Index(i), None) => vec![*i as f32],
-        }
+        encode(obs, self.discrete_obs)
     }
 
     /// The policy's action probabilities for one encoded observation.
@@ -158,27 +153,17 @@ impl Reinforce {
 
     /// Greedy episodes on the evaluation copy (the most probable action).
     pub fn evaluate(&mut self, frames: Option<&mut Vec<Obs>>) -> Result<Episodes, TrainError> {
-        let mut failed = None;
         let (episodes, seed) = (self.config.eval_episodes, self.config.eval_seed);
         let mut env = self.eval_env.take().expect("the evaluation copy");
-        let out = evaluate(
+        let out = evaluate_with(
             env.as_mut(),
             episodes,
             seed,
-            |o| match self.probabilities(&self.encode(o)) {
-                Ok(p) => argmax(&p),
-                Err(e) => {
-                    failed.get_or_insert(e);
-                    0
-                }
-            },
+            |o| Ok(argmax(&self.probabilities(&self.encode(o))?)),
             frames,
         );
         self.eval_env = Some(env);
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        out
     }
 
     /// One update on the collected steps; returns its loss.
@@ -228,16 +213,6 @@ impl Reinforce {
     }
 }
 
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 impl Task for Reinforce {
     type Batch = u64;
 
@@ -246,16 +221,7 @@ impl Task for Reinforce {
     }
 
     fn metrics(&self) -> Vec<MetricDef> {
-        vec![
-            MetricDef {
-                name: "eval_return",
-                goal: Goal::Maximize,
-            },
-            MetricDef {
-                name: "episodic_return",
-                goal: Goal::Maximize,
-            },
-        ]
+        return_metrics()
     }
 
     fn updaters(&self, plan: &Plan<'_>) -> Result<Vec<Updater>, TrainError> {
@@ -292,16 +258,7 @@ impl Task for Reinforce {
             let (mut ret, mut len) = (0.0, 0u64);
             loop {
                 let p = self.probabilities(&self.progress.obs)?;
-                let u = self.progress.explore.random() as f32;
-                let mut acc = 0.0;
-                let mut a = self.actions - 1;
-                for (i, pi) in p.iter().enumerate() {
-                    acc += pi;
-                    if u < acc {
-                        a = i;
-                        break;
-                    }
-                }
+                let a = sample(p, self.progress.explore.random() as f32, self.actions);
                 let step = self.env.step(a);
                 obs.extend_from_slice(&self.progress.obs);
                 actions.push(a as u32);
@@ -341,45 +298,18 @@ impl Task for Reinforce {
     }
 
     fn end_epoch(&mut self, cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
-        let mut m = Metrics::new();
         let done = std::mem::take(&mut self.progress.episodes);
-        m.insert("episodic_return".into(), done.return_stats().0);
-        m.insert("episodic_length".into(), done.mean_length());
-        m.insert("episodes".into(), done.returns.len() as f64);
-        let mut frames = Vec::new();
-        let eval = self.evaluate(self.gifs.is_some().then_some(&mut frames))?;
-        if let Some(g) = &self.gifs {
-            g.write(cx.epoch, &frames)?;
-        }
-        let (mean, std) = eval.return_stats();
-        m.insert("eval_return".into(), mean);
-        m.insert("eval_return_std".into(), std);
-        m.insert("eval_length".into(), eval.mean_length());
-        Ok(m)
+        let gifs = self.gifs.clone();
+        let eval = evaluated(&gifs, cx.epoch, |frames| self.evaluate(frames))?;
+        Ok(epoch_figures(&done, &eval))
     }
 
     fn save_state(&mut self) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
-        let progress = serde_json::to_vec(&self.progress).map_err(|e| TrainError::Invalid(e.to_string()))?;
-        let mut files = vec![(PROGRESS.to_string(), progress)];
-        if let Some(env) = self.env.snapshot() {
-            files.push((ENV.to_string(), env));
-        }
-        Ok(files)
+        state_files(&self.progress, &[(ENV.into(), self.env.as_ref())])
     }
 
     fn load_state(&mut self, dir: &Path) -> Result<(), TrainError> {
-        let read = |name: &str| -> Result<Vec<u8>, TrainError> {
-            trident_train::checkpoint::verify(dir, &[name])?;
-            std::fs::read(dir.join(name))
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(name).display())))
-        };
-        self.progress = serde_json::from_slice(&read(PROGRESS)?)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(PROGRESS).display())))?;
-        if dir.join(ENV).exists() {
-            self.env
-                .restore(&read(ENV)?)
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(ENV).display())))?;
-        }
-        Ok(())
+        self.progress = read_progress(dir)?;
+        restore_env(self.env.as_mut(), dir, ENV)
     }
 }

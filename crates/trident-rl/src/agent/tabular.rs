@@ -2,14 +2,17 @@
 //! action values updated after every step with an ε-greedy behaviour policy, the greedy
 //! policy evaluated on seeded episodes at every epoch's end.
 
-use super::{evaluate, Episodes, EpsilonSchedule};
+use super::{
+    argmax, epoch_figures, evaluate, evaluated, read_progress, restore_env, return_metrics, state_files,
+    Episodes, EpsilonSchedule,
+};
 use crate::env::{Env, Obs, Space};
 use crate::rng::NpRandom;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use trident_nn::{Device, Init, Params, Tensor};
 use trident_train::trainer::{
-    BatchContext, EpochContext, Goal, MetricDef, Metrics, Plan, StepDone, Task, TrainError, Updater,
+    BatchContext, EpochContext, MetricDef, Metrics, Plan, StepDone, Task, TrainError, Updater,
 };
 
 /// Which update the table learns by.
@@ -76,8 +79,6 @@ pub struct Tabular {
     total_steps: std::cell::Cell<u64>,
 }
 
-/// The file of an agent's progress in a checkpoint.
-const PROGRESS: &str = "agent.json";
 /// The file of its environment's snapshot.
 const ENV: &str = "env.json";
 
@@ -115,9 +116,18 @@ impl Tabular {
         let (obs, _) = env.reset(Some(seed));
         let state = obs.index().expect("discrete");
         let mut explore = NpRandom::from_seed(seed ^ 0x5eed_ab1e);
-        let mut agent = Tabular {
+        let q = vec![0.0; states * actions];
+        // SARSA chooses its first action before its first step.
+        let action = (config.method == Method::Sarsa).then(|| {
+            behave(
+                &q[state * actions..(state + 1) * actions],
+                config.epsilon.start,
+                &mut explore,
+            )
+        });
+        Ok(Tabular {
             gifs: None,
-            q: vec![0.0; states * actions],
+            q,
             config,
             env,
             eval_env,
@@ -127,20 +137,14 @@ impl Tabular {
             progress: Progress {
                 steps: 0,
                 state,
-                action: None,
+                action,
                 episode_return: 0.0,
                 episode_length: 0,
                 episodes: Episodes::default(),
-                explore: explore.clone(),
+                explore,
             },
             total_steps: std::cell::Cell::new(0),
-        };
-        if agent.config.method == Method::Sarsa {
-            let a = agent.behave(state, agent.config.epsilon.start, &mut explore);
-            agent.progress.action = Some(a);
-        }
-        agent.progress.explore = explore;
-        Ok(agent)
+        })
     }
 
     /// The action values of `state`.
@@ -151,15 +155,6 @@ impl Tabular {
     /// The greedy action in `state` (the first of equal values).
     pub fn greedy(&self, state: usize) -> usize {
         argmax(self.values(state))
-    }
-
-    /// ε-greedy: a uniformly random action with probability ε, else the greedy one.
-    fn behave(&self, state: usize, epsilon: f64, rng: &mut NpRandom) -> usize {
-        if rng.random() < epsilon {
-            ((rng.random() * self.actions as f64) as usize).min(self.actions - 1)
-        } else {
-            self.greedy(state)
-        }
     }
 
     /// The table from its `q_table` buffer (after a checkpoint's weights are loaded).
@@ -183,8 +178,7 @@ impl Tabular {
     /// Greedy episodes on the evaluation copy.
     pub fn evaluate(&mut self, frames: Option<&mut Vec<Obs>>) -> Episodes {
         let (episodes, seed) = (self.config.eval_episodes, self.config.eval_seed);
-        let q = &self.q;
-        let actions = self.actions;
+        let (q, actions) = (&self.q, self.actions);
         evaluate(
             self.eval_env.as_mut(),
             episodes,
@@ -195,14 +189,14 @@ impl Tabular {
     }
 }
 
-fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
+/// ε-greedy on one state's action values: a uniformly random action with probability ε,
+/// else the greedy one.
+fn behave(values: &[f32], epsilon: f64, rng: &mut NpRandom) -> usize {
+    if rng.random() < epsilon {
+        ((rng.random() * values.len() as f64) as usize).min(values.len() - 1)
+    } else {
+        argmax(values)
     }
-    best
 }
 
 impl Task for Tabular {
@@ -213,16 +207,7 @@ impl Task for Tabular {
     }
 
     fn metrics(&self) -> Vec<MetricDef> {
-        vec![
-            MetricDef {
-                name: "eval_return",
-                goal: Goal::Maximize,
-            },
-            MetricDef {
-                name: "episodic_return",
-                goal: Goal::Maximize,
-            },
-        ]
+        return_metrics()
     }
 
     fn updaters(&self, plan: &Plan<'_>) -> Result<Vec<Updater>, TrainError> {
@@ -242,26 +227,15 @@ impl Task for Tabular {
 
     fn batch(&mut self, _iteration: &u64, cx: BatchContext<'_, '_>) -> Result<Option<StepDone>, TrainError> {
         let total = self.total_steps.get().max(1);
-        let c = self.config.clone();
-        let mut p = std::mem::replace(
-            &mut self.progress,
-            Progress {
-                steps: 0,
-                state: 0,
-                action: None,
-                episode_return: 0.0,
-                episode_length: 0,
-                episodes: Episodes::default(),
-                explore: NpRandom::from_seed(0),
-            },
-        );
+        let (c, actions) = (self.config.clone(), self.actions);
+        let row = |s: usize| s * actions..(s + 1) * actions;
+        let p = &mut self.progress;
         let mut td_sum = 0.0;
         for _ in 0..c.steps_per_iteration {
-            let epsilon = c.epsilon.at(p.steps, total);
             let s = p.state;
             let a = match p.action {
                 Some(a) => a,
-                None => self.behave(s, epsilon, &mut p.explore),
+                None => behave(&self.q[row(s)], c.epsilon.at(p.steps, total), &mut p.explore),
             };
             let step = self.env.step(a);
             let next = step.obs.index().expect("discrete");
@@ -269,19 +243,23 @@ impl Task for Tabular {
             p.episode_return += step.reward;
             p.episode_length += 1;
             let next_action = match c.method {
-                Method::Sarsa => Some(self.behave(next, c.epsilon.at(p.steps, total), &mut p.explore)),
+                Method::Sarsa => Some(behave(
+                    &self.q[row(next)],
+                    c.epsilon.at(p.steps, total),
+                    &mut p.explore,
+                )),
                 Method::QLearning => None,
             };
             let bootstrap = if step.terminated {
                 0.0
             } else {
-                let v = self.values(next);
+                let v = &self.q[row(next)];
                 match next_action {
                     Some(b) => f64::from(v[b]),
                     None => f64::from(v.iter().copied().fold(f32::NEG_INFINITY, f32::max)),
                 }
             };
-            let i = s * self.actions + a;
+            let i = s * actions + a;
             let td = step.reward + c.gamma * bootstrap - f64::from(self.q[i]);
             self.q[i] = (f64::from(self.q[i]) + c.alpha * td) as f32;
             td_sum += td.abs();
@@ -293,7 +271,11 @@ impl Task for Tabular {
                 let (obs, _) = self.env.reset(None);
                 p.state = obs.index().expect("discrete");
                 p.action = match c.method {
-                    Method::Sarsa => Some(self.behave(p.state, c.epsilon.at(p.steps, total), &mut p.explore)),
+                    Method::Sarsa => Some(behave(
+                        &self.q[row(p.state)],
+                        c.epsilon.at(p.steps, total),
+                        &mut p.explore,
+                    )),
                     Method::QLearning => None,
                 };
             } else {
@@ -301,7 +283,6 @@ impl Task for Tabular {
                 p.action = next_action;
             }
         }
-        self.progress = p;
         let loss = td_sum / c.steps_per_iteration as f64;
         cx.sums.loss += loss;
         cx.sums.batches += 1;
@@ -315,54 +296,26 @@ impl Task for Tabular {
     }
 
     fn end_epoch(&mut self, cx: EpochContext<'_>) -> Result<Metrics, TrainError> {
-        let mut m = Metrics::new();
         let done = std::mem::take(&mut self.progress.episodes);
-        let (mean, _) = done.return_stats();
-        m.insert("episodic_return".into(), mean);
-        m.insert("episodic_length".into(), done.mean_length());
-        m.insert("episodes".into(), done.returns.len() as f64);
-        m.insert(
-            "epsilon".into(),
-            self.config
-                .epsilon
-                .at(self.progress.steps, self.total_steps.get().max(1)),
-        );
-        let mut frames = Vec::new();
-        let eval = self.evaluate(self.gifs.is_some().then_some(&mut frames));
-        if let Some(g) = &self.gifs {
-            g.write(cx.epoch, &frames)?;
-        }
-        let (mean, std) = eval.return_stats();
-        m.insert("eval_return".into(), mean);
-        m.insert("eval_return_std".into(), std);
-        m.insert("eval_length".into(), eval.mean_length());
+        let gifs = self.gifs.clone();
+        let eval = evaluated(&gifs, cx.epoch, |frames| Ok(self.evaluate(frames)))?;
+        let mut m = epoch_figures(&done, &eval);
+        let epsilon = self
+            .config
+            .epsilon
+            .at(self.progress.steps, self.total_steps.get().max(1));
+        m.insert("epsilon".into(), epsilon);
         Ok(m)
     }
 
     fn save_state(&mut self) -> Result<Vec<(String, Vec<u8>)>, TrainError> {
         self.store()?;
-        let progress = serde_json::to_vec(&self.progress).map_err(|e| TrainError::Invalid(e.to_string()))?;
-        let mut files = vec![(PROGRESS.to_string(), progress)];
-        if let Some(env) = self.env.snapshot() {
-            files.push((ENV.to_string(), env));
-        }
-        Ok(files)
+        state_files(&self.progress, &[(ENV.into(), self.env.as_ref())])
     }
 
     fn load_state(&mut self, dir: &Path) -> Result<(), TrainError> {
         self.reload()?;
-        let read = |name: &str| -> Result<Vec<u8>, TrainError> {
-            trident_train::checkpoint::verify(dir, &[name])?;
-            std::fs::read(dir.join(name))
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(name).display())))
-        };
-        self.progress = serde_json::from_slice(&read(PROGRESS)?)
-            .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(PROGRESS).display())))?;
-        if dir.join(ENV).exists() {
-            self.env
-                .restore(&read(ENV)?)
-                .map_err(|e| TrainError::Invalid(format!("{}: {e}", dir.join(ENV).display())))?;
-        }
-        Ok(())
+        self.progress = read_progress(dir)?;
+        restore_env(self.env.as_mut(), dir, ENV)
     }
 }
