@@ -53,17 +53,11 @@ fn exported(
     engine: &str,
 ) -> anyhow::Result<(trident_rl::config::RlConfig, trident_rl::agent::Episodes)> {
     use trident_core::Tensor;
-    use trident_rl::config::AgentConfig;
     let config = trident_rl::config::RlConfig::read(&dir.join("rl.toml")).map_err(anyhow::Error::msg)?;
     let (mut instance, inputs) = crate::learn::onnx_instance(file, engine)?;
     let mut env = config.env.make().map_err(anyhow::Error::msg)?;
     let width = env.observation_space().size();
-    let (n, first) = match &config.agent {
-        AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => (t.eval_episodes, t.eval_seed),
-        AgentConfig::Dqn(d) => (d.eval_episodes, d.eval_seed),
-        AgentConfig::Reinforce(r) => (r.eval_episodes, r.eval_seed),
-        AgentConfig::Ppo(p) => (p.eval_episodes, p.eval_seed),
-    };
+    let (n, first) = config.evaluation();
     let table = inputs.iter().any(|i| i == "state");
     let mut failed = None;
     let out = trident_rl::agent::evaluate(

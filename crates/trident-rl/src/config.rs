@@ -507,7 +507,10 @@ impl RlConfig {
                 if !(t.alpha > 0.0 && t.alpha <= 1.0) {
                     return Err(format!("agent.alpha = {}: must be in (0, 1]", t.alpha));
                 }
-                (t.gamma, [t.epsilon_start, t.epsilon_end, t.epsilon_fraction])
+                (
+                    t.gamma,
+                    Some([t.epsilon_start, t.epsilon_end, t.epsilon_fraction]),
+                )
             }
             AgentConfig::Ppo(p) => {
                 let positive = |v: f64| v > 0.0 && v.is_finite();
@@ -530,7 +533,7 @@ impl RlConfig {
                 if !(0.0..=1.0).contains(&p.gae_lambda) {
                     return Err(format!("agent.gae_lambda = {}: must be in [0, 1]", p.gae_lambda));
                 }
-                (p.gamma, [0.0, 0.0, 1.0])
+                (p.gamma, None)
             }
             AgentConfig::Reinforce(r) => {
                 let positive = |v: f64| v > 0.0 && v.is_finite();
@@ -547,7 +550,7 @@ impl RlConfig {
                         r.hidden
                     ));
                 }
-                (r.gamma, [0.0, 0.0, 1.0])
+                (r.gamma, None)
             }
             AgentConfig::Dqn(d) => {
                 let positive = |v: f64| v > 0.0 && v.is_finite();
@@ -563,25 +566,25 @@ impl RlConfig {
                         d.hidden
                     ));
                 }
-                (d.gamma, [d.epsilon_start, d.epsilon_end, d.epsilon_fraction])
+                (
+                    d.gamma,
+                    Some([d.epsilon_start, d.epsilon_end, d.epsilon_fraction]),
+                )
             }
         };
         if !(0.0..=1.0).contains(&gamma) {
             return Err(format!("agent.gamma = {gamma}: must be in [0, 1]"));
         }
-        for (key, v) in [
-            ("agent.epsilon_start", epsilon[0]),
-            ("agent.epsilon_end", epsilon[1]),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(format!("{key} = {v}: must be in [0, 1]"));
+        // The ε-greedy kinds' schedule; the policy-gradient kinds have none.
+        if let Some([start, end, fraction]) = epsilon {
+            for (key, v) in [("agent.epsilon_start", start), ("agent.epsilon_end", end)] {
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(format!("{key} = {v}: must be in [0, 1]"));
+                }
             }
-        }
-        if !(epsilon[2] > 0.0 && epsilon[2] <= 1.0) {
-            return Err(format!(
-                "agent.epsilon_fraction = {}: must be in (0, 1]",
-                epsilon[2]
-            ));
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                return Err(format!("agent.epsilon_fraction = {fraction}: must be in (0, 1]"));
+            }
         }
         if !["eval_return", "episodic_return"].contains(&self.train.monitor.name()) {
             return Err(format!(
@@ -687,6 +690,32 @@ impl RlConfig {
             AgentConfig::Dqn(d) => (d.steps_per_epoch, d.steps_per_iteration),
             AgentConfig::Reinforce(r) => (r.episodes_per_epoch, r.episodes_per_iteration),
             AgentConfig::Ppo(p) => (p.steps_per_epoch, (p.num_envs * p.num_steps) as u64),
+        }
+    }
+
+    /// The greedy evaluation's episodes and first seed.
+    pub fn evaluation(&self) -> (u64, u64) {
+        match &self.agent {
+            AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => (t.eval_episodes, t.eval_seed),
+            AgentConfig::Dqn(d) => (d.eval_episodes, d.eval_seed),
+            AgentConfig::Reinforce(r) => (r.eval_episodes, r.eval_seed),
+            AgentConfig::Ppo(p) => (p.eval_episodes, p.eval_seed),
+        }
+    }
+
+    /// Sets the greedy evaluation's episodes and first seed (`None` keeps the configured).
+    pub fn set_evaluation(&mut self, episodes: Option<u64>, seed: Option<u64>) {
+        let (n, s) = self.evaluation_mut();
+        *n = episodes.unwrap_or(*n);
+        *s = seed.unwrap_or(*s);
+    }
+
+    fn evaluation_mut(&mut self) -> (&mut u64, &mut u64) {
+        match &mut self.agent {
+            AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => (&mut t.eval_episodes, &mut t.eval_seed),
+            AgentConfig::Dqn(d) => (&mut d.eval_episodes, &mut d.eval_seed),
+            AgentConfig::Reinforce(r) => (&mut r.eval_episodes, &mut r.eval_seed),
+            AgentConfig::Ppo(p) => (&mut p.eval_episodes, &mut p.eval_seed),
         }
     }
 

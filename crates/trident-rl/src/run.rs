@@ -94,8 +94,6 @@ fn train_config(c: &RlConfig) -> TrainConfig {
 
 /// Trains the agent `config` describes (its TOML text `text`, copied into checkpoints).
 pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutcome, TrainError> {
-    let env = config.env.make().map_err(TrainError::Invalid)?;
-    let eval_env = config.env.make().map_err(TrainError::Invalid)?;
     let mut trainer = Trainer::new(train_config(config), Vec::new(), &config.run.dir);
     trainer.progress = options.progress;
     trainer.stop_after_steps = options.stop_after_steps;
@@ -107,57 +105,37 @@ pub fn run(config: &RlConfig, text: &str, options: RunOptions) -> Result<RlOutco
         per_epoch: config.iterations_per_epoch(),
     };
     let hash = serde_json::to_string(config).map_err(|e| TrainError::Invalid(e.to_string()))?;
-    let seed = config.run.seed;
+    let mut agent = Agent::build(config)?;
     // A lake of the user's own map is not drawn (the drawings know the registered maps).
     let gifs = config.env.map.is_none().then(|| EpisodeGifs {
         dir: config.run.dir.join("episodes"),
         env_id: config.env.id.clone(),
     });
-    if let Some(t) = config.tabular() {
-        let mut agent = Tabular::new(t, env, eval_env, seed)?;
-        agent.gifs = gifs.clone();
-        let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
-        let evaluation = agent.evaluate(None);
-        return Ok(RlOutcome { summary, evaluation });
-    }
-    if let Some(p) = config.ppo() {
-        let mut envs = Vec::with_capacity(p.num_envs);
-        for _ in 0..p.num_envs {
-            envs.push(config.env.make().map_err(TrainError::Invalid)?);
+    let r = options.resume;
+    let summary = match &mut agent {
+        Agent::Tabular(a) => {
+            a.gifs = gifs;
+            trainer.run(a.as_mut(), &source, r, &hash)?
         }
-        drop(env);
-        let mut agent = Ppo::new(p, envs, eval_env, seed)?;
-        agent.gifs = gifs.clone();
-        let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
-        let evaluation = agent.evaluate(None)?;
-        return Ok(RlOutcome { summary, evaluation });
-    }
-    if let Some(r) = config.reinforce() {
-        let mut agent = Reinforce::new(r, env, eval_env, seed)?;
-        agent.gifs = gifs.clone();
-        let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
-        let evaluation = agent.evaluate(None)?;
-        return Ok(RlOutcome { summary, evaluation });
-    }
-    let d = config
-        .dqn()
-        .expect("the agent kinds are tabular, reinforce or dqn");
-    let mut agent = Dqn::new(d, env, eval_env, seed)?;
-    agent.gifs = gifs;
-    let summary = trainer.run(&mut agent, &source, options.resume, &hash)?;
-    let evaluation = agent.evaluate(None)?;
+        Agent::Dqn(a) => {
+            a.gifs = gifs;
+            trainer.run(a.as_mut(), &source, r, &hash)?
+        }
+        Agent::Reinforce(a) => {
+            a.gifs = gifs;
+            trainer.run(a.as_mut(), &source, r, &hash)?
+        }
+        Agent::Ppo(a) => {
+            a.gifs = gifs;
+            trainer.run(a.as_mut(), &source, r, &hash)?
+        }
+    };
+    let evaluation = agent.evaluate()?;
     Ok(RlOutcome { summary, evaluation })
 }
 
-/// [`run`] of the TOML file `file`.
-pub fn run_file(file: &Path, options: RunOptions) -> Result<RlOutcome, String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let config = RlConfig::parse(&text).map_err(|e| format!("{}: {e}", file.display()))?;
-    run(&config, &text, options).map_err(|e| e.to_string())
-}
-
-/// An agent rebuilt from a checkpoint of `trident rl`.
-pub enum Loaded {
+/// The agent of a run's TOML, of any kind.
+pub enum Agent {
     /// Tabular Q-learning or SARSA.
     Tabular(Box<Tabular>),
     /// DQN.
@@ -166,6 +144,54 @@ pub enum Loaded {
     Reinforce(Box<Reinforce>),
     /// PPO.
     Ppo(Box<Ppo>),
+}
+
+impl Agent {
+    /// The new agent `config` describes, on its environments, seeded by `run.seed`.
+    pub fn build(config: &RlConfig) -> Result<Self, TrainError> {
+        let make = || config.env.make().map_err(TrainError::Invalid);
+        let seed = config.run.seed;
+        Ok(match &config.agent {
+            AgentConfig::QLearning(_) | AgentConfig::Sarsa(_) => {
+                let t = config.tabular().expect("a tabular kind");
+                Agent::Tabular(Box::new(Tabular::new(t, make()?, make()?, seed)?))
+            }
+            AgentConfig::Dqn(_) => {
+                let d = config.dqn().expect("dqn");
+                Agent::Dqn(Box::new(Dqn::new(d, make()?, make()?, seed)?))
+            }
+            AgentConfig::Reinforce(_) => {
+                let r = config.reinforce().expect("reinforce");
+                Agent::Reinforce(Box::new(Reinforce::new(r, make()?, make()?, seed)?))
+            }
+            AgentConfig::Ppo(_) => {
+                let p = config.ppo().expect("ppo");
+                let envs = (0..p.num_envs).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
+                Agent::Ppo(Box::new(Ppo::new(p, envs, make()?, seed)?))
+            }
+        })
+    }
+
+    /// Greedy episodes on the agent's evaluation settings.
+    pub fn evaluate(&mut self) -> Result<Episodes, TrainError> {
+        match self {
+            Agent::Tabular(a) => Ok(a.evaluate(None)),
+            Agent::Dqn(a) => a.evaluate(None),
+            Agent::Reinforce(a) => a.evaluate(None),
+            Agent::Ppo(a) => a.evaluate(None),
+        }
+    }
+
+    /// The agent's parameters.
+    pub fn params(&self) -> &trident_nn::Params {
+        use trident_train::trainer::Task;
+        match self {
+            Agent::Tabular(a) => a.params(),
+            Agent::Dqn(a) => a.params(),
+            Agent::Reinforce(a) => a.params(),
+            Agent::Ppo(a) => a.params(),
+        }
+    }
 }
 
 /// What an agent's policy is, for its export.
@@ -192,83 +218,23 @@ pub enum PolicyShape {
     },
 }
 
-impl Loaded {
-    /// Greedy episodes on the agent's evaluation settings.
-    pub fn evaluate(&mut self) -> Result<Episodes, TrainError> {
-        match self {
-            Loaded::Tabular(a) => Ok(a.evaluate(None)),
-            Loaded::Dqn(a) => a.evaluate(None),
-            Loaded::Reinforce(a) => a.evaluate(None),
-            Loaded::Ppo(a) => a.evaluate(None),
-        }
-    }
-
-    /// The agent's parameters.
-    pub fn params(&self) -> &trident_nn::Params {
-        use trident_train::trainer::Task;
-        match self {
-            Loaded::Tabular(a) => a.params(),
-            Loaded::Dqn(a) => a.params(),
-            Loaded::Reinforce(a) => a.params(),
-            Loaded::Ppo(a) => a.params(),
-        }
-    }
-}
-
 /// Rebuilds the agent of checkpoint `dir` (its `rl.toml` and weights), its evaluation set to
 /// `episodes` episodes from `seed` (the run's own when `None`).
 pub fn load_checkpoint(
     dir: &Path,
     episodes: Option<u64>,
     seed: Option<u64>,
-) -> Result<(RlConfig, Loaded), String> {
+) -> Result<(RlConfig, Agent), String> {
     let err = |e: TrainError| format!("{}: {e}", dir.display());
     trident_train::checkpoint::verify(dir, &["rl.toml", "model.safetensors"]).map_err(|e| err(e.into()))?;
     let mut config = RlConfig::read(&dir.join("rl.toml"))?;
-    match &mut config.agent {
-        AgentConfig::QLearning(t) | AgentConfig::Sarsa(t) => {
-            t.eval_episodes = episodes.unwrap_or(t.eval_episodes);
-            t.eval_seed = seed.unwrap_or(t.eval_seed);
-        }
-        AgentConfig::Dqn(d) => {
-            d.eval_episodes = episodes.unwrap_or(d.eval_episodes);
-            d.eval_seed = seed.unwrap_or(d.eval_seed);
-        }
-        AgentConfig::Reinforce(r) => {
-            r.eval_episodes = episodes.unwrap_or(r.eval_episodes);
-            r.eval_seed = seed.unwrap_or(r.eval_seed);
-        }
-        AgentConfig::Ppo(p) => {
-            p.eval_episodes = episodes.unwrap_or(p.eval_episodes);
-            p.eval_seed = seed.unwrap_or(p.eval_seed);
-        }
-    }
-    let make = || config.env.make();
-    let load = |params: &trident_nn::Params| {
-        trident_train::checkpoint::load_weights(dir, params).map_err(|e| err(e.into()))
-    };
-    let s = config.run.seed;
-    let loaded = if let Some(t) = config.tabular() {
-        let mut a = Tabular::new(t, make()?, make()?, s).map_err(err)?;
-        load(trident_train::trainer::Task::params(&a))?;
+    config.set_evaluation(episodes, seed);
+    let mut agent = Agent::build(&config).map_err(err)?;
+    trident_train::checkpoint::load_weights(dir, agent.params()).map_err(|e| err(e.into()))?;
+    if let Agent::Tabular(a) = &mut agent {
         a.reload().map_err(err)?;
-        Loaded::Tabular(Box::new(a))
-    } else if let Some(d) = config.dqn() {
-        let a = Dqn::new(d, make()?, make()?, s).map_err(err)?;
-        load(trident_train::trainer::Task::params(&a))?;
-        Loaded::Dqn(Box::new(a))
-    } else if let Some(r) = config.reinforce() {
-        let a = Reinforce::new(r, make()?, make()?, s).map_err(err)?;
-        load(trident_train::trainer::Task::params(&a))?;
-        Loaded::Reinforce(Box::new(a))
-    } else {
-        let p = config.ppo().expect("the agent kinds");
-        let envs = (0..p.num_envs).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
-        let a = Ppo::new(p, envs, make()?, s).map_err(err)?;
-        load(trident_train::trainer::Task::params(&a))?;
-        Loaded::Ppo(Box::new(a))
-    };
-    Ok((config, loaded))
+    }
+    Ok((config, agent))
 }
 
 /// The shape of the policy of `config`'s agent (for its export).
