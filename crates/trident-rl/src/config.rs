@@ -57,28 +57,19 @@ pub struct EnvSection {
 impl EnvSection {
     /// The environment with these options and its registered time limit.
     pub fn make(&self) -> Result<Box<dyn crate::Env>, String> {
-        use crate::envs::{frozen_lake, FrozenLake};
-        let lake = matches!(self.id.as_str(), "FrozenLake-v1" | "FrozenLake8x8-v1");
-        if !lake {
+        if !matches!(self.id.as_str(), "FrozenLake-v1" | "FrozenLake8x8-v1") {
             return crate::make(&self.id).map_err(|e| e.to_string());
         }
-        let default_map: &[&str] = if self.id == "FrozenLake-v1" {
-            &frozen_lake::MAP_4X4
-        } else {
-            &frozen_lake::MAP_8X8
-        };
-        let map: Vec<&str> = match &self.map {
-            Some(rows) => rows.iter().map(String::as_str).collect(),
-            None => default_map.to_vec(),
-        };
-        let env = FrozenLake::new(
-            &map,
+        let map: Option<Vec<&str>> = self
+            .map
+            .as_ref()
+            .map(|rows| rows.iter().map(String::as_str).collect());
+        Ok(crate::lake(
+            &self.id,
+            map.as_deref(),
             self.is_slippery.unwrap_or(true),
             self.success_rate.unwrap_or(1.0 / 3.0),
-            [1.0, 0.0, 0.0],
-        );
-        let limit = if self.id == "FrozenLake-v1" { 100 } else { 200 };
-        Ok(Box::new(crate::TimeLimit::new(env, limit)))
+        ))
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -281,7 +272,7 @@ pub struct DqnSettings {
     pub epsilon_fraction: f64,
     /// Environment steps per epoch.
     pub steps_per_epoch: u64,
-    /// Environment steps per iteration (a multiple of nothing; the progress unit).
+    /// Environment steps per iteration: the loop's batch, its progress and checkpoint unit.
     #[serde(default = "thousand")]
     pub steps_per_iteration: u64,
     /// Greedy episodes evaluated at each epoch's end.

@@ -34,6 +34,19 @@ pub const ENV_IDS: [&str; 6] = [
     "Taxi-v4",
 ];
 
+/// FrozenLake-v1 or FrozenLake8x8-v1 (`id`) on `map` (the id's own when `None`), slippery
+/// or not, moving as intended with probability `success_rate` on slippery ice; with the id's
+/// time limit (100 or 200 steps).
+pub fn lake(id: &str, map: Option<&[&str]>, slippery: bool, success_rate: f64) -> Box<dyn Env> {
+    use envs::{frozen_lake, FrozenLake};
+    let (own, limit): (&[&str], u64) = match id {
+        "FrozenLake-v1" => (&frozen_lake::MAP_4X4, 100),
+        _ => (&frozen_lake::MAP_8X8, 200),
+    };
+    let env = FrozenLake::new(map.unwrap_or(own), slippery, success_rate, [1.0, 0.0, 0.0]);
+    Box::new(TimeLimit::new(env, limit))
+}
+
 /// gymnasium's `make(id)`: the environment with its registered time limit (CartPole 500,
 /// MountainCar 200, Acrobot 500, FrozenLake 100, FrozenLake8x8 200, Taxi 200 steps).
 pub fn make(id: &str) -> Result<Box<dyn Env>, RlError> {
@@ -42,14 +55,7 @@ pub fn make(id: &str) -> Result<Box<dyn Env>, RlError> {
         "CartPole-v1" => Box::new(TimeLimit::new(CartPole::new(), 500)),
         "MountainCar-v0" => Box::new(TimeLimit::new(MountainCar::new(), 200)),
         "Acrobot-v1" => Box::new(TimeLimit::new(Acrobot::new(), 500)),
-        "FrozenLake-v1" => Box::new(TimeLimit::new(
-            FrozenLake::new(&frozen_lake::MAP_4X4, true, 1.0 / 3.0, [1.0, 0.0, 0.0]),
-            100,
-        )),
-        "FrozenLake8x8-v1" => Box::new(TimeLimit::new(
-            FrozenLake::new(&frozen_lake::MAP_8X8, true, 1.0 / 3.0, [1.0, 0.0, 0.0]),
-            200,
-        )),
+        "FrozenLake-v1" | "FrozenLake8x8-v1" => lake(id, None, true, 1.0 / 3.0),
         "Taxi-v4" => Box::new(TimeLimit::new(Taxi::new(), 200)),
         _ => return Err(RlError::UnknownEnv(id.to_string())),
     })

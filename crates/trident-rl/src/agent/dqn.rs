@@ -135,7 +135,8 @@ pub struct Dqn {
     target: Mlp,
     progress: Progress,
     total_steps: std::cell::Cell<u64>,
-    /// The loop's settings, for the updater's schedule.
+    /// Seeds the training passes' context (the networks have no dropout: kept for any
+    /// randomness a layer draws).
     seed: u64,
 }
 
